@@ -1,0 +1,485 @@
+// The MPI backend: host buffers (device buffers too where MPI is CUDA-aware) over MPICH.
+// It models the Backend contract that every adapter is written against (see DESIGN.md).
+#pragma once
+
+#include <mpi.h>
+
+#include <climits>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/datatype.hpp"
+#include "../core/error.hpp"
+#include "../core/reduce.hpp"
+#include "../core/span.hpp"
+#include "../core/wait.hpp"
+
+namespace flexcomm {
+
+enum class memory_space { host, device };
+
+// The execution context of backends that have none (MPI); NCCL's is a cudaStream_t.
+struct no_stream {};
+
+namespace detail {
+template <class T> struct identity { using type = T; };
+template <class T> using identity_t = typename identity<T>::type;
+
+inline std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return cat("MPI error code ", code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+}  // namespace detail
+
+// Turns an MPI return code into a flexcomm::error naming the operation.
+inline void check_mpi(int code, const std::string& operation) {
+  if (code != MPI_SUCCESS) fail(operation, detail::mpi_error_text(code));
+}
+
+namespace detail {
+inline int mpi_count(std::size_t n, const std::string& operation) {
+  check(n <= static_cast<std::size_t>(INT_MAX), operation,
+        cat("count ", n, " exceeds what one MPI call carries (", INT_MAX, ")"));
+  return static_cast<int>(n);
+}
+
+inline MPI_Datatype mpi_type(dtype t) {
+  switch (t) {
+    case dtype::f32: return MPI_FLOAT;
+    case dtype::f64: return MPI_DOUBLE;
+    case dtype::i32: return MPI_INT32_T;
+    case dtype::i64: return MPI_INT64_T;
+    case dtype::u8: return MPI_UINT8_T;
+    case dtype::f16: case dtype::bf16: return MPI_UINT16_T;  // reduced by flexcomm's own MPI_Ops
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// MPI has no 16-bit floats: reductions on them use user-defined operators, made once and
+// freed when MPI_Finalize deletes MPI_COMM_SELF's attributes.
+template <class T, op O>
+void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine(O, static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len));
+}
+
+struct mpi_f16_ops {
+  MPI_Op ops[2][4] = {};  // [half, bfloat16][sum, prod, min, max]
+};
+
+inline int free_f16_ops(MPI_Comm, int, void* ops, void*) {
+  auto* table = static_cast<mpi_f16_ops*>(ops);
+  for (auto& row : table->ops)
+    for (auto& o : row)
+      if (o != MPI_OP_NULL) MPI_Op_free(&o);
+  delete table;
+  return MPI_SUCCESS;
+}
+
+inline mpi_f16_ops& f16_ops() {
+  static mpi_f16_ops* table = [] {
+    auto* t = new mpi_f16_ops;
+    MPI_Op_create(&mpi_user_reduce<half, op::sum>, 1, &t->ops[0][0]);
+    MPI_Op_create(&mpi_user_reduce<half, op::prod>, 1, &t->ops[0][1]);
+    MPI_Op_create(&mpi_user_reduce<half, op::min>, 1, &t->ops[0][2]);
+    MPI_Op_create(&mpi_user_reduce<half, op::max>, 1, &t->ops[0][3]);
+    MPI_Op_create(&mpi_user_reduce<bfloat16, op::sum>, 1, &t->ops[1][0]);
+    MPI_Op_create(&mpi_user_reduce<bfloat16, op::prod>, 1, &t->ops[1][1]);
+    MPI_Op_create(&mpi_user_reduce<bfloat16, op::min>, 1, &t->ops[1][2]);
+    MPI_Op_create(&mpi_user_reduce<bfloat16, op::max>, 1, &t->ops[1][3]);
+    int key = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_f16_ops, &key, nullptr);
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, t);
+    return t;
+  }();
+  return *table;
+}
+
+inline MPI_Op mpi_op(op o, dtype t) {
+  const int index = o == op::avg ? 0 : static_cast<int>(o);  // avg = sum, divided afterwards
+  if (t == dtype::f16 || t == dtype::bf16) return f16_ops().ops[t == dtype::f16 ? 0 : 1][index];
+  static const MPI_Op native[] = {MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
+  return native[index];
+}
+}  // namespace detail
+
+struct mpi {
+  static constexpr memory_space memory = memory_space::host;
+  using stream = no_stream;
+  class communicator;
+  class request;
+
+  // Point-to-point. A receive into a buffer smaller than what arrives is an error, never an
+  // overrun (MPI truncation is reported, our communicators return errors instead of aborting).
+  template <class T>
+  static request isend(const communicator& comm, span<T> buf, int dest, int tag, stream = {});
+  template <class T>
+  static request irecv(const communicator& comm, span<T> buf, int source, int tag, stream = {});
+
+  template <class T>
+  static request ibcast(const communicator& comm, span<T> buf, int root, stream = {});
+  template <class T>
+  static request iallreduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                            op o, stream = {});
+  template <class T>
+  static request iallreduce(const communicator& comm, span<T> buf, op o, stream = {});
+  // recv is significant at the root only (and may be empty elsewhere).
+  template <class T>
+  static request ireduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                         op o, int root, stream = {});
+  // counts[r] elements from rank r, placed one after the other at the root.
+  template <class T>
+  static request igatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                          span<const int> counts, int root, stream = {});
+  template <class T>
+  static request iallgather(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                            stream = {});
+  template <class T>
+  static request iallgatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                             span<const int> counts, stream = {});
+  // Rank r receives counts[r] elements of the reduction of every rank's send buffer.
+  template <class T>
+  static request ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send,
+                                 span<T> recv, span<const int> counts, op o, stream = {});
+};
+
+// Move-only owner of an MPI communicator, with a name for error messages ("member 2").
+class mpi::communicator {
+ public:
+  communicator() = default;
+
+  // Takes ownership of `comm` (freed on destruction); errors return instead of aborting.
+  communicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+    if (comm_ != MPI_COMM_NULL) {
+      check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), cat(name_, ": set error handler"));
+      MPI_Comm_rank(comm_, &rank_);
+      MPI_Comm_size(comm_, &size_);
+    }
+  }
+
+  // A private duplicate of `comm`, so flexcomm's traffic never meets the trainer's own.
+  static communicator duplicate(MPI_Comm comm, std::string name) {
+    MPI_Comm copy = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_dup(comm, &copy), cat(name, ": MPI_Comm_dup"));
+    return communicator(copy, std::move(name));
+  }
+
+  communicator(communicator&& o) noexcept { swap(o); }
+  communicator& operator=(communicator&& o) noexcept {
+    communicator(std::move(o)).swap(*this);
+    return *this;
+  }
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  ~communicator() { release(); }
+
+  explicit operator bool() const noexcept { return comm_ != MPI_COMM_NULL; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  MPI_Comm native() const noexcept { return comm_; }
+  const std::string& name() const noexcept { return name_; }
+
+  // Collective over this communicator. A rank passing `undefined` as color takes part in the
+  // split but gets an empty communicator back.
+  static constexpr int undefined = -1;
+  communicator split(int color, int key, std::string name) const {
+    MPI_Comm out = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out),
+              cat(name_, ": split into '", name, "'"));
+    return communicator(out, std::move(name));
+  }
+
+  communicator dup(std::string name) const { return duplicate(comm_, std::move(name)); }
+
+  // Sequence number of the next operation on this communicator, for error reports.
+  std::uint64_t next_sequence() noexcept { return ++sequence_; }
+
+  // The world rank of rank `r` of this communicator.
+  int world_rank_of(int r) const {
+    MPI_Group mine, world;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    int out = MPI_UNDEFINED;
+    MPI_Group_translate_ranks(mine, 1, &r, world, &out);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    return out;
+  }
+
+ private:
+  void swap(communicator& o) noexcept {
+    std::swap(comm_, o.comm_);
+    std::swap(name_, o.name_);
+    std::swap(rank_, o.rank_);
+    std::swap(size_, o.size_);
+    std::swap(sequence_, o.sequence_);
+  }
+  void release() noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = -1;
+  int size_ = 0;
+  std::uint64_t sequence_ = 0;
+};
+
+// A nonblocking MPI operation. Waiting goes through a wait policy; completion runs the
+// operation's epilogue (the division of avg). Destroying a pending request waits for it,
+// because MPI may still write into its buffer.
+class mpi::request {
+ public:
+  request() = default;
+  request(MPI_Request req, std::string what, std::function<void()> then = {})
+      : req_(req), what_(std::move(what)), then_(std::move(then)) {}
+  request(request&& o) noexcept { swap(o); }
+  request& operator=(request&& o) noexcept {
+    request(std::move(o)).swap(*this);
+    return *this;
+  }
+  request(const request&) = delete;
+  request& operator=(const request&) = delete;
+  ~request() {
+    if (!pending()) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n(while destroying a pending request; aborting)\n", e.what());
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+  }
+
+  bool pending() const noexcept { return req_ != MPI_REQUEST_NULL; }
+  const std::string& what() const noexcept { return what_; }
+
+  // True once the operation has finished (and its epilogue has run).
+  bool test() {
+    if (!pending()) return true;
+    int flag = 0;
+    // A single-request MPI_Test reports errors (truncation included) in its return code.
+    const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      req_ = MPI_REQUEST_NULL;
+      fail(what_, detail::mpi_error_text(rc));
+    }
+    if (!flag) return false;
+    if (then_) std::exchange(then_, {})();
+    return true;
+  }
+
+  // Waits under the policy; past `timeout` (FLEXCOMM_TIMEOUT) it is a flexcomm::error.
+  void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = default_timeout()) {
+    if (!policy.until([&] { return test(); }, timeout))
+      fail(what_, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)"));
+  }
+
+ private:
+  void swap(request& o) noexcept {
+    std::swap(req_, o.req_);
+    std::swap(what_, o.what_);
+    std::swap(then_, o.then_);
+  }
+
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::string what_;
+  std::function<void()> then_;
+};
+
+// Waits for every request in turn (each under the policy and timeout).
+template <class Requests>
+void wait_all(Requests& requests, const wait_policy& policy = default_wait()) {
+  for (auto& r : requests) r.wait(policy);
+}
+
+namespace detail {
+template <class T>
+std::string mpi_describe(mpi::communicator& comm, const char* name, std::size_t count, const char* extra = "") {
+  return cat("mpi ", name, " on ", comm.name(), " #", comm.next_sequence(), " (", count, " x ",
+             name_of(dtype_of<T>), extra, ")");
+}
+
+inline mpi::communicator& mutable_comm(const mpi::communicator& c) {
+  // Sequence numbers are bookkeeping, not state the caller sees as a change.
+  return const_cast<mpi::communicator&>(c);
+}
+
+inline std::vector<int> displacements(span<const int> counts, const std::string& what,
+                                      std::size_t capacity) {
+  std::vector<int> displs(counts.size());
+  long long total = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    check(counts[r] >= 0, what, cat("count for rank ", r, " is negative (", counts[r], ")"));
+    displs[r] = static_cast<int>(total);
+    total += counts[r];
+    check(total <= INT_MAX, what, "counts add up past what one MPI call carries");
+  }
+  check(static_cast<std::size_t>(total) <= capacity, what,
+        cat("counts add up to ", total, " elements but the receive buffer holds ", capacity));
+  return displs;
+}
+
+template <class T>
+std::function<void()> average_epilogue(op o, span<T> out, int ranks) {
+  if (o != op::avg || out.empty()) return {};
+  return [out, ranks] { divide_by(out.data(), out.size(), ranks); };
+}
+}  // namespace detail
+
+template <class T>
+mpi::request mpi::isend(const communicator& comm, span<T> buf, int dest, int tag, stream) {
+  using E = std::remove_const_t<T>;
+  const auto what = detail::mpi_describe<E>(detail::mutable_comm(comm), "isend", buf.size(),
+                                            cat(", to ", dest, ", tag ", tag).c_str());
+  MPI_Request r;
+  check_mpi(MPI_Isend(buf.data(), detail::mpi_count(buf.size(), what), detail::mpi_type(dtype_of<E>), dest, tag,
+                      comm.native(), &r),
+            what);
+  return request(r, what);
+}
+
+template <class T>
+mpi::request mpi::irecv(const communicator& comm, span<T> buf, int source, int tag, stream) {
+  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "irecv", buf.size(),
+                                            cat(", from ", source, ", tag ", tag).c_str());
+  MPI_Request r;
+  check_mpi(MPI_Irecv(buf.data(), detail::mpi_count(buf.size(), what), detail::mpi_type(dtype_of<T>), source, tag,
+                      comm.native(), &r),
+            what);
+  return request(r, what);
+}
+
+template <class T>
+mpi::request mpi::ibcast(const communicator& comm, span<T> buf, int root, stream) {
+  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "ibcast", buf.size(),
+                                            cat(", root ", root).c_str());
+  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  MPI_Request r;
+  check_mpi(MPI_Ibcast(buf.data(), detail::mpi_count(buf.size(), what), detail::mpi_type(dtype_of<T>), root,
+                       comm.native(), &r),
+            what);
+  return request(r, what);
+}
+
+template <class T>
+mpi::request mpi::iallreduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                             op o, stream) {
+  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "iallreduce", recv.size(),
+                                            cat(", ", name_of(o)).c_str());
+  check(send.size() == recv.size(), what,
+        cat("send holds ", send.size(), " elements, receive holds ", recv.size()));
+  MPI_Request r;
+  check_mpi(MPI_Iallreduce(send.data() == recv.data() ? MPI_IN_PLACE : send.data(), recv.data(),
+                           detail::mpi_count(recv.size(), what), detail::mpi_type(dtype_of<T>),
+                           detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
+            what);
+  return request(r, what, detail::average_epilogue(o, recv, comm.size()));
+}
+
+template <class T>
+mpi::request mpi::iallreduce(const communicator& comm, span<T> buf, op o, stream s) {
+  return iallreduce<T>(comm, span<const T>(buf), buf, o, s);
+}
+
+template <class T>
+mpi::request mpi::ireduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv, op o,
+                          int root, stream) {
+  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "ireduce", send.size(),
+                                            cat(", ", name_of(o), ", root ", root).c_str());
+  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  const bool at_root = comm.rank() == root;
+  check(!at_root || recv.size() == send.size(), what,
+        cat("send holds ", send.size(), " elements, the root's receive holds ", recv.size()));
+  MPI_Request r;
+  const void* sendbuf = at_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+  check_mpi(MPI_Ireduce(sendbuf, at_root ? recv.data() : nullptr, detail::mpi_count(send.size(), what),
+                        detail::mpi_type(dtype_of<T>), detail::mpi_op(o, dtype_of<T>), root, comm.native(), &r),
+            what);
+  return request(r, what, at_root ? detail::average_epilogue(o, recv, comm.size()) : std::function<void()>{});
+}
+
+template <class T>
+mpi::request mpi::igatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                           span<const int> counts, int root, stream) {
+  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "igatherv", send.size(),
+                                            cat(", root ", root).c_str());
+  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  std::vector<int> displs;
+  if (comm.rank() == root) {
+    check(counts.size() == static_cast<std::size_t>(comm.size()), what,
+          cat("root needs one count per rank (", comm.size(), "), got ", counts.size()));
+    check(static_cast<std::size_t>(counts[static_cast<std::size_t>(root)]) == send.size(), what,
+          cat("root sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(root)]));
+    displs = detail::displacements(counts, what, recv.size());
+  }
+  MPI_Request r;
+  const auto type = detail::mpi_type(dtype_of<T>);
+  check_mpi(MPI_Igatherv(send.data(), detail::mpi_count(send.size(), what), type,
+                         comm.rank() == root ? recv.data() : nullptr,
+                         comm.rank() == root ? counts.data() : nullptr, displs.empty() ? nullptr : displs.data(),
+                         type, root, comm.native(), &r),
+            what);
+  // MPI reads displs when the operation starts, but MPICH may keep the pointer: hold it.
+  auto keep = std::make_shared<std::vector<int>>(std::move(displs));
+  return request(r, what, [keep] {});
+}
+
+template <class T>
+mpi::request mpi::iallgather(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                             stream) {
+  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "iallgather", send.size());
+  check(recv.size() == send.size() * static_cast<std::size_t>(comm.size()), what,
+        cat("receive holds ", recv.size(), " elements, needs ", send.size(), " x ", comm.size(), " ranks"));
+  MPI_Request r;
+  const auto type = detail::mpi_type(dtype_of<T>);
+  const int n = detail::mpi_count(send.size(), what);
+  check_mpi(MPI_Iallgather(send.data(), n, type, recv.data(), n, type, comm.native(), &r), what);
+  return request(r, what);
+}
+
+template <class T>
+mpi::request mpi::iallgatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                              span<const int> counts, stream) {
+  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "iallgatherv", send.size());
+  check(counts.size() == static_cast<std::size_t>(comm.size()), what,
+        cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
+  check(static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]) == send.size(), what,
+        cat("this rank sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(comm.rank())]));
+  auto displs = std::make_shared<std::vector<int>>(detail::displacements(counts, what, recv.size()));
+  MPI_Request r;
+  const auto type = detail::mpi_type(dtype_of<T>);
+  check_mpi(MPI_Iallgatherv(send.data(), detail::mpi_count(send.size(), what), type, recv.data(), counts.data(),
+                            displs->data(), type, comm.native(), &r),
+            what);
+  return request(r, what, [displs] {});
+}
+
+template <class T>
+mpi::request mpi::ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
+                                  span<const int> counts, op o, stream) {
+  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "ireduce_scatter", send.size(),
+                                            cat(", ", name_of(o)).c_str());
+  check(counts.size() == static_cast<std::size_t>(comm.size()), what,
+        cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
+  detail::displacements(counts, what, send.size());
+  const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]);
+  check(recv.size() >= mine, what, cat("receive holds ", recv.size(), " elements, this rank gets ", mine));
+  MPI_Request r;
+  check_mpi(MPI_Ireduce_scatter(send.data(), recv.data(), counts.data(), detail::mpi_type(dtype_of<T>),
+                                detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
+            what);
+  return request(r, what, detail::average_epilogue(o, recv.subspan(0, mine), comm.size()));
+}
+
+}  // namespace flexcomm

@@ -1,0 +1,168 @@
+// The progress engine: one background thread per process that drives every outstanding
+// operation of every adapter, because MPI advances a request only while someone calls into it
+// and a trainer busy in forward/backward does not.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "error.hpp"
+#include "wait.hpp"
+
+namespace flexcomm {
+
+// The shared state of one task handed to the engine: the caller waits on it with only atomic
+// loads, so a waiting trainer never competes with the engine for MPI's lock.
+class completion {
+ public:
+  explicit completion(std::string what) : what_(std::move(what)) {}
+
+  bool done() const noexcept { return state_.load(std::memory_order_acquire) != pending; }
+  const std::string& what() const noexcept { return what_; }
+
+  // Waits under the policy; rethrows what the task threw; a timeout becomes a flexcomm::error.
+  void wait(const wait_policy& policy = default_wait(),
+            std::chrono::milliseconds timeout = default_timeout()) const {
+    if (!policy.until([&] { return done(); }, timeout))
+      fail(what_, cat("timed out after ", timeout.count(), " ms waiting in the progress engine"));
+    if (state_.load(std::memory_order_acquire) == failed) std::rethrow_exception(error_);
+  }
+
+ private:
+  friend class progress_engine;
+  enum : int { pending = 0, succeeded = 1, failed = 2 };
+  void finish() noexcept { state_.store(succeeded, std::memory_order_release); }
+  void finish(std::exception_ptr e) noexcept {
+    error_ = std::move(e);
+    state_.store(failed, std::memory_order_release);
+  }
+
+  std::string what_;
+  std::exception_ptr error_;
+  std::atomic<int> state_{pending};
+};
+
+class progress_engine {
+ public:
+  // Polled on the engine's thread until it returns true; an exception ends the task with it.
+  using poll_fn = std::function<bool()>;
+
+  static progress_engine& instance() {
+    static progress_engine engine;
+    return engine;
+  }
+
+  progress_engine() = default;
+  progress_engine(const progress_engine&) = delete;
+  progress_engine& operator=(const progress_engine&) = delete;
+  ~progress_engine() { stop(); }
+
+  // Hands a task over; the thread starts on first use.
+  std::shared_ptr<completion> submit(poll_fn poll, std::string what) {
+    auto done = std::make_shared<completion>(std::move(what));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      check(!stopping_, "progress engine", cat("cannot accept '", done->what(), "': engine is stopped"));
+      incoming_.push_back({std::move(poll), done});
+      ++outstanding_;
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    }
+    wake_.notify_one();
+    return done;
+  }
+
+  // Tasks submitted and not yet finished.
+  std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
+
+  // Ends the thread; tasks still outstanding end with an error. Called before MPI_Finalize.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& t : incoming_) abandon(t);
+    incoming_.clear();
+  }
+
+  // Lets a process start the engine again after stop() (tests that build several environments).
+  void restart() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) stopping_ = false;
+  }
+
+ private:
+  struct task {
+    poll_fn poll;
+    std::shared_ptr<completion> done;
+  };
+
+  void abandon(task& t) {
+    t.done->finish(std::make_exception_ptr(
+        error(process_rank(), t.done->what(), "progress engine stopped before the operation finished")));
+    outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+
+  void loop() {
+    std::list<task> active;  // touched by this thread only
+    unsigned idle_rounds = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (active.empty())
+          wake_.wait(lock, [&] { return stopping_ || !incoming_.empty(); });
+        active.splice(active.end(), incoming_);
+        if (stopping_) {
+          for (auto& t : active) abandon(t);
+          return;
+        }
+      }
+      bool progressed = false;
+      for (auto it = active.begin(); it != active.end();) {
+        bool finished = false;
+        try {
+          finished = it->poll();
+          if (finished) it->done->finish();
+        } catch (...) {
+          it->done->finish(std::current_exception());
+          finished = true;
+        }
+        if (finished) {
+          it = active.erase(it);
+          outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+          progressed = true;
+        } else {
+          ++it;
+        }
+      }
+      idle_rounds = progressed ? 0 : idle_rounds + 1;
+      // The engine itself must not busy-poll a shared core away from the trainer.
+      if (!active.empty()) {
+        wait_policy p = default_wait();
+        if (p.kind == wait_kind::spin) p = wait_policy::yield();
+        p.pause(idle_rounds);
+      }
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::list<task> incoming_;
+  std::atomic<std::size_t> outstanding_{0};
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace flexcomm

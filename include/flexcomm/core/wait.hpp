@@ -1,0 +1,145 @@
+// Wait policies: how a flexcomm thread waits for a nonblocking operation to finish.
+// Busy polling is ruinous when ranks outnumber cores, so every wait in flexcomm goes through one.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "error.hpp"
+
+namespace flexcomm {
+
+enum class wait_kind { spin, yield, backoff };
+
+struct wait_policy {
+  wait_kind kind = wait_kind::backoff;
+  // backoff: sleeps start at 1 us and double up to this bound.
+  std::chrono::microseconds max_sleep{100};
+
+  static wait_policy spin() { return {wait_kind::spin, {}}; }
+  static wait_policy yield() { return {wait_kind::yield, {}}; }
+  static wait_policy backoff(std::chrono::microseconds max = std::chrono::microseconds{100}) {
+    return {wait_kind::backoff, max};
+  }
+
+  // "spin", "yield", "backoff" or "backoff:<max microseconds>" (the FLEXCOMM_WAIT syntax).
+  static wait_policy parse(std::string_view text);
+
+  // Backoff when the ranks on this node outnumber its cores, spinning otherwise;
+  // FLEXCOMM_WAIT overrides.
+  static wait_policy automatic(int ranks_on_node, unsigned cores = std::thread::hardware_concurrency());
+
+  // Gives the CPU away (or not) between two polls; `round` counts the polls of one wait.
+  void pause(unsigned round) const {
+    switch (kind) {
+      case wait_kind::spin: return;
+      case wait_kind::yield: std::this_thread::yield(); return;
+      case wait_kind::backoff: {
+        if (round < 2) return;  // the common fast completion costs no sleep
+        const unsigned shift = round - 2 < 16 ? round - 2 : 16;
+        auto sleep = std::chrono::microseconds{1u << shift};
+        std::this_thread::sleep_for(sleep < max_sleep ? sleep : max_sleep);
+        return;
+      }
+    }
+  }
+
+  // Polls done() until it returns true or `timeout` (zero: none) passes; false on timeout.
+  template <class Done>
+  bool until(Done&& done, std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) const {
+    const auto start = std::chrono::steady_clock::now();
+    for (unsigned round = 0;; ++round) {
+      if (done()) return true;
+      if (timeout.count() > 0 && (round & 15u) == 15u &&
+          std::chrono::steady_clock::now() - start > timeout)
+        return done();
+      pause(round);
+    }
+  }
+};
+
+inline const char* name_of(wait_kind k) {
+  switch (k) {
+    case wait_kind::spin: return "spin";
+    case wait_kind::yield: return "yield";
+    case wait_kind::backoff: return "backoff";
+  }
+  return "?";
+}
+
+inline wait_policy wait_policy::parse(std::string_view text) {
+  if (text == "spin") return spin();
+  if (text == "yield") return yield();
+  if (text == "backoff") return backoff();
+  if (text.substr(0, 8) == "backoff:") {
+    const std::string number(text.substr(8));
+    char* end = nullptr;
+    const long us = std::strtol(number.c_str(), &end, 10);
+    if (!number.empty() && end && *end == '\0' && us > 0 && us <= 1000000)
+      return backoff(std::chrono::microseconds{us});
+  }
+  fail("wait policy", cat("cannot parse '", text,
+                          "': expected spin, yield, backoff or backoff:<max microseconds 1..1000000>"));
+}
+
+inline wait_policy wait_policy::automatic(int ranks_on_node, unsigned cores) {
+  if (const char* forced = std::getenv("FLEXCOMM_WAIT"); forced && *forced) return parse(forced);
+  if (cores == 0) cores = 1;
+  return ranks_on_node > static_cast<int>(cores) ? backoff() : spin();
+}
+
+namespace detail {
+struct wait_defaults {
+  std::atomic<int> kind{static_cast<int>(wait_kind::backoff)};
+  std::atomic<long> max_sleep_us{100};
+  std::atomic<long> timeout_ms{-1};  // -1: not read from FLEXCOMM_TIMEOUT yet
+};
+inline wait_defaults& defaults() {
+  static wait_defaults d;
+  return d;
+}
+}  // namespace detail
+
+// The policy every flexcomm wait uses unless told otherwise; flexcomm::environment sets it.
+inline wait_policy default_wait() {
+  auto& d = detail::defaults();
+  return {static_cast<wait_kind>(d.kind.load(std::memory_order_relaxed)),
+          std::chrono::microseconds{d.max_sleep_us.load(std::memory_order_relaxed)}};
+}
+
+inline void set_default_wait(const wait_policy& p) {
+  auto& d = detail::defaults();
+  d.kind.store(static_cast<int>(p.kind), std::memory_order_relaxed);
+  d.max_sleep_us.store(static_cast<long>(p.max_sleep.count()), std::memory_order_relaxed);
+}
+
+// Seconds (may be fractional) from FLEXCOMM_TIMEOUT; zero or unset means wait forever.
+inline std::chrono::milliseconds parse_timeout(const char* text) {
+  if (!text || !*text) return std::chrono::milliseconds{0};
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (!end || *end != '\0' || !(seconds >= 0) || seconds > 1e7)
+    fail("FLEXCOMM_TIMEOUT", cat("cannot parse '", text, "': expected seconds, e.g. 300 or 0.5"));
+  return std::chrono::milliseconds{static_cast<long long>(seconds * 1000.0 + 0.5)};
+}
+
+// How long a single flexcomm wait may take before it becomes a flexcomm::error.
+inline std::chrono::milliseconds default_timeout() {
+  auto& d = detail::defaults();
+  long ms = d.timeout_ms.load(std::memory_order_relaxed);
+  if (ms < 0) {
+    ms = static_cast<long>(parse_timeout(std::getenv("FLEXCOMM_TIMEOUT")).count());
+    d.timeout_ms.store(ms, std::memory_order_relaxed);
+  }
+  return std::chrono::milliseconds{ms};
+}
+
+inline void set_default_timeout(std::chrono::milliseconds t) {
+  detail::defaults().timeout_ms.store(static_cast<long>(t.count()), std::memory_order_relaxed);
+}
+
+}  // namespace flexcomm

@@ -1,0 +1,14 @@
+// flexcomm: communication patterns for training ensembles of deep neural networks.
+// Include this one header; CUDA parts join in when the build has CUDA (FLEXCOMM_HAVE_CUDA).
+#pragma once
+
+#include "core/datatype.hpp"
+#include "core/error.hpp"
+#include "core/layout.hpp"
+#include "core/progress.hpp"
+#include "core/reduce.hpp"
+#include "core/span.hpp"
+#include "core/wait.hpp"
+
+#include "backend/mpi.hpp"
+#include "core/environment.hpp"

@@ -1,0 +1,30 @@
+// Brings flexcomm (and MPI) up once per test program; every MPI test binary includes this.
+#pragma once
+
+#include <boost/test/unit_test.hpp>
+
+#include <flexcomm/flexcomm.hpp>
+
+namespace flexcomm::testing {
+
+struct mpi_fixture {
+  mpi_fixture() { env = new flexcomm::environment(boost::unit_test::framework::master_test_suite().argc,
+                                                  boost::unit_test::framework::master_test_suite().argv); }
+  ~mpi_fixture() { delete env; }
+  static inline flexcomm::environment* env = nullptr;
+};
+
+inline const flexcomm::mpi::communicator& world() { return mpi_fixture::env->world(); }
+
+// True on every rank when `ok` is true on every rank: a test asserts once, collectively,
+// so one failing rank cannot leave the others waiting in the next collective.
+inline bool all_ranks(bool ok) {
+  int all = ok ? 1 : 0;
+  mpi::iallreduce(world(), span<int>(&all, 1), op::min).wait();
+  return all == 1;
+}
+
+}  // namespace flexcomm::testing
+
+using flexcomm_mpi_fixture = flexcomm::testing::mpi_fixture;
+BOOST_TEST_GLOBAL_FIXTURE(flexcomm_mpi_fixture);
