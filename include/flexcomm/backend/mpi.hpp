@@ -7,6 +7,7 @@
 #include <climits>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <cstdint>
 #include <functional>
@@ -149,6 +150,20 @@ struct mpi {
   template <class T>
   static request ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send,
                                  span<T> recv, span<const int> counts, op o, stream = {});
+
+  // Local work adapters need besides communication, done where this backend's buffers live
+  // (host loops here; kernels on the stream in device backends).
+  template <class T>
+  static void combine(op o, T* inout, const T* in, std::size_t n, stream = {}) {
+    flexcomm::combine(o, inout, in, n);
+  }
+  template <class T>
+  static void divide(T* buf, std::size_t n, int ranks, stream = {}) {
+    flexcomm::divide_by(buf, n, ranks);
+  }
+  static void copy(void* dst, const void* src, std::size_t bytes, stream = {}) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
 };
 
 // Move-only owner of an MPI communicator, with a name for error messages ("member 2").
