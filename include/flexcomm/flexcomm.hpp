@@ -12,3 +12,13 @@
 
 #include "backend/mpi.hpp"
 #include "core/environment.hpp"
+
+// CUDA parts: the host-side helpers wherever the build has CUDA; the device backends, whose
+// reduction kernels need nvcc, in translation units nvcc compiles (.cu).
+#if defined(FLEXCOMM_HAVE_CUDA)
+#include "backend/cuda/error.hpp"
+#if defined(__CUDACC__)
+#include "backend/nccl.hpp"
+#include "backend/staged.hpp"
+#endif
+#endif

@@ -1,0 +1,170 @@
+// CUDA return codes as flexcomm::error, and the few RAII handles the device backends share
+// (events, streams, pinned host memory), so no CUDA failure passes unchecked or leaks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/error.hpp"
+
+namespace flexcomm {
+
+// Turns a CUDA runtime return code into a flexcomm::error naming the operation.
+inline void check_cuda(cudaError_t code, const std::string& operation) {
+  if (code != cudaSuccess) fail(operation, cat(cudaGetErrorName(code), ": ", cudaGetErrorString(code)));
+}
+
+// True when this process sees at least one CUDA device (false without a driver, too).
+inline bool cuda_device_present() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" state for later calls
+    return false;
+  }
+  return devices > 0;
+}
+
+namespace cuda {
+
+// Makes `device` current on this thread for the guard's life (the progress engine's thread has
+// no device of its own) and restores the previous one.
+class device_guard {
+ public:
+  device_guard(int device, const std::string& what) {
+    check_cuda(cudaGetDevice(&previous_), cat(what, ": cudaGetDevice"));
+    if (previous_ != device) check_cuda(cudaSetDevice(device), cat(what, ": cudaSetDevice(", device, ")"));
+    else previous_ = -1;
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+// A timing-free event: the cheapest marker of "the stream got this far".
+class event {
+ public:
+  event() = default;
+  static event create(const std::string& what) {
+    event e;
+    check_cuda(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming), cat(what, ": cudaEventCreate"));
+    return e;
+  }
+  event(event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  event& operator=(event&& o) noexcept {
+    std::swap(event_, o.event_);
+    return *this;
+  }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  ~event() {
+    if (event_) cudaEventDestroy(event_);
+  }
+  cudaEvent_t get() const noexcept { return event_; }
+  explicit operator bool() const noexcept { return event_ != nullptr; }
+
+  void record(cudaStream_t stream, const std::string& what) {
+    check_cuda(cudaEventRecord(event_, stream), cat(what, ": cudaEventRecord"));
+  }
+  // True once reached; a failure of the work before it is an error.
+  bool done(const std::string& what) const {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    check_cuda(rc, cat(what, ": cudaEventQuery"));
+    return true;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// An owned stream. By default it is ordered with the legacy default stream, so a trainer that
+// never names a stream still sees communication ordered with its kernels.
+class stream_handle {
+ public:
+  stream_handle() = default;
+  static stream_handle create(const std::string& what, unsigned flags = cudaStreamDefault) {
+    stream_handle s;
+    check_cuda(cudaStreamCreateWithFlags(&s.stream_, flags), cat(what, ": cudaStreamCreate"));
+    return s;
+  }
+  stream_handle(stream_handle&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)) {}
+  stream_handle& operator=(stream_handle&& o) noexcept {
+    std::swap(stream_, o.stream_);
+    return *this;
+  }
+  stream_handle(const stream_handle&) = delete;
+  stream_handle& operator=(const stream_handle&) = delete;
+  ~stream_handle() {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t get() const noexcept { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// Pinned host memory, recycled: cudaMallocHost costs milliseconds, a staged transfer must not.
+// Blocks are kept per power-of-two size class for the life of the process.
+class pinned_pool {
+ public:
+  struct release {
+    std::size_t bytes;
+    void operator()(void* p) const noexcept { pinned_pool::instance().give_back(p, bytes); }
+  };
+  using block = std::unique_ptr<std::byte, release>;
+
+  static pinned_pool& instance() {
+    static pinned_pool* pool = new pinned_pool;  // never destroyed: blocks may outlive statics
+    return *pool;
+  }
+
+  block take(std::size_t bytes, const std::string& what) {
+    const std::size_t size = size_class(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& free = free_[size];
+      if (!free.empty()) {
+        void* p = free.back();
+        free.pop_back();
+        return block(static_cast<std::byte*>(p), release{size});
+      }
+    }
+    void* p = nullptr;
+    check_cuda(cudaMallocHost(&p, size), cat(what, ": cudaMallocHost(", size, " bytes)"));
+    return block(static_cast<std::byte*>(p), release{size});
+  }
+
+ private:
+  static std::size_t size_class(std::size_t bytes) {
+    std::size_t size = 4096;
+    while (size < bytes) size <<= 1;
+    return size;
+  }
+  void give_back(void* p, std::size_t size) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      free_[size].push_back(p);
+    } catch (...) {
+      cudaFreeHost(p);
+    }
+  }
+
+  std::mutex mutex_;
+  std::map<std::size_t, std::vector<void*>> free_;
+};
+
+}  // namespace cuda
+}  // namespace flexcomm

@@ -1,0 +1,261 @@
+// The device backends' test cases, shared by nccl and staged: every operation, element type and
+// op against a host reference computed from the same generator (as tests/mpi/backend.cpp does),
+// on device buffers, on the communicator's own stream and on an explicit one.
+// Include after gpu_fixture.hpp with `using backend = <device backend>;` in scope.
+#pragma once
+
+#include <boost/mpl/list.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+namespace fc = flexcomm;
+using fc::testing::world;
+
+namespace {
+
+using element_types = boost::mpl::list<float, double, std::int32_t, std::int64_t, std::uint8_t, fc::half, fc::bfloat16>;
+const fc::op all_ops[] = {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max, fc::op::avg};
+const std::size_t counts[] = {0, 1, 3, 1001};
+
+const typename backend::communicator& comm() { return fc::testing::backend_world<backend>(); }
+
+template <class T>
+T value(int rank, std::size_t i) {
+  const int v = static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3) % 5);
+  return T(static_cast<float>(std::is_unsigned_v<T> ? v : v - 2));
+}
+
+template <class T>
+std::vector<T> data(int rank, std::size_t n) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = value<T>(rank, i);
+  return v;
+}
+
+template <class T>
+std::vector<T> expected(fc::op o, int ranks, std::size_t n) {
+  std::vector<T> acc = data<T>(0, n);
+  for (int r = 1; r < ranks; ++r) {
+    const auto other = data<T>(r, n);
+    fc::combine(o, acc.data(), other.data(), n);
+  }
+  if (o == fc::op::avg) fc::divide_by(acc.data(), n, ranks);
+  return acc;
+}
+
+// Exact, except floating averages: ncclAvg multiplies each contribution by 1/n before summing,
+// which may round differently from the reference's sum-then-divide.
+template <class T>
+bool same(const std::vector<T>& a, const std::vector<T>& b, std::size_t n, fc::op o = fc::op::sum) {
+  if (a.size() < n || b.size() < n) return false;
+  const bool loose = o == fc::op::avg && !std::is_integral_v<T>;
+  const double tolerance = std::is_same_v<T, double> ? 1e-12 : std::is_same_v<T, float> ? 1e-6 : 1e-2;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
+    if (loose ? std::fabs(x - y) > tolerance * std::fmax(1.0, std::fabs(y)) : x != y) return false;
+  }
+  return true;
+}
+
+// Device memory holding a copy of a host vector.
+template <class T>
+class device_buffer {
+ public:
+  explicit device_buffer(std::size_t n) : n_(n) {
+    if (n_) fc::check_cuda(cudaMalloc(&p_, n_ * sizeof(T)), "test: cudaMalloc");
+    if (n_) fc::check_cuda(cudaMemset(p_, 0xff, n_ * sizeof(T)), "test: cudaMemset");  // not a plausible result
+  }
+  explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) {
+    if (n_) fc::check_cuda(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "test: upload");
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() {
+    if (p_) cudaFree(p_);
+  }
+  std::vector<T> host() const {
+    fc::check_cuda(cudaDeviceSynchronize(), "test: cudaDeviceSynchronize");
+    std::vector<T> out(n_);
+    if (n_) fc::check_cuda(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "test: download");
+    return out;
+  }
+  fc::span<T> span() const { return {p_, n_}; }
+  fc::span<const T> cspan() const { return {p_, n_}; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_;
+};
+
+// An explicit stream besides the communicator's own, to check the stream parameter is honoured.
+struct side_stream {
+  cudaStream_t s = nullptr;
+  side_stream() { fc::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "test: cudaStreamCreate"); }
+  ~side_stream() { cudaStreamDestroy(s); }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_matches_every_op, T, element_types) {
+  const int rank = world().rank(), size = world().size();
+  side_stream side;
+  for (std::size_t n : counts)
+    for (fc::op o : all_ops) {
+      const auto host = data<T>(rank, n);
+      device_buffer<T> send(host), out(n), in_place(host);
+      auto a = backend::template iallreduce<T>(comm(), send.cspan(), out.span(), o);
+      auto b = backend::iallreduce(comm(), in_place.span(), o, side.s);
+      a.wait();
+      b.wait();
+      const auto want = expected<T>(o, size, n);
+      BOOST_TEST(fc::testing::all_ranks(same(out.host(), want, n, o) && same(in_place.host(), want, n, o)),
+                 "n=" << n << " op=" << fc::name_of(o));
+    }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_lands_at_each_root, T, element_types) {
+  const int rank = world().rank(), size = world().size();
+  for (int root = 0; root < size; ++root)
+    for (fc::op o : all_ops) {
+      const std::size_t n = 37;
+      device_buffer<T> send(data<T>(rank, n)), out(rank == root ? n : 0);
+      backend::template ireduce<T>(comm(), send.cspan(), out.span(), o, root).wait();
+      BOOST_TEST(fc::testing::all_ranks(rank != root || same(out.host(), expected<T>(o, size, n), n, o)),
+                 "root=" << root << " op=" << fc::name_of(o));
+    }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(bcast_from_each_root, T, element_types) {
+  const int rank = world().rank(), size = world().size();
+  side_stream side;
+  for (int root = 0; root < size; ++root)
+    for (std::size_t n : counts) {
+      device_buffer<T> buf(rank == root ? data<T>(root, n) : std::vector<T>(n));
+      backend::ibcast(comm(), buf.span(), root, root % 2 ? side.s : nullptr).wait();
+      BOOST_TEST(fc::testing::all_ranks(same(buf.host(), data<T>(root, n), n)), "root=" << root << " n=" << n);
+    }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(gatherv_and_allgatherv_with_uneven_counts, T, element_types) {
+  const int rank = world().rank(), size = world().size();
+  std::vector<int> per_rank(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) per_rank[static_cast<std::size_t>(r)] = (r * 5) % 4;  // includes zero
+  const int total = std::accumulate(per_rank.begin(), per_rank.end(), 0);
+  device_buffer<T> mine(data<T>(rank, static_cast<std::size_t>(per_rank[static_cast<std::size_t>(rank)])));
+  std::vector<T> want;
+  for (int r = 0; r < size; ++r) {
+    const auto part = data<T>(r, static_cast<std::size_t>(per_rank[static_cast<std::size_t>(r)]));
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  for (int root = 0; root < size; ++root) {
+    device_buffer<T> out(rank == root ? static_cast<std::size_t>(total) : 0);
+    backend::template igatherv<T>(comm(), mine.cspan(), out.span(), fc::span<const int>(per_rank), root).wait();
+    BOOST_TEST(fc::testing::all_ranks(rank != root || same(out.host(), want, want.size())), "root=" << root);
+  }
+  device_buffer<T> all(static_cast<std::size_t>(total));
+  backend::template iallgatherv<T>(comm(), mine.cspan(), all.span(), fc::span<const int>(per_rank)).wait();
+  BOOST_TEST(fc::testing::all_ranks(same(all.host(), want, want.size())));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(allgather_and_reduce_scatter, T, element_types) {
+  const int rank = world().rank(), size = world().size();
+  for (std::size_t n : counts) {
+    device_buffer<T> mine(data<T>(rank, n)), all(n * static_cast<std::size_t>(size));
+    backend::template iallgather<T>(comm(), mine.cspan(), all.span()).wait();
+    const auto got = all.host();
+    bool ok = true;
+    for (int r = 0; r < size; ++r)
+      ok = ok && same(std::vector<T>(got.begin() + static_cast<long>(n) * r, got.end()), data<T>(r, n), n);
+    BOOST_TEST(fc::testing::all_ranks(ok), "allgather n=" << n);
+    // Blocks that differ when n is not divisible by size; then all equal (NCCL's native path).
+    for (bool even : {false, true}) {
+      std::vector<int> blocks(static_cast<std::size_t>(size));
+      for (int r = 0; r < size; ++r)
+        blocks[static_cast<std::size_t>(r)] =
+            static_cast<int>(even ? n / size : n / size + (static_cast<std::size_t>(r) < n % size));
+      for (fc::op o : all_ops) {
+        device_buffer<T> out(static_cast<std::size_t>(blocks[static_cast<std::size_t>(rank)]));
+        backend::template ireduce_scatter<T>(comm(), mine.cspan(), out.span(), fc::span<const int>(blocks), o).wait();
+        const auto want = expected<T>(o, size, n);
+        const std::size_t offset = std::accumulate(blocks.begin(), blocks.begin() + rank, std::size_t{0});
+        BOOST_TEST(fc::testing::all_ranks(same(out.host(), std::vector<T>(want.begin() + static_cast<long>(offset), want.end()),
+                                               static_cast<std::size_t>(blocks[static_cast<std::size_t>(rank)]), o)),
+                   "reduce_scatter n=" << n << " even=" << even << " op=" << fc::name_of(o));
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(point_to_point_ring) {
+  const int rank = world().rank(), size = world().size();
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  side_stream side;
+  for (int round = 0; round < 3; ++round) {  // several messages between the same pair keep their order
+    device_buffer<float> mine(data<float>(rank + round, 100)), got(100);
+    auto r = backend::irecv(comm(), got.span(), prev, 7, round == 1 ? side.s : nullptr);
+    auto s = backend::isend(comm(), mine.cspan(), next, 7);
+    r.wait();  // waiting on the receive first must not hang on the unlaunched send
+    s.wait();
+    BOOST_TEST(fc::testing::all_ranks(same(got.host(), data<float>(prev + round, 100), 100)), "round " << round);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(device_hooks_combine_divide_copy) {
+  const std::size_t n = 1001;
+  device_buffer<float> a(data<float>(1, n)), b(data<float>(2, n)), c(n);
+  backend::combine(fc::op::sum, a.span().data(), b.cspan().data(), n);
+  backend::divide(a.span().data(), n, 2);
+  backend::copy(c.span().data(), a.cspan().data(), n * sizeof(float));
+  auto want = data<float>(1, n);
+  const auto other = data<float>(2, n);
+  fc::combine(fc::op::sum, want.data(), other.data(), n);
+  fc::divide_by(want.data(), n, 2);
+  BOOST_TEST(fc::testing::all_ranks(same(c.host(), want, n)));
+}
+
+BOOST_AUTO_TEST_CASE(local_size_mistakes_are_named_errors) {
+  device_buffer<float> a(4), b(5);
+  BOOST_CHECK_EXCEPTION(backend::template iallreduce<float>(comm(), a.cspan(), b.span(), fc::op::sum), fc::error,
+                        [](const fc::error& e) { return std::string(e.cause()) == "send holds 4 elements, receive holds 5"; });
+  BOOST_CHECK_THROW(backend::ibcast(comm(), a.span(), world().size()), fc::error);
+  BOOST_CHECK_THROW(backend::template iallgather<float>(comm(), a.cspan(), b.span()), fc::error);
+  std::vector<int> bad_counts(static_cast<std::size_t>(world().size()) + 1, 0);
+  BOOST_CHECK_THROW(backend::template iallgatherv<float>(comm(), a.cspan(), b.span(), fc::span<const int>(bad_counts)),
+                    fc::error);
+  // The operations still line up across ranks afterwards.
+  device_buffer<int> one(std::vector<int>{1});
+  backend::iallreduce(comm(), one.span(), fc::op::sum).wait();
+  BOOST_TEST(fc::testing::all_ranks(one.host()[0] == world().size()));
+}
+
+BOOST_AUTO_TEST_CASE(split_into_halves_and_dup) {
+  const int rank = world().rank(), size = world().size();
+  // Odd ranks of a world of 3 or more sit out: they take part in the split and get nothing.
+  const bool sits_out = size >= 3 && rank == size - 1;
+  auto halves = comm().split(sits_out ? backend::communicator::undefined : rank % 2, rank, "half");
+  bool ok = static_cast<bool>(halves) == !sits_out;
+  if (halves) {
+    device_buffer<int> x(std::vector<int>{rank, 1});
+    backend::iallreduce(halves, x.span(), fc::op::sum).wait();
+    int want_sum = 0, want_count = 0;
+    for (int r = 0; r < size; ++r)
+      if (r % 2 == rank % 2 && !(size >= 3 && r == size - 1)) want_sum += r, ++want_count;
+    const auto got = x.host();
+    ok = ok && got[0] == want_sum && got[1] == want_count && halves.size() == want_count && halves.name() == "half";
+  }
+  auto copy = comm().dup("copy");
+  device_buffer<int> y(std::vector<int>{rank});
+  backend::iallreduce(copy, y.span(), fc::op::max).wait();
+  ok = ok && y.host()[0] == size - 1 && copy.size() == size;
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(operations_on_an_empty_communicator_are_errors) {
+  typename backend::communicator empty;
+  device_buffer<float> a(std::vector<float>{1.f});
+  BOOST_CHECK_THROW(backend::iallreduce(empty, a.span(), fc::op::sum), fc::error);
+}

@@ -1,0 +1,55 @@
+// The nccl backend on device buffers: every operation, element type and op against the host
+// reference; NCCL-specific behaviour (host pointers refused, a hang becomes an abort and an error).
+#define BOOST_TEST_MODULE gpu_nccl_backend
+#include "gpu_fixture.hpp"
+
+#include <flexcomm/backend/nccl.hpp>
+
+using backend = flexcomm::nccl;
+
+// Runs first: two ranks on one GPU need the test-only environment of tests/gpu/nccl_env.sh.
+BOOST_AUTO_TEST_CASE(ranks_sharing_a_gpu_have_distinct_nccl_host_ids) {
+  const auto problem = flexcomm::testing::nccl_gpu_sharing_problem();
+  BOOST_TEST_REQUIRE(flexcomm::testing::all_ranks(problem.empty()), problem);
+}
+
+#include "backend_cases.hpp"
+
+BOOST_AUTO_TEST_CASE(host_buffers_are_refused_by_name) {
+  std::vector<float> host(8, 1.f);
+  BOOST_CHECK_EXCEPTION(backend::iallreduce(comm(), fc::span<float>(host), fc::op::sum), fc::error,
+                        [](const fc::error& e) { return std::string(e.cause()).find("host memory") != std::string::npos; });
+}
+
+BOOST_AUTO_TEST_CASE(the_communicator_reports_its_shape) {
+  BOOST_TEST(fc::testing::all_ranks(comm().rank() == world().rank() && comm().size() == world().size() &&
+                                    comm().native() != nullptr && comm().own_stream() != nullptr));
+}
+
+// Rank 0 reduces alone on a private duplicate: instead of hanging, the wait times out, the
+// communicator is aborted (ncclCommAbort) and the error says so; the world communicator still works.
+BOOST_AUTO_TEST_CASE(a_missing_rank_becomes_an_abort_and_an_error) {
+  if (world().size() < 2) return;
+  const auto saved = fc::default_timeout();
+  fc::set_default_timeout(std::chrono::milliseconds{3000});
+  bool ok = true;
+  {
+    auto lonely = comm().dup("lonely");
+    if (world().rank() == 0) {
+      device_buffer<float> x(std::vector<float>(16, 1.f));
+      try {
+        backend::iallreduce(lonely, x.span(), fc::op::sum).wait();
+        ok = false;
+      } catch (const fc::error& e) {
+        ok = std::string(e.cause()).find("ncclCommAbort") != std::string::npos;
+      }
+      // Later operations on it are refused, not hung on.
+      BOOST_CHECK_THROW(backend::iallreduce(lonely, x.span(), fc::op::sum), fc::error);
+    }
+  }
+  fc::set_default_timeout(saved);
+  BOOST_TEST(fc::testing::all_ranks(ok));
+  device_buffer<int> one(std::vector<int>{1});
+  backend::iallreduce(comm(), one.span(), fc::op::sum).wait();
+  BOOST_TEST(fc::testing::all_ranks(one.host()[0] == world().size()));
+}
