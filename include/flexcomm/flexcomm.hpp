@@ -16,6 +16,7 @@
 // CUDA parts: the host-side helpers wherever the build has CUDA; the device backends, whose
 // reduction kernels need nvcc, in translation units nvcc compiles (.cu).
 #if defined(FLEXCOMM_HAVE_CUDA)
+#include "backend/cuda/device_batch.hpp"
 #include "backend/cuda/error.hpp"
 #if defined(__CUDACC__)
 #include "backend/nccl.hpp"

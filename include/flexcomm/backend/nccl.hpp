@@ -189,6 +189,7 @@ struct nccl_state {
   std::atomic<std::uint64_t> completed{0};      // highest sequence seen complete
   bool aborted = false;
   std::string abort_reason;
+  std::vector<std::unique_ptr<ncclComm_t>> split_slots;
 
   nccl_state() = default;
   nccl_state(const nccl_state&) = delete;
@@ -338,9 +339,11 @@ class nccl::communicator {
     st.flush_locked(what);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    // NCCL may write the new handle once the split has settled: keep the slot alive until then.
-    auto slot = std::make_unique<ncclComm_t>(nullptr);
-    check_nccl(ncclCommSplit(st.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot.get(), &config), what);
+    // NCCL may write the new handle while the split settles in the background: the slot lives
+    // as long as the parent.
+    st.split_slots.push_back(std::make_unique<ncclComm_t>(nullptr));
+    ncclComm_t* slot = st.split_slots.back().get();
+    check_nccl(ncclCommSplit(st.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config), what);
     st.settle_locked(what);
     communicator out;
     out.name_ = std::move(name);
@@ -525,6 +528,7 @@ nccl::request nccl_point_to_point(const nccl::communicator& comm, bool send, spa
                                   cudaStream_t s) {
   using E = std::remove_const_t<T>;
   auto& st = comm.state(cat("nccl ", send ? "isend" : "irecv", " on ", comm.name()));
+  device_guard guard(st.device, comm.name());  // the event belongs to the communicator's device
   std::lock_guard<std::mutex> lock(st.mutex);
   const auto what = nccl_describe<E>(st, comm.name(), send ? "isend" : "irecv", buf.size(),
                                      cat(send ? ", to " : ", from ", peer, ", tag ", tag));

@@ -329,7 +329,9 @@ class staged_builder {
  public:
   staged_builder(const typename basic_staged<Direct>::communicator& comm, cudaStream_t s, const char* name,
                  std::size_t count, const std::string& extra)
-      : comm_(comm), lane_(comm.lane(cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name()))) {
+      : comm_(comm),
+        lane_(comm.lane(cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name()))),
+        guard_(lane_.device, comm.name()) {
     op_ = std::make_shared<staged_op>();
     op_->what = cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name(), " #",
                     mutable_comm(comm.transport()).next_sequence(), " (", count, " x ", name_of(dtype_of<T>), extra,
@@ -383,7 +385,6 @@ class staged_builder {
     {
       std::lock_guard<std::mutex> lock(lane_.mutex);
       lane_.starting.push_back(op_);
-      cuda::device_guard guard(lane_.device, op_->what);
       lane_.drive_locked();  // chunks already staged go on the wire now
     }
     return typename basic_staged<Direct>::request(shared, op_);
@@ -397,6 +398,7 @@ class staged_builder {
 
   const typename basic_staged<Direct>::communicator& comm_;
   staged_lane& lane_;
+  cuda::device_guard guard_;  // events and copies belong to the communicator's device
   std::shared_ptr<staged_op> op_;
   cudaStream_t stream_ = nullptr;
 };
