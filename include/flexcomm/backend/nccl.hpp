@@ -424,7 +424,15 @@ class nccl::request {
         launch_.reset();
         fail(what_, cat(st.where(), " was aborted: ", st.abort_reason));
       }
-      if (!launch_->launched) st.flush_locked(what_);
+      if (!launch_->launched) {
+        st.flush_locked(what_);
+        // An event never recorded reads as reached: an operation lost with a failed group launch
+        // must not look finished.
+        if (!launch_->launched) {
+          launch_.reset();
+          fail(what_, "its NCCL group launch failed (reported by the operation that launched it)");
+        }
+      }
     }
     if (launch_->done.done(what_)) {
       std::uint64_t seen = st.completed.load();
