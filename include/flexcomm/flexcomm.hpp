@@ -13,6 +13,11 @@
 #include "backend/mpi.hpp"
 #include "core/environment.hpp"
 
+#include "patterns/feed.hpp"
+#include "patterns/local_feed.hpp"
+#include "patterns/one_to_many.hpp"
+#include "patterns/all_shared.hpp"
+
 // CUDA parts: the host-side helpers wherever the build has CUDA; the device backends, whose
 // reduction kernels need nvcc, in translation units nvcc compiles (.cu).
 #if defined(FLEXCOMM_HAVE_CUDA)
