@@ -70,19 +70,47 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_matches_every_op, T, element_types) {
     }
 }
 
-BOOST_AUTO_TEST_CASE(native_types_agree_with_plain_mpi) {
-  const int rank = world().rank();
+// The same operations through plain blocking MPI on MPI_COMM_WORLD, for the types MPI knows.
+BOOST_AUTO_TEST_CASE(every_operation_agrees_with_plain_mpi) {
+  const int rank = world().rank(), size = world().size();
+  const int root = size - 1;
   for (std::size_t n : counts) {
-    const auto send = data<double>(rank, n);
-    std::vector<double> ours(n), theirs(n);
-    mpi::iallreduce<double>(world(), send, fc::span<double>(ours), fc::op::max).wait();
-    MPI_Allreduce(send.data(), theirs.data(), static_cast<int>(n), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    BOOST_TEST(fc::testing::all_ranks(ours == theirs));
-    const auto isend = data<std::int64_t>(rank, n);
-    std::vector<std::int64_t> isum(n), iref(n);
-    mpi::iallreduce<std::int64_t>(world(), isend, fc::span<std::int64_t>(isum), fc::op::sum).wait();
-    MPI_Allreduce(isend.data(), iref.data(), static_cast<int>(n), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-    BOOST_TEST(fc::testing::all_ranks(isum == iref));
+    const int count = static_cast<int>(n);
+    const auto send = data<float>(rank, n);
+    const auto isend = data<std::int32_t>(rank, n);
+    bool ok = true;
+    std::vector<float> ours(n), theirs(n);
+    mpi::iallreduce<float>(world(), send, fc::span<float>(ours), fc::op::max).wait();
+    MPI_Allreduce(send.data(), theirs.data(), count, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
+    ok = ok && ours == theirs;
+    std::vector<std::int32_t> iours(n), itheirs(n);
+    mpi::ireduce<std::int32_t>(world(), isend, fc::span<std::int32_t>(iours), fc::op::prod, root).wait();
+    MPI_Reduce(isend.data(), itheirs.data(), count, MPI_INT32_T, MPI_PROD, root, MPI_COMM_WORLD);
+    ok = ok && (rank != root || iours == itheirs);
+    auto bours = send, btheirs = send;
+    mpi::ibcast(world(), fc::span<float>(bours), root).wait();
+    MPI_Bcast(btheirs.data(), count, MPI_FLOAT, root, MPI_COMM_WORLD);
+    ok = ok && bours == btheirs;
+    std::vector<float> gours(n * static_cast<std::size_t>(size)), gtheirs(gours.size());
+    mpi::iallgather<float>(world(), send, fc::span<float>(gours)).wait();
+    MPI_Allgather(send.data(), count, MPI_FLOAT, gtheirs.data(), count, MPI_FLOAT, MPI_COMM_WORLD);
+    ok = ok && gours == gtheirs;
+    std::vector<int> each(static_cast<std::size_t>(size), count);
+    std::vector<int> displs(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) displs[static_cast<std::size_t>(r)] = r * count;
+    std::vector<std::int32_t> vours(n * static_cast<std::size_t>(size)), vtheirs(vours.size());
+    mpi::igatherv<std::int32_t>(world(), isend, fc::span<std::int32_t>(vours), fc::span<const int>(each), root).wait();
+    MPI_Gatherv(isend.data(), count, MPI_INT32_T, vtheirs.data(), each.data(), displs.data(), MPI_INT32_T, root,
+                MPI_COMM_WORLD);
+    ok = ok && (rank != root || vours == vtheirs);
+    // reduce_scatter: rank r gets n elements of the sum of everyone's n*size elements.
+    const auto big = data<std::int32_t>(rank, n * static_cast<std::size_t>(size));
+    std::vector<std::int32_t> rours(n), rtheirs(n);
+    mpi::ireduce_scatter<std::int32_t>(world(), big, fc::span<std::int32_t>(rours), fc::span<const int>(each),
+                                       fc::op::sum).wait();
+    MPI_Reduce_scatter(big.data(), rtheirs.data(), each.data(), MPI_INT32_T, MPI_SUM, MPI_COMM_WORLD);
+    ok = ok && rours == rtheirs;
+    BOOST_TEST(fc::testing::all_ranks(ok), "n=" << n);
   }
 }
 

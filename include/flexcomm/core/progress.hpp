@@ -132,20 +132,24 @@ class progress_engine {
       bool progressed = false;
       for (auto it = active.begin(); it != active.end();) {
         bool finished = false;
+        std::exception_ptr thrown;
         try {
           finished = it->poll();
-          if (finished) it->done->finish();
         } catch (...) {
-          it->done->finish(std::current_exception());
+          thrown = std::current_exception();
           finished = true;
         }
-        if (finished) {
-          it = active.erase(it);
-          outstanding_.fetch_sub(1, std::memory_order_acq_rel);
-          progressed = true;
-        } else {
+        if (!finished) {
           ++it;
+          continue;
         }
+        // Count it out before the waiter can see it done, so outstanding() never lags.
+        auto done = std::move(it->done);
+        it = active.erase(it);
+        outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+        if (thrown) done->finish(std::move(thrown));
+        else done->finish();
+        progressed = true;
       }
       idle_rounds = progressed ? 0 : idle_rounds + 1;
       // The engine itself must not busy-poll a shared core away from the trainer.

@@ -9,9 +9,27 @@
 #include <string_view>
 #include <thread>
 
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
 #include "error.hpp"
 
 namespace flexcomm {
+
+namespace detail {
+// Linux rounds every sleep up by the thread's timer slack (50 us by default), which would make
+// a 1 us backoff step cost 50 us of latency; waiting threads ask for 1 us slack instead.
+inline void tighten_timer_slack() {
+#if defined(__linux__)
+  thread_local bool done = false;
+  if (!done) {
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    done = true;
+  }
+#endif
+}
+}  // namespace detail
 
 enum class wait_kind { spin, yield, backoff };
 
@@ -34,13 +52,20 @@ struct wait_policy {
   static wait_policy automatic(int ranks_on_node, unsigned cores = std::thread::hardware_concurrency());
 
   // Gives the CPU away (or not) between two polls; `round` counts the polls of one wait.
+  // backoff first yields (a peer rank waiting for this core runs at once), then sleeps with
+  // doubling length: a sleeping rank neither steals the core nor inflates CPU-time figures.
   void pause(unsigned round) const {
     switch (kind) {
       case wait_kind::spin: return;
       case wait_kind::yield: std::this_thread::yield(); return;
       case wait_kind::backoff: {
-        if (round < 2) return;  // the common fast completion costs no sleep
-        const unsigned shift = round - 2 < 16 ? round - 2 : 16;
+        constexpr unsigned yield_rounds = 16;
+        if (round < yield_rounds) {
+          std::this_thread::yield();
+          return;
+        }
+        detail::tighten_timer_slack();
+        const unsigned shift = round - yield_rounds < 16 ? round - yield_rounds : 16;
         auto sleep = std::chrono::microseconds{1u << shift};
         std::this_thread::sleep_for(sleep < max_sleep ? sleep : max_sleep);
         return;
