@@ -259,3 +259,15 @@ BOOST_AUTO_TEST_CASE(operations_on_an_empty_communicator_are_errors) {
   device_buffer<float> a(std::vector<float>{1.f});
   BOOST_CHECK_THROW(backend::iallreduce(empty, a.span(), fc::op::sum), fc::error);
 }
+
+// An MPI communicator converts to the device backend's (collectively), as the pipeline's
+// Sync slot needs: overlapped_ring<B>(member_comm) with member_comm an mpi::communicator.
+BOOST_AUTO_TEST_CASE(an_mpi_communicator_converts) {
+  auto sum_of_ranks = [](const typename backend::communicator& c) {
+    device_buffer<int> x(std::vector<int>{c.rank()});
+    backend::iallreduce(c, x.span(), fc::op::sum).wait();
+    return x.host()[0];
+  };
+  const int size = world().size();
+  BOOST_TEST(fc::testing::all_ranks(sum_of_ranks(world()) == size * (size - 1) / 2));
+}

@@ -315,6 +315,11 @@ class nccl::communicator {
     name_ = std::move(name);
   }
 
+  // An MPI communicator converts (collectively, under its own name), so that an adapter built
+  // from the pipeline's MPI communicators can run on NCCL: overlapped_ring<nccl>(member_comm).
+  communicator(const mpi::communicator& comm)  // NOLINT: implicit on purpose
+      : communicator(comm, comm.name()) {}
+
   communicator(communicator&&) noexcept = default;
   communicator& operator=(communicator&&) noexcept = default;
   communicator(const communicator&) = delete;

@@ -205,6 +205,9 @@ class basic_staged<Direct>::communicator {
   // Collective over `comm`. Uses the CUDA device current on the calling thread.
   communicator(const mpi::communicator& comm, std::string name)
       : communicator(comm ? comm.dup(name) : mpi::communicator(), std::move(name), 0) {}
+  // An MPI communicator converts (collectively: a private duplicate), as nccl's does.
+  communicator(const mpi::communicator& comm)  // NOLINT: implicit on purpose
+      : communicator(comm, comm.name()) {}
   ~communicator() = default;
 
   communicator(communicator&&) noexcept = default;

@@ -1,0 +1,221 @@
+// A CUDA trainer for an ensemble of MLPs on Fashion-MNIST, written once. Its baseline and
+// streamlined pipelines, and its MPI (staged) and NCCL variants, differ only in the pipeline's
+// template arguments (the four `using` lines below; see docs/cuda.md for the diff).
+//
+//   mpiexec -n 5 build/examples/cuda_trainer --pipeline streamlined --backend nccl \
+//           --layout "producers=1 members=2x2" --steps 200
+#include <boost/program_options.hpp>
+#include <cuda_runtime.h>
+
+#include <flexcomm/flexcomm.hpp>
+#include <flexcomm/pipeline/ensemble_pipeline.hpp>
+#include <flexcomm/pipeline/after_backward.hpp>
+#include <flexcomm/patterns/many_to_one.hpp>
+#include <flexcomm/patterns/overlapped_ring.hpp>
+#include <flexcomm/patterns/subgroup_allreduce.hpp>
+
+#include "common/fashion_mnist.hpp"
+#include "cuda/mlp.cuh"
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fc = flexcomm;
+namespace fm = fashion_mnist;
+namespace po = boost::program_options;
+
+// The only lines that change between variants. Batches travel on the host (MPI), gradients on
+// the device (staged MPI or NCCL), predictions back to the host aggregator (MPI).
+using baseline_mpi = fc::ensemble_pipeline<fc::local_feed, fc::after_backward<fc::subgroup_allreduce<fc::staged>>,
+                                           fc::many_to_one<fc::mpi>>;
+using streamlined_mpi =
+    fc::ensemble_pipeline<fc::one_to_many<fc::mpi>, fc::overlapped_ring<fc::staged>, fc::many_to_one<fc::mpi>>;
+using baseline_nccl = fc::ensemble_pipeline<fc::local_feed, fc::after_backward<fc::subgroup_allreduce<fc::nccl>>,
+                                            fc::many_to_one<fc::mpi>>;
+using streamlined_nccl =
+    fc::ensemble_pipeline<fc::one_to_many<fc::mpi>, fc::overlapped_ring<fc::nccl>, fc::many_to_one<fc::mpi>>;
+
+struct settings {
+  std::string layout = "producers=1 members=2x1";
+  std::int64_t steps = 100;
+  std::size_t batch = 64;  // samples per step and member, split over the member's ranks
+  int hidden = 128;
+  float lr = 0.1f;
+  std::size_t train_images = 0, test_images = 2000;
+  int log_every = 20;
+};
+
+namespace {
+// The data, loaded once per process by whichever role first needs it.
+const fm::packed_dataset& train_set(const settings& s) {
+  static std::once_flag once;
+  static std::unique_ptr<fm::packed_dataset> data;
+  std::call_once(once, [&] { data = std::make_unique<fm::packed_dataset>(fm::load(fm::split::train, fm::default_dir(), s.train_images)); });
+  return *data;
+}
+
+// The trainer: the same code for every pipeline type.
+template <class Pipeline>
+int train(const fc::environment& env, const settings& s) {
+  const auto layout = fc::ensemble_layout::from_env(s.layout);
+  const int shards = layout.shards_per_step();
+  fc::check(s.batch % static_cast<std::size_t>(shards) == 0, "cuda_trainer",
+            fc::cat("batch ", s.batch, " must split into the layout's ", shards, " shards per step"));
+  const std::size_t per_shard = s.batch / static_cast<std::size_t>(shards);
+
+  typename Pipeline::options opt;
+  opt.feed.steps = s.steps;
+  opt.feed.shard_capacity = per_shard * fm::sample_bytes;
+  Pipeline pipe(env.world(), layout, opt);
+
+  // Shard k of step t: samples [k * per_shard, (k + 1) * per_shard) of the step's batch.
+  auto loader = [&](std::int64_t step, int shard, fc::span<std::byte> out) {
+    return fm::make_samples(train_set(s), step, s.batch, static_cast<std::size_t>(shard) * per_shard, per_shard,
+                            reinterpret_cast<fm::sample*>(out.data()));
+  };
+
+  int devices = 1;
+  fc::check_cuda(cudaGetDeviceCount(&devices), "cuda_trainer: cudaGetDeviceCount");
+  fc::check_cuda(cudaSetDevice(env.world().rank() % devices), "cuda_trainer: cudaSetDevice");
+
+  pipe.run(
+      loader,
+      [&](auto& ctx) {
+        cudaStream_t compute = nullptr;
+        fc::check_cuda(cudaStreamCreate(&compute), "cuda_trainer: cudaStreamCreate");
+        const int max_batch = static_cast<int>(s.batch);
+        cuda_mlp::mlp model(fm::pixels, s.hidden, fm::classes, std::max(max_batch, 256), 1000u + ctx.member(), compute);
+        auto& feed = ctx.feed();
+        fc::cuda::device_feed<std::remove_reference_t<decltype(feed)>> device(feed, s.batch * fm::sample_bytes, compute);
+        constexpr int stride = static_cast<int>(fm::sample_bytes / sizeof(float));  // a sample is 785 words
+        const auto start = std::chrono::steady_clock::now();
+        model.reset_stats();
+        std::size_t seen = 0;
+        while (auto b = device.next()) {
+          const int n = static_cast<int>(b->bytes().size() / fm::sample_bytes);
+          const float* x = b->template as<float>();
+          const auto* labels = reinterpret_cast<const std::int32_t*>(x + fm::pixels);
+          model.train_step(x, stride, labels, stride, n, [&](int part, fc::span<float> grad) { ctx.sync().ready(part, grad); });
+          ctx.sync().finish();
+          model.step(s.lr);
+          seen += static_cast<std::size_t>(n);
+          if (s.log_every > 0 && (b->step() + 1) % s.log_every == 0 && ctx.rank_in_member() == 0) {
+            const auto [loss, correct] = model.stats();
+            std::printf("member %d step %lld: loss %.4f, train accuracy %.3f\n", ctx.member(),
+                        static_cast<long long>(b->step() + 1), loss / static_cast<double>(seen),
+                        correct / static_cast<double>(seen));
+            model.reset_stats();
+            seen = 0;
+          }
+        }
+        fc::check_cuda(cudaStreamSynchronize(compute), "cuda_trainer: end of training");
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (ctx.rank_in_member() == 0) std::printf("member %d trained in %.2f s\n", ctx.member(), seconds);
+
+        // This rank's slice of the test set: class probabilities, one column of 10 per image.
+        const auto test = fm::load(fm::split::test, fm::default_dir(), s.test_images);
+        const std::size_t first = test.count * static_cast<std::size_t>(ctx.rank_in_member()) /
+                                  static_cast<std::size_t>(ctx.member_size());
+        const std::size_t last = test.count * static_cast<std::size_t>(ctx.rank_in_member() + 1) /
+                                 static_cast<std::size_t>(ctx.member_size());
+        std::vector<float> probs((last - first) * fm::classes);
+        fm::augment_options plain;
+        plain.pad = 0;
+        plain.flip = false;
+        plain.max_rotation_degrees = 0;
+        std::vector<float> pixels(256 * fm::pixels);
+        float *dx = nullptr, *dp = nullptr;
+        fc::check_cuda(cudaMalloc(&dx, pixels.size() * sizeof(float)), "cuda_trainer: cudaMalloc");
+        fc::check_cuda(cudaMalloc(&dp, 256 * fm::classes * sizeof(float)), "cuda_trainer: cudaMalloc");
+        for (std::size_t i = first; i < last; i += 256) {
+          const int n = static_cast<int>(std::min<std::size_t>(256, last - i));
+          for (int j = 0; j < n; ++j) fm::augment(test.image(i + j), &pixels[static_cast<std::size_t>(j) * fm::pixels], 0, plain);
+          fc::check_cuda(cudaMemcpyAsync(dx, pixels.data(), static_cast<std::size_t>(n) * fm::pixels * sizeof(float),
+                                         cudaMemcpyHostToDevice, compute),
+                         "cuda_trainer: upload test images");
+          model.predict(dx, fm::pixels, n, dp);
+          fc::check_cuda(cudaMemcpyAsync(&probs[(i - first) * fm::classes], dp,
+                                         static_cast<std::size_t>(n) * fm::classes * sizeof(float),
+                                         cudaMemcpyDeviceToHost, compute),
+                         "cuda_trainer: download predictions");
+          fc::check_cuda(cudaStreamSynchronize(compute), "cuda_trainer: predict");
+        }
+        cudaFree(dx);
+        cudaFree(dp);
+        cudaStreamDestroy(compute);
+        ctx.collect().submit(fc::span<const float>(probs));
+      },
+      [&](auto& ctx) {
+        // Each member's probabilities over the test set, and the ensemble's average of them.
+        const auto all = ctx.collect().template gather<float>();
+        const auto test = fm::load(fm::split::test, fm::default_dir(), s.test_images);
+        std::vector<float> ensemble(test.count * fm::classes, 0.f);
+        auto accuracy = [&](fc::span<const float> p) {
+          std::size_t correct = 0;
+          for (std::size_t i = 0; i < test.count; ++i) {
+            int best = 0;
+            for (int c = 1; c < fm::classes; ++c)
+              if (p[i * fm::classes + c] > p[i * fm::classes + best]) best = c;
+            correct += best == test.labels[i];
+          }
+          return static_cast<double>(correct) / static_cast<double>(test.count);
+        };
+        for (int m = 0; m < ctx.members(); ++m) {
+          const auto p = all.member(m);
+          fc::check(p.size() == ensemble.size(), "cuda_trainer",
+                    fc::cat("member ", m, " sent ", p.size(), " probabilities, expected ", ensemble.size()));
+          std::printf("member %d: test accuracy %.4f\n", m, accuracy(p));
+          for (std::size_t i = 0; i < ensemble.size(); ++i) ensemble[i] += p[i] / static_cast<float>(ctx.members());
+        }
+        std::printf("ensemble of %d: test accuracy %.4f\n", ctx.members(), accuracy(fc::span<const float>(ensemble)));
+      });
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  fc::environment env(argc, argv);
+  settings s;
+  std::string pipeline = "streamlined", backend = "nccl";
+  po::options_description opts("cuda_trainer: an ensemble of MLPs on Fashion-MNIST, on GPUs");
+  opts.add_options()("help,h", "this text")("pipeline", po::value(&pipeline)->default_value(pipeline),
+                                            "baseline | streamlined")(
+      "backend", po::value(&backend)->default_value(backend), "mpi (staged through pinned memory) | nccl")(
+      "layout", po::value(&s.layout)->default_value(s.layout), "ensemble layout (FLEXCOMM_LAYOUT overrides)")(
+      "steps", po::value(&s.steps)->default_value(s.steps), "training steps")(
+      "batch", po::value(&s.batch)->default_value(s.batch), "samples per step and member")(
+      "hidden", po::value(&s.hidden)->default_value(s.hidden), "hidden units")(
+      "lr", po::value(&s.lr)->default_value(s.lr), "learning rate")(
+      "train-images", po::value(&s.train_images)->default_value(0), "use the first N training images (0: all)")(
+      "test-images", po::value(&s.test_images)->default_value(s.test_images), "test images to evaluate")(
+      "log-every", po::value(&s.log_every)->default_value(s.log_every), "steps between progress lines");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, opts), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    if (env.world().rank() == 0) std::cout << opts << "\n";
+    return 0;
+  }
+  if (!fc::cuda_device_present()) {
+    if (env.world().rank() == 0) std::puts("cuda_trainer: no CUDA device");
+    return 77;
+  }
+  try {
+    if (pipeline == "baseline" && backend == "mpi") return train<baseline_mpi>(env, s);
+    if (pipeline == "streamlined" && backend == "mpi") return train<streamlined_mpi>(env, s);
+    if (pipeline == "baseline" && backend == "nccl") return train<baseline_nccl>(env, s);
+    if (pipeline == "streamlined" && backend == "nccl") return train<streamlined_nccl>(env, s);
+    fc::fail("cuda_trainer", fc::cat("unknown --pipeline '", pipeline, "' / --backend '", backend,
+                                     "' (baseline|streamlined, mpi|nccl)"));
+  } catch (const fc::error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return 1;
+}
