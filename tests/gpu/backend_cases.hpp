@@ -207,9 +207,14 @@ BOOST_AUTO_TEST_CASE(point_to_point_ring) {
 BOOST_AUTO_TEST_CASE(device_hooks_combine_divide_copy) {
   const std::size_t n = 1001;
   device_buffer<float> a(data<float>(1, n)), b(data<float>(2, n)), c(n);
+  typename backend::template buffer<float> scratch;  // the backend's scratch space: device memory
+  scratch.resize(7);
+  scratch.resize(n);
   backend::combine(fc::op::sum, a.span().data(), b.cspan().data(), n);
   backend::divide(a.span().data(), n, 2);
-  backend::copy(c.span().data(), a.cspan().data(), n * sizeof(float));
+  backend::copy(scratch.data(), a.cspan().data(), n * sizeof(float));
+  backend::copy(c.span().data(), scratch.data(), n * sizeof(float));
+  BOOST_TEST(scratch.size() == n);
   auto want = data<float>(1, n);
   const auto other = data<float>(2, n);
   fc::combine(fc::op::sum, want.data(), other.data(), n);

@@ -115,6 +115,9 @@ inline MPI_Op mpi_op(op o, dtype t) {
 struct mpi {
   static constexpr memory_space memory = memory_space::host;
   using stream = no_stream;
+  // An adapter's own scratch space, in the memory this backend's buffers live in.
+  template <class T>
+  using buffer = std::vector<T>;
   class communicator;
   class request;
 

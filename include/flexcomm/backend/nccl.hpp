@@ -22,6 +22,7 @@
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
 #include "../core/wait.hpp"
+#include "cuda/device_buffer.hpp"
 #include "cuda/error.hpp"
 #include "cuda/reduce_kernels.cuh"
 #include "mpi.hpp"
@@ -75,6 +76,9 @@ struct nccl {
   // nullptr (the default) means the communicator's own stream, which is ordered with the
   // legacy default stream; pass the trainer's compute stream to order communication with it.
   using stream = cudaStream_t;
+  // An adapter's own scratch space, in device memory like every buffer of this backend.
+  template <class T>
+  using buffer = cuda::device_buffer<T>;
   class communicator;
   class request;
 

@@ -24,6 +24,7 @@
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
 #include "../core/wait.hpp"
+#include "cuda/device_buffer.hpp"
 #include "cuda/error.hpp"
 #include "cuda/reduce_kernels.cuh"
 #include "mpi.hpp"
@@ -54,6 +55,9 @@ struct basic_staged {
   // nullptr (the default) means the communicator's own stream, ordered with the legacy default
   // stream; the data an operation reads is taken after the work already queued on that stream.
   using stream = cudaStream_t;
+  // An adapter's own scratch space, in device memory like every buffer of this backend.
+  template <class T>
+  using buffer = cuda::device_buffer<T>;
   class communicator;
   class request;
 
