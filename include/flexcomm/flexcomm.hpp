@@ -12,3 +12,7 @@
 
 #include "backend/mpi.hpp"
 #include "core/environment.hpp"
+
+#include "patterns/sync.hpp"
+#include "patterns/subgroup_allreduce.hpp"
+#include "patterns/overlapped_ring.hpp"
