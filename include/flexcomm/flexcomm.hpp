@@ -18,6 +18,10 @@
 #include "patterns/one_to_many.hpp"
 #include "patterns/all_shared.hpp"
 
+#include "patterns/sync.hpp"
+#include "patterns/subgroup_allreduce.hpp"
+#include "patterns/overlapped_ring.hpp"
+
 // CUDA parts: the host-side helpers wherever the build has CUDA; the device backends, whose
 // reduction kernels need nvcc, in translation units nvcc compiles (.cu).
 #if defined(FLEXCOMM_HAVE_CUDA)
