@@ -250,7 +250,8 @@ BOOST_AUTO_TEST_CASE(split_into_halves_and_dup) {
     for (int r = 0; r < size; ++r)
       if (r % 2 == rank % 2 && !(size >= 3 && r == size - 1)) want_sum += r, ++want_count;
     const auto got = x.host();
-    ok = ok && got[0] == want_sum && got[1] == want_count && halves.size() == want_count && halves.name() == "half";
+    ok = ok && got[0] == want_sum && got[1] == want_count && halves.size() == want_count && halves.name() == "half" &&
+         halves.control().size() == want_count && halves.control().rank() == halves.rank();
   }
   auto copy = comm().dup("copy");
   device_buffer<int> y(std::vector<int>{rank});

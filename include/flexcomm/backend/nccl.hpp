@@ -316,6 +316,7 @@ class nccl::communicator {
     adopt(*state, handle, what);
     state->stream = cuda::stream_handle::create(what);
     state_ = std::move(state);
+    control_ = comm.dup(cat(name, " control"));
     name_ = std::move(name);
   }
 
@@ -338,6 +339,9 @@ class nccl::communicator {
   // The communicator's own stream: where operations go when the caller names none.
   cudaStream_t own_stream() const noexcept { return state_ ? state_->stream.get() : nullptr; }
   int device() const noexcept { return state_ ? state_->device : -1; }
+  // An MPI communicator over the same ranks, for small host-memory exchanges (an adapter's
+  // cross-rank checks) that NCCL, which moves device memory only, cannot carry.
+  const mpi::communicator& control() const noexcept { return control_; }
 
   // Collective over this communicator (ncclCommSplit); `undefined` takes part, gets an empty one.
   communicator split(int color, int key, std::string name) const {
@@ -355,6 +359,7 @@ class nccl::communicator {
     check_nccl(ncclCommSplit(st.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config), what);
     st.settle_locked(what);
     communicator out;
+    out.control_ = control_.split(color, key, cat(name, " control"));
     out.name_ = std::move(name);
     if (*slot == nullptr) {
       check(color < 0, what, "ncclCommSplit returned no communicator for a rank with a color");
@@ -393,6 +398,7 @@ class nccl::communicator {
   }
 
   std::shared_ptr<detail::nccl_state> state_;
+  mpi::communicator control_;
   std::string name_;
 };
 

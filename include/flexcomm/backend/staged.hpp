@@ -208,7 +208,9 @@ class basic_staged<Direct>::communicator {
   communicator() = default;
   // Collective over `comm`. Uses the CUDA device current on the calling thread.
   communicator(const mpi::communicator& comm, std::string name)
-      : communicator(comm ? comm.dup(name) : mpi::communicator(), std::move(name), 0) {}
+      : communicator(comm ? comm.dup(name) : mpi::communicator(), std::move(name), 0) {
+    if (comm) control_ = comm.dup(cat(name_, " control"));
+  }
   // An MPI communicator converts (collectively: a private duplicate), as nccl's does.
   communicator(const mpi::communicator& comm)  // NOLINT: implicit on purpose
       : communicator(comm, comm.name()) {}
@@ -227,13 +229,21 @@ class basic_staged<Direct>::communicator {
   const mpi::communicator& transport() const { return lane(name_).transport; }
   cudaStream_t own_stream() const noexcept { return lane_ ? lane_->own.get() : nullptr; }
 
+  // An MPI communicator over the same ranks for small host-memory exchanges, apart from the
+  // staged traffic (whose MPI operations begin later, in their own order).
+  const mpi::communicator& control() const noexcept { return control_; }
+
   communicator split(int color, int key, std::string name) const {
     const auto what = cat(name_, ": split into '", name, "'");
-    return communicator(lane(what).transport.split(color, key, name), name, 0);
+    communicator out(lane(what).transport.split(color, key, name), name, 0);
+    out.control_ = control_.split(color, key, cat(name, " control"));
+    return out;
   }
   communicator dup(std::string name) const {
     const auto what = cat(name_, ": dup into '", name, "'");
-    return communicator(lane(what).transport.dup(name), name, 0);
+    communicator out(lane(what).transport.dup(name), name, 0);
+    out.control_ = control_.dup(cat(name, " control"));
+    return out;
   }
 
   detail::staged_lane& lane(const std::string& what) const {
@@ -260,6 +270,7 @@ class basic_staged<Direct>::communicator {
 
   std::string name_;
   std::shared_ptr<detail::staged_lane> lane_;
+  mpi::communicator control_;
 };
 
 // A staged operation; test() moves every operation of the communicator along (in call order).

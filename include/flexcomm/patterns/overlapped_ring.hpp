@@ -122,7 +122,7 @@ class ring_allreduce {
     std::size_t segment = 0;
     int step = 0;
     typename B::request send, recv;
-    std::vector<T> scratch;
+    typename B::template buffer<T> scratch;  // where B's buffers live (device memory for nccl)
   };
 
   int wrap(int chunk) const { return ((chunk % ranks_) + ranks_) % ranks_; }

@@ -21,6 +21,7 @@
 #include "../core/progress.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
+#include "../backend/mpi.hpp"  // memory_space; device backends check over MPI
 
 namespace flexcomm {
 
@@ -156,6 +157,23 @@ class signature_check {
   std::optional<typename B::request> request_;
 };
 
+// Where the cross-rank check travels: the backend itself for host backends; for device
+// backends (whose operations take device memory only) the member's MPI twin, control().
+template <class B, class = void>
+struct control_channel {
+  using backend = B;
+  static typename B::communicator make(const typename B::communicator& member, const std::string& name) {
+    return member.dup(name);
+  }
+};
+template <class B>
+struct control_channel<B, std::enable_if_t<B::memory == memory_space::device>> {
+  using backend = mpi;
+  static mpi::communicator make(const typename B::communicator& member, const std::string& name) {
+    return member.control().dup(name);
+  }
+};
+
 // The ready()/finish() bookkeeping both adapters share; an adapter supplies how one bucket is
 // reduced: launch(dtype, data, count) -> flight<B>. Called from one trainer thread.
 template <class B>
@@ -163,7 +181,7 @@ class bucket_sync {
  public:
   bucket_sync(const typename B::communicator& member, const sync_options& options, std::string who,
               bool launch_early)
-      : control_(member.dup(cat(member.name(), " ", who, " control"))),
+      : control_(control_channel<B>::make(member, cat(member.name(), " ", who, " control"))),
         who_(std::move(who)),
         launch_early_(launch_early),
         plan_(options.bucket_bytes) {
@@ -208,7 +226,7 @@ class bucket_sync {
   template <class Launch>
   void finish(Launch&& launch) {
     std::string verdict;
-    signature_check<B> agreement;
+    signature_check<typename control_channel<B>::backend> agreement;
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
       agreement.start(control_, mix(plan_.signature(), step_hash_), !misuse_.empty());
@@ -273,9 +291,6 @@ class bucket_sync {
     if (spec.last - spec.first == 1 && pointers_[spec.first]) {
       data = pointers_[spec.first];  // a bucket of one gradient is reduced where it lies
     } else {
-      if constexpr (B::memory != decltype(B::memory)::host)
-        fail(who_, "fusing several gradients into one bucket needs host staging; give this device backend a "
-                   "bucket_bytes no larger than its smallest gradient");
       auto& stage = staging_[b];
       stage.resize(spec.count * width);
       for (std::size_t i = spec.first; i < spec.last; ++i) {
@@ -325,7 +340,8 @@ class bucket_sync {
     }
   }
 
-  typename B::communicator control_;  // the signature exchange, kept apart from bucket traffic
+  // The signature exchange, kept apart from bucket traffic.
+  typename control_channel<B>::backend::communicator control_;
   std::string who_;
   bool launch_early_;
   bucket_plan plan_;
@@ -333,7 +349,9 @@ class bucket_sync {
   std::unordered_set<int> planned_;
   std::vector<void*> pointers_;  // per plan gradient: where this step's gradient lies
   std::vector<std::size_t> arrived_;  // per bucket: gradients handed over this step
-  std::vector<std::vector<std::byte>> staging_;  // per bucket fusing several gradients
+  // Per bucket fusing several gradients, in the backend's memory (device memory for nccl and
+  // staged, where B::copy is a stream-ordered device copy).
+  std::vector<typename B::template buffer<std::byte>> staging_;
   std::vector<flight<B>> flights_;
   std::size_t next_ = 0;  // the next bucket to launch: buckets launch in index order only
   std::size_t handed_ = 0;

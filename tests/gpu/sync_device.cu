@@ -1,0 +1,105 @@
+// The Sync adapters on device gradients: subgroup_allreduce and overlapped_ring over the nccl and
+// staged backends leave each gradient's average over the member in place, step after step, with
+// gradients fused into shared buckets (device staging) and buckets launched as they fill.
+#define BOOST_TEST_MODULE gpu_sync_device
+#include "gpu_fixture.hpp"
+
+#include <cmath>
+#include <vector>
+
+namespace fc = flexcomm;
+using fc::testing::world;
+
+namespace {
+// Gradient sizes in backprop order: small ones fuse into shared buckets, the large one travels
+// alone and is cut into many ring segments.
+const std::size_t sizes[] = {10, 1280, 128, 100352, 3};
+
+float value(int rank, int step, int gradient, std::size_t i) {
+  return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3 + step * 5 + gradient) % 9) - 4);
+}
+
+// Runs `steps` steps of `Sync` on `member`; true when every gradient holds the average.
+template <class Sync, class Comm>
+bool averages_in_place(const Comm& member, fc::sync_options options, int steps) {
+  const int rank = member.rank(), size = member.size();
+  Sync sync(member, options);
+  std::vector<float*> grads;
+  for (std::size_t n : sizes) {
+    float* g = nullptr;
+    fc::check_cuda(cudaMalloc(&g, n * sizeof(float)), "test: cudaMalloc");
+    grads.push_back(g);
+  }
+  bool ok = true;
+  for (int step = 0; step < steps; ++step) {
+    for (int i = 0; i < static_cast<int>(grads.size()); ++i) {
+      const std::size_t n = sizes[i];
+      std::vector<float> host(n);
+      for (std::size_t k = 0; k < n; ++k) host[k] = value(rank, step, i, k);
+      fc::check_cuda(cudaMemcpy(grads[static_cast<std::size_t>(i)], host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+                     "test: upload");
+      sync.ready(i, fc::span<float>(grads[static_cast<std::size_t>(i)], n));
+    }
+    sync.finish();
+    fc::check_cuda(cudaDeviceSynchronize(), "test: sync");
+    for (int i = 0; i < static_cast<int>(grads.size()); ++i) {
+      const std::size_t n = sizes[i];
+      std::vector<float> got(n);
+      fc::check_cuda(cudaMemcpy(got.data(), grads[static_cast<std::size_t>(i)], n * sizeof(float), cudaMemcpyDeviceToHost),
+                     "test: download");
+      for (std::size_t k = 0; k < n && ok; ++k) {
+        float sum = 0;
+        for (int r = 0; r < size; ++r) sum += value(r, step, i, k);
+        const float want = sum * (1.0f / static_cast<float>(size));
+        ok = std::fabs(got[k] - want) <= 1e-6f * std::fmax(1.f, std::fabs(want));
+        if (!ok) BOOST_TEST_MESSAGE("step " << step << " gradient " << i << " [" << k << "]: " << got[k] << ", want " << want);
+      }
+    }
+  }
+  for (float* g : grads) cudaFree(g);
+  return ok;
+}
+
+fc::sync_options fused(bool when_full) {
+  fc::sync_options o;
+  o.bucket_bytes = 8192;  // the three small gradients share buckets
+  o.segment_bytes = 4096;
+  o.segments_in_flight = 2;
+  o.launch_when_full = when_full;
+  return o;
+}
+}  // namespace
+
+// Runs first: two ranks on one GPU need the test-only environment of tests/gpu/nccl_env.sh.
+BOOST_AUTO_TEST_CASE(ranks_sharing_a_gpu_have_distinct_nccl_host_ids) {
+  const auto problem = fc::testing::nccl_gpu_sharing_problem();
+  BOOST_TEST_REQUIRE(fc::testing::all_ranks(problem.empty()), problem);
+}
+
+BOOST_AUTO_TEST_CASE(subgroup_allreduce_on_nccl) {
+  fc::nccl::communicator member(world(), "member");
+  BOOST_TEST(fc::testing::all_ranks(averages_in_place<fc::subgroup_allreduce<fc::nccl>>(member, fused(false), 3)));
+  BOOST_TEST(fc::testing::all_ranks(averages_in_place<fc::subgroup_allreduce<fc::nccl>>(member, fused(true), 3)));
+}
+
+BOOST_AUTO_TEST_CASE(subgroup_allreduce_on_staged) {
+  fc::staged::communicator member(world(), "member");
+  BOOST_TEST(fc::testing::all_ranks(averages_in_place<fc::subgroup_allreduce<fc::staged>>(member, fused(true), 3)));
+}
+
+// MPI tags keep the ring's segments apart: several buckets and lanes in flight at once.
+BOOST_AUTO_TEST_CASE(overlapped_ring_on_staged) {
+  fc::staged::communicator member(world(), "member");
+  BOOST_TEST(fc::testing::all_ranks(averages_in_place<fc::overlapped_ring<fc::staged>>(member, fused(true), 3)));
+}
+
+// NCCL has no tags: point-to-point messages between two ranks match in issue order, which the
+// ring keeps with one bucket and one segment in flight at a time.
+BOOST_AUTO_TEST_CASE(overlapped_ring_on_nccl_in_issue_order) {
+  fc::nccl::communicator member(world(), "member");
+  fc::sync_options o;
+  o.bucket_bytes = std::size_t{1} << 30;
+  o.segment_bytes = 4096;
+  o.segments_in_flight = 1;
+  BOOST_TEST(fc::testing::all_ranks(averages_in_place<fc::overlapped_ring<fc::nccl>>(member, o, 3)));
+}
