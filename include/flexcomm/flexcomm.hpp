@@ -20,3 +20,6 @@
 #include "patterns/sync.hpp"
 #include "patterns/subgroup_allreduce.hpp"
 #include "patterns/overlapped_ring.hpp"
+#include "patterns/many_to_one.hpp"
+#include "pipeline/ensemble_pipeline.hpp"
+#include "pipeline/presets.hpp"

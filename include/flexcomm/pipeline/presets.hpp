@@ -2,7 +2,7 @@
 // the baseline to a streamlined pipeline is a change of preset, never of trainer code.
 //
 //   baseline           local_feed: every trainer preprocesses its own batches; gradients
-//                      averaged after backward (subgroup_allreduce, deferred to finish())
+//                      averaged after backward (subgroup_allreduce, all buckets in finish())
 //   single_broadcast   one producer preprocesses each step and broadcasts it (one_to_many)
 //   multi_broadcast    the same one_to_many with several producers taking turns as root
 //   all_shared         no producers: trainers take turns preprocessing, shared by broadcast
@@ -25,7 +25,6 @@
 #include "../patterns/one_to_many.hpp"
 #include "../patterns/overlapped_ring.hpp"
 #include "../patterns/subgroup_allreduce.hpp"
-#include "after_backward.hpp"
 #include "ensemble_pipeline.hpp"
 
 namespace flexcomm {
@@ -41,17 +40,21 @@ inline ensemble_layout with_producers(const ensemble_layout& layout, int produce
 
 namespace presets {
 
-namespace detail {
-template <class B>
-using deferred_allreduce = after_backward<subgroup_allreduce<B>>;
-}  // namespace detail
-
 // A preset: its pipeline type, its name, and the producer counts its layout may have.
-template <class Feed, template <class> class Sync, class B, int MinProducers, int MaxProducers>
+template <class Feed, template <class> class Sync, class B, int MinProducers, int MaxProducers, bool Overlap>
 struct preset {
   using pipeline = ensemble_pipeline<Feed, Sync<B>, many_to_one<B>>;
+  using options = typename pipeline::options;
   static constexpr int min_producers = MinProducers;
   static constexpr int max_producers = MaxProducers;
+
+  // The options as this design runs: the baseline reduces every bucket after backward, the
+  // streamlined designs launch a bucket as soon as backprop fills it (overlapped_ring always
+  // overlaps). Everything else is the caller's.
+  static options configure(options o) {
+    o.sync.launch_when_full = Overlap;
+    return o;
+  }
 
   // Throws, naming the preset, when the layout has the wrong number of producers.
   static void check_layout(const ensemble_layout& layout, const char* name) {
@@ -71,20 +74,20 @@ struct preset {
 
 constexpr int many = std::numeric_limits<int>::max();
 
-template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct baseline : preset<local_feed, detail::deferred_allreduce, B, 0, 0> {
+template <class B = mpi>
+struct baseline : preset<local_feed, subgroup_allreduce, B, 0, 0, false> {
   static constexpr const char* name = "baseline";
 };
 template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct single_broadcast : preset<one_to_many<B>, Sync, B, 1, 1> {
+struct single_broadcast : preset<one_to_many<B>, Sync, B, 1, 1, true> {
   static constexpr const char* name = "single_broadcast";
 };
 template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct multi_broadcast : preset<one_to_many<B>, Sync, B, 2, many> {
+struct multi_broadcast : preset<one_to_many<B>, Sync, B, 2, many, true> {
   static constexpr const char* name = "multi_broadcast";
 };
 template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct all_shared : preset<flexcomm::all_shared<B>, Sync, B, 0, 0> {
+struct all_shared : preset<flexcomm::all_shared<B>, Sync, B, 0, 0, true> {
   static constexpr const char* name = "all_shared";
 };
 
@@ -99,7 +102,7 @@ decltype(auto) visit(std::string_view name, std::string_view sync, F&& f) {
   check(sync == "allreduce" || sync == "ring", "presets",
         cat("unknown sync '", sync, "' (known: allreduce, ring)"));
   const bool ring = sync == "ring";
-  if (name == "baseline") return f(baseline<subgroup_allreduce, B>{});
+  if (name == "baseline") return f(baseline<B>{});
   if (name == "single_broadcast")
     return ring ? f(single_broadcast<overlapped_ring, B>{}) : f(single_broadcast<subgroup_allreduce, B>{});
   if (name == "multi_broadcast")
