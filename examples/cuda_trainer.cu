@@ -2,17 +2,12 @@
 // streamlined pipelines, and its MPI (staged) and NCCL variants, differ only in the pipeline's
 // template arguments (the four `using` lines below; see docs/cuda.md for the diff).
 //
-//   mpiexec -n 5 build/examples/cuda_trainer --pipeline streamlined --backend nccl \
+//   mpiexec -n 5 build/examples/cuda_trainer --pipeline streamlined --backend nccl
 //           --layout "producers=1 members=2x2" --steps 200
 #include <boost/program_options.hpp>
 #include <cuda_runtime.h>
 
 #include <flexcomm/flexcomm.hpp>
-#include <flexcomm/pipeline/ensemble_pipeline.hpp>
-#include <flexcomm/pipeline/after_backward.hpp>
-#include <flexcomm/patterns/many_to_one.hpp>
-#include <flexcomm/patterns/overlapped_ring.hpp>
-#include <flexcomm/patterns/subgroup_allreduce.hpp>
 
 #include "common/fashion_mnist.hpp"
 #include "cuda/mlp.cuh"
@@ -30,16 +25,26 @@ namespace fc = flexcomm;
 namespace fm = fashion_mnist;
 namespace po = boost::program_options;
 
-// The only lines that change between variants. Batches travel on the host (MPI), gradients on
-// the device (staged MPI or NCCL), predictions back to the host aggregator (MPI).
-using baseline_mpi = fc::ensemble_pipeline<fc::local_feed, fc::after_backward<fc::subgroup_allreduce<fc::staged>>,
-                                           fc::many_to_one<fc::mpi>>;
-using streamlined_mpi =
-    fc::ensemble_pipeline<fc::one_to_many<fc::mpi>, fc::overlapped_ring<fc::staged>, fc::many_to_one<fc::mpi>>;
-using baseline_nccl = fc::ensemble_pipeline<fc::local_feed, fc::after_backward<fc::subgroup_allreduce<fc::nccl>>,
-                                            fc::many_to_one<fc::mpi>>;
-using streamlined_nccl =
-    fc::ensemble_pipeline<fc::one_to_many<fc::mpi>, fc::overlapped_ring<fc::nccl>, fc::many_to_one<fc::mpi>>;
+// The only lines that change between variants: the pipeline's template arguments, and whether
+// buckets leave during backward (the streamlined designs) or after it (the baseline), as
+// flexcomm's presets do. Batches travel on the host (MPI) and reach the GPU through
+// cuda::device_feed; gradients are averaged on the device (staged MPI or NCCL); predictions go to
+// a host aggregator (MPI). The streamlined NCCL variant reduces each bucket with NCCL's allreduce
+// as soon as it fills (NCCL point-to-point has no tags, see docs/cuda.md); the streamlined MPI
+// variant runs flexcomm's own overlapped ring.
+template <class Pipeline, bool Overlap>
+struct variant {
+  using pipeline = Pipeline;
+  static constexpr bool overlap = Overlap;
+};
+using baseline_mpi = variant<
+    fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<fc::staged>, fc::many_to_one<fc::mpi>>, false>;
+using streamlined_mpi = variant<
+    fc::ensemble_pipeline<fc::one_to_many<fc::mpi>, fc::overlapped_ring<fc::staged>, fc::many_to_one<fc::mpi>>, true>;
+using baseline_nccl = variant<
+    fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<fc::nccl>, fc::many_to_one<fc::mpi>>, false>;
+using streamlined_nccl = variant<
+    fc::ensemble_pipeline<fc::one_to_many<fc::mpi>, fc::subgroup_allreduce<fc::nccl>, fc::many_to_one<fc::mpi>>, true>;
 
 struct settings {
   std::string layout = "producers=1 members=2x1";
@@ -61,8 +66,9 @@ const fm::packed_dataset& train_set(const settings& s) {
 }
 
 // The trainer: the same code for every pipeline type.
-template <class Pipeline>
+template <class Variant>
 int train(const fc::environment& env, const settings& s) {
+  using Pipeline = typename Variant::pipeline;
   const auto layout = fc::ensemble_layout::from_env(s.layout);
   const int shards = layout.shards_per_step();
   fc::check(s.batch % static_cast<std::size_t>(shards) == 0, "cuda_trainer",
@@ -72,6 +78,8 @@ int train(const fc::environment& env, const settings& s) {
   typename Pipeline::options opt;
   opt.feed.steps = s.steps;
   opt.feed.shard_capacity = per_shard * fm::sample_bytes;
+  opt.sync.bucket_bytes = 64 << 10;   // the last layer's gradients fuse; W1 travels alone
+  opt.sync.launch_when_full = Variant::overlap;  // buckets leave during backward, or in finish()
   Pipeline pipe(env.world(), layout, opt);
 
   // Shard k of step t: samples [k * per_shard, (k + 1) * per_shard) of the step's batch.
@@ -87,8 +95,10 @@ int train(const fc::environment& env, const settings& s) {
   pipe.run(
       loader,
       [&](auto& ctx) {
+        // The legacy default stream: the backends' own streams are ordered with it, so every
+        // gradient handed to ready() is complete before communication reads it, and the optimizer
+        // step after finish() sees the averages.
         cudaStream_t compute = nullptr;
-        fc::check_cuda(cudaStreamCreate(&compute), "cuda_trainer: cudaStreamCreate");
         const int max_batch = static_cast<int>(s.batch);
         cuda_mlp::mlp model(fm::pixels, s.hidden, fm::classes, std::max(max_batch, 256), 1000u + ctx.member(), compute);
         auto& feed = ctx.feed();
@@ -148,7 +158,6 @@ int train(const fc::environment& env, const settings& s) {
         }
         cudaFree(dx);
         cudaFree(dp);
-        cudaStreamDestroy(compute);
         ctx.collect().submit(fc::span<const float>(probs));
       },
       [&](auto& ctx) {

@@ -17,10 +17,12 @@
 #include "patterns/local_feed.hpp"
 #include "patterns/one_to_many.hpp"
 #include "patterns/all_shared.hpp"
-
 #include "patterns/sync.hpp"
 #include "patterns/subgroup_allreduce.hpp"
 #include "patterns/overlapped_ring.hpp"
+#include "patterns/many_to_one.hpp"
+#include "pipeline/ensemble_pipeline.hpp"
+#include "pipeline/presets.hpp"
 
 // CUDA parts: the host-side helpers wherever the build has CUDA; the device backends, whose
 // reduction kernels need nvcc, in translation units nvcc compiles (.cu).

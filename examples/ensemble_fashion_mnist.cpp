@@ -1,0 +1,392 @@
+// An ensemble of small MLPs trained on Fashion-MNIST through an ensemble_pipeline: members differ
+// in seed and hyper-parameters, each is data-parallel over its ranks, and their test-set class
+// probabilities go many_to_one to the aggregator, which scores every member and the ensemble.
+// The same run repeats with the baseline preset and prints the CPU time of both.
+//
+//   mpiexec -n 7 build/examples/ensemble_fashion_mnist --layout "producers=1 members=2,2,1,1 aggregator=1"
+#include <flexcomm/flexcomm.hpp>
+#include <flexcomm/pipeline/presets.hpp>
+
+#include <Eigen/Dense>
+#include <boost/program_options.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/fashion_mnist.hpp"
+
+namespace fc = flexcomm;
+namespace fm = fashion_mnist;
+namespace po = boost::program_options;
+
+namespace {
+
+using matrix = Eigen::MatrixXf;
+using vector = Eigen::VectorXf;
+// A run of samples as they come from the feed: a column of pixels per sample, the label after.
+using sample_pixels = Eigen::Map<const matrix, 0, Eigen::OuterStride<>>;
+constexpr int sample_stride = static_cast<int>(fm::sample_bytes / sizeof(float));
+
+struct settings {
+  std::string layout, preset, sync;
+  int epochs = 2;
+  std::size_t batch = 64;
+  std::size_t train_images = 0;  // 0: all
+  int progress_every = 100;
+  bool compare_baseline = true;
+};
+
+// Members differ in width, learning rate and seed, so their errors differ and averaging helps.
+struct member_config {
+  int hidden;
+  float learning_rate;
+  std::uint64_t seed;
+};
+
+member_config config_of(int member) {
+  static const int hidden[] = {64, 96, 48, 128, 80, 112};
+  static const float rates[] = {0.01f, 0.008f, 0.012f, 0.006f, 0.01f, 0.007f};
+  return {hidden[member % 6], rates[member % 6], 1000u + static_cast<std::uint64_t>(member) * 7919u};
+}
+
+// Two layers, ReLU, softmax cross-entropy; SGD with momentum. The gradients live in one
+// matrix each, so the sync averages them in place.
+class mlp {
+ public:
+  explicit mlp(const member_config& c) : config_(c) {
+    std::mt19937_64 rng(c.seed);
+    auto init = [&](matrix& w, int fan_in) {
+      std::normal_distribution<float> normal(0.0f, std::sqrt(2.0f / static_cast<float>(fan_in)));
+      for (Eigen::Index i = 0; i < w.size(); ++i) w.data()[i] = normal(rng);
+    };
+    w1_ = matrix(c.hidden, fm::pixels);
+    w2_ = matrix(fm::classes, c.hidden);
+    init(w1_, fm::pixels);
+    init(w2_, c.hidden);
+    b1_ = vector::Zero(c.hidden);
+    b2_ = vector::Zero(fm::classes);
+    for (auto* g : {&g_w1_, &v_w1_}) *g = matrix::Zero(w1_.rows(), w1_.cols());
+    for (auto* g : {&g_w2_, &v_w2_}) *g = matrix::Zero(w2_.rows(), w2_.cols());
+    for (auto* g : {&g_b1_, &v_b1_}) *g = vector::Zero(b1_.size());
+    for (auto* g : {&g_b2_, &v_b2_}) *g = vector::Zero(b2_.size());
+  }
+
+  // Class probabilities, one column per sample.
+  matrix predict(const sample_pixels& x) const {
+    matrix h = ((w1_ * x).colwise() + b1_).cwiseMax(0.0f);
+    return softmax((w2_ * h).colwise() + b2_);
+  }
+
+  // Forward and backward over the local samples; hands each gradient to `ready` as soon as
+  // backprop has it (output layer first). Returns the mean loss.
+  template <class Ready>
+  float forward_backward(const sample_pixels& x, const std::vector<int>& labels, Ready&& ready) {
+    const auto n = x.cols();
+    matrix h = ((w1_ * x).colwise() + b1_).cwiseMax(0.0f);
+    matrix p = softmax((w2_ * h).colwise() + b2_);
+    float loss = 0.0f;
+    for (Eigen::Index j = 0; j < n; ++j) {
+      loss -= std::log(std::max(p(labels[static_cast<std::size_t>(j)], j), 1e-12f));
+      p(labels[static_cast<std::size_t>(j)], j) -= 1.0f;  // now dLoss/dlogits * n
+    }
+    p /= static_cast<float>(n);
+    g_w2_.noalias() = p * h.transpose();
+    g_b2_ = p.rowwise().sum();
+    ready(0, fc::span<float>(g_w2_.data(), static_cast<std::size_t>(g_w2_.size())));
+    ready(1, fc::span<float>(g_b2_.data(), static_cast<std::size_t>(g_b2_.size())));
+    matrix dh = (w2_.transpose() * p).cwiseProduct((h.array() > 0.0f).cast<float>().matrix());
+    g_w1_.noalias() = dh * x.transpose();
+    g_b1_ = dh.rowwise().sum();
+    ready(2, fc::span<float>(g_w1_.data(), static_cast<std::size_t>(g_w1_.size())));
+    ready(3, fc::span<float>(g_b1_.data(), static_cast<std::size_t>(g_b1_.size())));
+    return loss / static_cast<float>(n);
+  }
+
+  // The optimizer step, on gradients the sync has averaged over the member's ranks.
+  void step() {
+    const float lr = config_.learning_rate, momentum = 0.9f;
+    v_w1_ = momentum * v_w1_ + g_w1_;
+    v_b1_ = momentum * v_b1_ + g_b1_;
+    v_w2_ = momentum * v_w2_ + g_w2_;
+    v_b2_ = momentum * v_b2_ + g_b2_;
+    w1_ -= lr * v_w1_;
+    b1_ -= lr * v_b1_;
+    w2_ -= lr * v_w2_;
+    b2_ -= lr * v_b2_;
+  }
+
+ private:
+  static matrix softmax(const matrix& z) {
+    matrix e = (z.rowwise() - z.colwise().maxCoeff()).array().exp().matrix();
+    return e.array().rowwise() / e.colwise().sum().array();
+  }
+
+  member_config config_;
+  matrix w1_, w2_, g_w1_, g_w2_, v_w1_, v_w2_;
+  vector b1_, b2_, g_b1_, g_b2_, v_b1_, v_b2_;
+};
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// A barrier that sleeps while it waits (MPICH's own would spin on a shared core).
+void barrier(const fc::mpi::communicator& comm) {
+  int one = 1;
+  fc::mpi::iallreduce(comm, fc::span<int>(&one, 1), fc::op::sum).wait();
+}
+
+
+struct outcome {
+  double cpu = 0, wall = 0;  // CPU seconds summed over ranks, wall seconds
+  double producer_cpu = 0, trainer_cpu = 0;
+  double ensemble_accuracy = 0;
+};
+
+struct data_sets {
+  std::optional<fm::packed_dataset> train;  // on ranks that preprocess
+  fm::dataset test;                          // on trainers and the aggregator
+  std::vector<float> test_pixels;            // normalized, a sample_stride column per image
+};
+
+// Random crop (pad 1) and horizontal flip, as the pipeline does; rotation is left out,
+// it costs these small, briefly trained members accuracy.
+const fm::augment_options augmentation{1, true, 0.0f};
+
+std::size_t steps_per_epoch(const settings& s, std::size_t train_count) { return train_count / s.batch; }
+
+// One run of the ensemble under preset P, over `comm` laid out as `layout`.
+template <class P>
+outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout& layout, const settings& s,
+                   data_sets& data, std::size_t train_count) {
+  using pipeline_type = typename P::pipeline;
+  P::check_layout(layout, P::name);
+  const int shards = layout.shards_per_step();
+  fc::check(s.batch % static_cast<std::size_t>(shards) == 0, "ensemble_fashion_mnist",
+            fc::cat("batch ", s.batch, " must divide into the layout's ", shards, " shards per step"));
+  const std::size_t per_shard = s.batch / static_cast<std::size_t>(shards);
+  const auto steps = static_cast<std::int64_t>(steps_per_epoch(s, train_count)) * s.epochs;
+
+  typename pipeline_type::options options;
+  options = P::configure(options);
+  options.feed.steps = steps;
+  options.feed.shard_capacity = per_shard * fm::sample_bytes;
+  options.feed.depth = 3;
+
+  barrier(comm);
+  const double cpu_start = cpu_seconds();
+  const auto wall_start = std::chrono::steady_clock::now();
+  pipeline_type pipe(comm, layout, options);
+
+  auto loader = [&](std::int64_t step, int shard, fc::span<std::byte> out) -> std::size_t {
+    thread_local std::vector<fm::sample> samples;
+    samples.resize(per_shard);
+    const std::size_t bytes = fm::make_samples(*data.train, step, s.batch, static_cast<std::size_t>(shard) * per_shard,
+                                               per_shard, samples.data(), augmentation);
+    std::memcpy(out.data(), samples.data(), bytes);
+    return bytes;
+  };
+
+  auto train = [&](auto& ctx) {
+    mlp model(config_of(ctx.member()));
+    const bool report = ctx.is_aggregator();
+    std::vector<int> labels;
+    double loss_sum = 0;
+    int loss_count = 0;
+    auto last = std::chrono::steady_clock::now();
+    std::int64_t last_step = 0;
+    while (auto batch = ctx.feed().next()) {
+      const auto bytes = batch->bytes();
+      const auto n = static_cast<Eigen::Index>(bytes.size() / fm::sample_bytes);
+      const auto* first = reinterpret_cast<const float*>(bytes.data());  // the feed aligns batches
+      labels.resize(static_cast<std::size_t>(n));
+      for (Eigen::Index j = 0; j < n; ++j)
+        std::memcpy(&labels[static_cast<std::size_t>(j)], first + j * sample_stride + fm::pixels, sizeof(int));
+      sample_pixels x(first, fm::pixels, n, Eigen::OuterStride<>(sample_stride));
+      loss_sum += model.forward_backward(x, labels, [&](int i, fc::span<float> g) { ctx.sync().ready(i, g); });
+      ctx.sync().finish();
+      model.step();
+      ++loss_count;
+      const std::int64_t step = batch->step() + 1;
+      if (report && (step % s.progress_every == 0 || step == steps)) {
+        const auto now = std::chrono::steady_clock::now();
+        const double seconds = std::chrono::duration<double>(now - last).count();
+        // Every member sees every step's batch: the ensemble trains on members x batch images.
+        const double images = static_cast<double>((step - last_step) * static_cast<std::int64_t>(s.batch) *
+                                                  ctx.members());
+        std::printf("  step %6lld/%lld  epoch %d  loss %.4f (member %d)  %8.0f images/s\n",
+                    static_cast<long long>(step), static_cast<long long>(steps),
+                    static_cast<int>((step - 1) / static_cast<std::int64_t>(steps_per_epoch(s, train_count))) + 1,
+                    loss_sum / loss_count, ctx.member(), images / seconds);
+        std::fflush(stdout);
+        loss_sum = 0;
+        loss_count = 0;
+        last = now;
+        last_step = step;
+      }
+    }
+    // Each rank predicts its slice of the test set; the member's slices concatenate in rank order.
+    const auto total = static_cast<Eigen::Index>(data.test.count);
+    const auto from = total * ctx.rank_in_member() / ctx.member_size();
+    const auto to = total * (ctx.rank_in_member() + 1) / ctx.member_size();
+    sample_pixels x(data.test_pixels.data() + from * sample_stride, fm::pixels, to - from,
+                    Eigen::OuterStride<>(sample_stride));
+    const matrix probabilities = model.predict(x);
+    const fc::span<const float> mine(probabilities.data(), static_cast<std::size_t>(probabilities.size()));
+    ctx.collect().submit(mine);  // round 1: gathered, to score each member
+    ctx.collect().submit(mine);  // round 2: averaged, the ensemble
+  };
+
+  outcome result;
+  auto aggregate = [&](auto& ctx) {
+    auto accuracy = [&](fc::span<const float> p) {
+      std::size_t right = 0;
+      for (std::size_t i = 0; i < data.test.count; ++i) {
+        const float* row = p.data() + i * fm::classes;
+        right += static_cast<std::size_t>(std::max_element(row, row + fm::classes) - row) == data.test.labels[i];
+      }
+      return static_cast<double>(right) / static_cast<double>(data.test.count);
+    };
+    const auto each = ctx.collect().template gather<float>();
+    double best = 0;
+    for (int m = 0; m < ctx.members(); ++m) {
+      const auto c = config_of(m);
+      const double a = accuracy(each.member(m));
+      best = std::max(best, a);
+      std::printf("  member %d (%d ranks, hidden %3d, lr %.3f): test accuracy %.2f%%\n", m, ctx.layout().member_size(m),
+                  c.hidden, static_cast<double>(c.learning_rate), 100 * a);
+    }
+    const auto averaged = ctx.collect().template reduce<float>(fc::op::avg);
+    result.ensemble_accuracy = accuracy(averaged);
+    std::printf("  ensemble (averaged probabilities): test accuracy %.2f%% (%+.2f points over the best member)\n",
+                100 * result.ensemble_accuracy, 100 * (result.ensemble_accuracy - best));
+  };
+
+  pipe.run(loader, train, aggregate);
+  barrier(comm);
+  result.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  const double mine = cpu_seconds() - cpu_start;
+  const bool producer = layout.role_of(comm.rank()).kind == fc::role::producer;
+  double split[2] = {producer ? mine : 0.0, producer ? 0.0 : mine};
+  fc::mpi::iallreduce(comm, fc::span<double>(split, 2), fc::op::sum).wait();
+  result.producer_cpu = split[0];
+  result.trainer_cpu = split[1];
+  result.cpu = split[0] + split[1];
+  return result;
+}
+
+data_sets load_data(const fc::mpi::communicator& world, const fc::ensemble_layout& layout, const settings& s,
+                    bool preprocesses) {
+  data_sets d;
+  const auto me = layout.role_of(world.rank());
+  if (preprocesses) {
+    const auto raw = fm::load(fm::split::train, fm::default_dir(), s.train_images);
+    d.train.emplace(raw, 64, 1);
+  }
+  if (me.kind == fc::role::trainer || world.rank() == layout.aggregator()) {
+    d.test = fm::load(fm::split::test);
+    d.test_pixels.resize(d.test.count * static_cast<std::size_t>(sample_stride));
+    const fm::augment_options plain{0, false, 0.0f};  // normalize only
+    for (std::size_t i = 0; i < d.test.count; ++i)
+      fm::augment(d.test.image(i), d.test_pixels.data() + i * sample_stride, 0, plain);
+  }
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fc::environment env(argc, argv);
+  const auto& world = env.world();
+  const bool root = world.rank() == 0;
+
+  settings s;
+  po::options_description flags("ensemble_fashion_mnist: an ensemble of MLPs on Fashion-MNIST through flexcomm");
+  flags.add_options()("help,h", "this text")(
+      "layout", po::value(&s.layout)->default_value("producers=1 members=2,2,1,1 aggregator=1"),
+      "ranks per role (FLEXCOMM_LAYOUT overrides); the aggregator prints")(
+      "preset", po::value(&s.preset)->default_value("single_broadcast"),
+      "baseline, single_broadcast, multi_broadcast or all_shared")(
+      "sync", po::value(&s.sync)->default_value("allreduce"), "allreduce (subgroup_allreduce) or ring (overlapped_ring)")(
+      "epochs", po::value(&s.epochs)->default_value(2), "passes over the training set")(
+      "batch", po::value(&s.batch)->default_value(64), "images per step and member (split over its ranks)")(
+      "train-images", po::value(&s.train_images)->default_value(0), "use only the first N training images (0: all)")(
+      "progress-every", po::value(&s.progress_every)->default_value(150), "steps between progress lines")(
+      "compare-baseline", po::value(&s.compare_baseline)->default_value(true),
+      "run the baseline preset afterwards on the same members and compare CPU time");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, flags), vm);
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    if (root) std::cerr << e.what() << "\n" << flags;
+    return 2;
+  }
+  if (vm.count("help")) {
+    if (root) std::cout << flags;
+    return 0;
+  }
+
+  try {
+    const auto layout = fc::ensemble_layout::from_env(s.layout);
+    layout.validate(world.size());
+    fc::check(s.epochs > 0 && s.batch > 0 && s.progress_every > 0, "ensemble_fashion_mnist",
+              "epochs, batch and progress-every must be positive");
+    const auto me = layout.role_of(world.rank());
+    const bool shared_feed = s.preset == "single_broadcast" || s.preset == "multi_broadcast";
+    const bool with_baseline = s.compare_baseline && s.preset != "baseline";
+    // Ranks that run a loader in either run hold the packed training set.
+    const bool preprocesses = me.kind == fc::role::producer ? shared_feed : (!shared_feed || with_baseline);
+    auto data = load_data(world, layout, s, preprocesses);
+    std::size_t train_count = s.train_images > 0 ? s.train_images : 60000;
+    if (data.train) train_count = data.train->count();
+    train_count = static_cast<std::size_t>(
+        [&] { double v = static_cast<double>(train_count); fc::mpi::iallreduce(world, fc::span<double>(&v, 1), fc::op::max).wait(); return v; }());
+
+    if (world.rank() == layout.aggregator())
+      std::printf("flexcomm ensemble on Fashion-MNIST: %d members, layout '%s', preset %s, sync %s, %d epochs, "
+                  "batch %zu, %zu training images\n",
+                  layout.members(), layout.str().c_str(), s.preset.c_str(), s.sync.c_str(), s.epochs, s.batch,
+                  train_count);
+    const outcome streamlined = fc::presets::visit(s.preset, s.sync, [&](auto preset) {
+      return run_preset<decltype(preset)>(world, layout, s, data, train_count);
+    });
+    if (world.rank() == layout.aggregator())
+      std::printf("%s: %.1f s wall, %.1f s CPU summed over %d ranks (producers %.1f s, trainers %.1f s)\n",
+                  s.preset.c_str(), streamlined.wall, streamlined.cpu, world.size(), streamlined.producer_cpu,
+                  streamlined.trainer_cpu);
+
+    if (with_baseline) {
+      // The same members without producers, on the trainers only; producers wait asleep.
+      const auto base_layout = fc::with_producers(layout, 0);
+      const auto trainers = world.split(me.kind == fc::role::trainer ? 0 : fc::mpi::communicator::undefined,
+                                        world.rank(), "trainers");
+      const int base_aggregator = layout.producers() + base_layout.aggregator();
+      if (world.rank() == base_aggregator) std::printf("baseline (local_feed, allreduce after backward) on the same members:\n");
+      outcome base;
+      if (trainers) base = run_preset<fc::presets::baseline<>>(trainers, base_layout, s, data, train_count);
+      barrier(world);
+      if (world.rank() == base_aggregator) {
+        std::printf("baseline: %.1f s wall, %.1f s CPU summed over %d ranks\n", base.wall, base.cpu, trainers.size());
+        std::printf("CPU time: %s %.1f s vs baseline %.1f s: %.2fx less; wall %.2fx\n", s.preset.c_str(),
+                    streamlined.cpu, base.cpu, base.cpu / streamlined.cpu, base.wall / streamlined.wall);
+      }
+    }
+  } catch (const fc::error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return 0;
+}

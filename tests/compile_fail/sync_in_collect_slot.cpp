@@ -1,0 +1,11 @@
+// A sync where the collect belongs.
+#include <flexcomm/pipeline/presets.hpp>
+namespace fc = flexcomm;
+#ifdef FLEXCOMM_CONTROL
+using pipeline = fc::ensemble_pipeline<fc::all_shared<fc::mpi>, fc::subgroup_allreduce<fc::mpi>, fc::many_to_one<fc::mpi>>;
+#else
+using pipeline = fc::ensemble_pipeline<fc::all_shared<fc::mpi>, fc::subgroup_allreduce<fc::mpi>, fc::subgroup_allreduce<fc::mpi>>;
+#endif
+pipeline* instantiate(const fc::mpi::communicator& world, const fc::ensemble_layout& layout) {
+  return new pipeline(world, layout, {});
+}

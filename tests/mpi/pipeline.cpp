@@ -1,0 +1,269 @@
+#define BOOST_TEST_MODULE mpi_pipeline
+#include "mpi_fixture.hpp"
+
+#include <flexcomm/pipeline/presets.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fc = flexcomm;
+using fc::mpi;
+using fc::testing::world;
+
+namespace {
+
+// A deterministic trainer: a linear model on integer-valued records (4 features and a target,
+// each in -3..3), plain gradient descent with a power-of-two learning rate. Members have at most
+// two ranks, so their averages are a + b then a halving, the same rounding in any algorithm:
+// every preset must produce the same model bit for bit.
+constexpr int features = 4, record_bytes = features + 1, records_per_shard = 3;
+constexpr std::int64_t steps = 6;
+constexpr float learning_rate = 1.0f / 64;
+
+std::int8_t value_of(std::int64_t step, int shard, int i) {
+  std::uint64_t x = static_cast<std::uint64_t>(step) * 1000003u + static_cast<std::uint64_t>(shard) * 7919u +
+                    static_cast<std::uint64_t>(i) * 104729u;
+  x ^= x >> 13;
+  x *= 0x9E3779B97F4A7C15ull;
+  return static_cast<std::int8_t>(static_cast<int>((x >> 33) % 7) - 3);
+}
+
+std::size_t load(std::int64_t step, int shard, fc::span<std::byte> out) {
+  const std::size_t n = records_per_shard * record_bytes;
+  fc::check(out.size() >= n, "test loader", "slot too small");
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>(value_of(step, shard, static_cast<int>(i)));
+  return n;
+}
+
+struct linear_model {
+  std::vector<float> weights = std::vector<float>(features, 0.0f);
+  std::vector<float> bias = std::vector<float>(1, 0.0f);
+  std::vector<float> grad_weights = std::vector<float>(features), grad_bias = std::vector<float>(1);
+
+  // Sum over the records of (w.x + b - y) * (x, 1).
+  void gradient(const std::int8_t* records, std::size_t count) {
+    std::fill(grad_weights.begin(), grad_weights.end(), 0.0f);
+    grad_bias[0] = 0.0f;
+    for (std::size_t r = 0; r < count; ++r) {
+      const std::int8_t* x = records + r * record_bytes;
+      float error = bias[0] - static_cast<float>(x[features]);
+      for (int f = 0; f < features; ++f) error += weights[static_cast<std::size_t>(f)] * static_cast<float>(x[f]);
+      for (int f = 0; f < features; ++f) grad_weights[static_cast<std::size_t>(f)] += error * static_cast<float>(x[f]);
+      grad_bias[0] += error;
+    }
+  }
+  void step() {
+    for (int f = 0; f < features; ++f)
+      weights[static_cast<std::size_t>(f)] -= learning_rate * grad_weights[static_cast<std::size_t>(f)];
+    bias[0] -= learning_rate * grad_bias[0];
+  }
+  std::vector<float> parameters() const {
+    auto p = weights;
+    p.push_back(bias[0]);
+    return p;
+  }
+};
+
+// The same training done serially: what member m of `layout` must end with.
+std::vector<float> reference_model(const fc::ensemble_layout& layout, int m) {
+  linear_model model;
+  const int n = layout.member_size(m);
+  for (std::int64_t s = 0; s < steps; ++s) {
+    std::vector<float> sum_w(features, 0.0f), sum_b(1, 0.0f);
+    for (int r = 0; r < n; ++r) {
+      const auto shards = layout.shards_of(m, r);
+      std::vector<std::byte> bytes(static_cast<std::size_t>(shards.count) * records_per_shard * record_bytes);
+      for (int k = 0; k < shards.count; ++k)
+        load(s, shards.first + k,
+             fc::span<std::byte>(bytes.data() + static_cast<std::size_t>(k) * records_per_shard * record_bytes,
+                                 records_per_shard * record_bytes));
+      model.gradient(reinterpret_cast<const std::int8_t*>(bytes.data()), bytes.size() / record_bytes);
+      if (r == 0) {
+        sum_w = model.grad_weights;
+        sum_b = model.grad_bias;
+      } else {  // two ranks at most: one addition, as every allreduce does it
+        for (int f = 0; f < features; ++f) sum_w[static_cast<std::size_t>(f)] += model.grad_weights[static_cast<std::size_t>(f)];
+        sum_b[0] += model.grad_bias[0];
+      }
+    }
+    model.grad_weights = sum_w;
+    model.grad_bias = sum_b;
+    fc::divide_by(model.grad_weights.data(), features, n);
+    fc::divide_by(model.grad_bias.data(), 1, n);
+    model.step();
+  }
+  return model.parameters();
+}
+
+std::int64_t digest(std::int64_t seed, fc::span<const std::byte> bytes) {
+  std::uint64_t h = 1469598103934665603ull ^ static_cast<std::uint64_t>(seed);
+  for (std::byte b : bytes) h = (h ^ static_cast<std::uint64_t>(b)) * 1099511628211ull;
+  return static_cast<std::int64_t>(h >> 1);
+}
+
+// Members of the trainers left once the largest producer count is taken away: sizes 2 and 1.
+std::vector<int> member_sizes(int trainers) {
+  std::vector<int> sizes;
+  for (int left = trainers; left > 0; left -= 2) sizes.push_back(left >= 2 ? 2 : 1);
+  return sizes;
+}
+
+struct preset_result {
+  std::vector<float> models;           // every member's parameters, member by member
+  std::vector<std::int64_t> digests;   // every trainer's digest of the batches it was fed
+  bool batches_as_loaded = true;       // every batch equal to the loader's bytes for its shards
+};
+
+// Runs the trainer under preset P on the first ranks of the world, the aggregator on world rank 0.
+template <class P, class Sync = void>
+void run_preset(std::map<std::string, preset_result>& results, const std::string& name, int trainers, bool& ok) {
+  const int producers = P::min_producers;
+  const int used = producers + trainers;
+  if (used > world().size()) return;
+  const fc::ensemble_layout layout(producers, member_sizes(trainers), 0);
+  const auto comm = world().split(world().rank() < used ? 0 : mpi::communicator::undefined, world().rank(),
+                                  "preset " + name);
+  if (!comm) return;
+  typename P::options options;
+  options.feed.steps = steps;
+  options.feed.shard_capacity = records_per_shard * record_bytes;
+  options = P::configure(options);
+  typename P::pipeline pipe(comm, layout, options);
+  bool fed_as_loaded = true;
+  preset_result result;
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        linear_model model;
+        std::int64_t seen = 0, expected_step = 0, hash = 0;
+        const auto shards = layout.shards_of(ctx.member(), ctx.rank_in_member());
+        while (auto batch = ctx.feed().next()) {
+          const auto bytes = batch->bytes();
+          std::vector<std::byte> want(static_cast<std::size_t>(shards.count) * records_per_shard * record_bytes);
+          for (int k = 0; k < shards.count; ++k)
+            load(batch->step(), shards.first + k,
+                 fc::span<std::byte>(want.data() + static_cast<std::size_t>(k) * records_per_shard * record_bytes,
+                                     records_per_shard * record_bytes));
+          fed_as_loaded = fed_as_loaded && batch->step() == expected_step++ && bytes.size() == want.size() &&
+                          std::equal(want.begin(), want.end(), bytes.begin());
+          hash = digest(hash, bytes);
+          ++seen;
+          model.gradient(reinterpret_cast<const std::int8_t*>(bytes.data()), bytes.size() / record_bytes);
+          ctx.sync().ready(1, fc::span<float>(model.grad_bias));  // backprop order: the last layer first
+          ctx.sync().ready(0, fc::span<float>(model.grad_weights));
+          ctx.sync().finish();
+          model.step();
+        }
+        fed_as_loaded = fed_as_loaded && seen == steps;
+        // Rank 0 of a member submits its model, the others an empty tensor.
+        const auto parameters = model.parameters();
+        ctx.collect().submit(ctx.rank_in_member() == 0 ? fc::span<const float>(parameters) : fc::span<const float>());
+        ctx.collect().submit(std::vector<std::int64_t>{hash});
+      },
+      [&](auto& ctx) {
+        result.models = ctx.collect().template gather<float>().data;
+        result.digests = ctx.collect().template gather<std::int64_t>().data;
+      });
+  result.batches_as_loaded = fed_as_loaded;
+  ok = ok && fed_as_loaded;
+  if (world().rank() == 0) {
+    std::vector<float> want;
+    for (int m = 0; m < layout.members(); ++m) {
+      const auto r = reference_model(layout, m);
+      want.insert(want.end(), r.begin(), r.end());
+    }
+    BOOST_TEST_INFO("preset " << name << " on layout " << layout.str());
+    BOOST_TEST(result.models == want, "the model matches the serial reference");
+    ok = ok && result.models == want;
+    results[name] = result;
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_preset_feeds_the_same_batches_and_trains_the_same_model) {
+  const int n = world().size();
+  const int trainers = n >= 3 ? n - 2 : 1;  // leaves room for multi_broadcast's two producers
+  std::map<std::string, preset_result> results;
+  bool ok = true;
+  namespace p = fc::presets;
+  run_preset<p::baseline<>>(results, "baseline", trainers, ok);
+  run_preset<p::single_broadcast<fc::subgroup_allreduce>>(results, "single_broadcast/allreduce", trainers, ok);
+  run_preset<p::single_broadcast<fc::overlapped_ring>>(results, "single_broadcast/ring", trainers, ok);
+  run_preset<p::multi_broadcast<fc::subgroup_allreduce>>(results, "multi_broadcast/allreduce", trainers, ok);
+  run_preset<p::multi_broadcast<fc::overlapped_ring>>(results, "multi_broadcast/ring", trainers, ok);
+  run_preset<p::all_shared<fc::subgroup_allreduce>>(results, "all_shared/allreduce", trainers, ok);
+  run_preset<p::all_shared<fc::overlapped_ring>>(results, "all_shared/ring", trainers, ok);
+  if (world().rank() == 0) {
+    const auto& base = results.at("baseline");
+    for (const auto& [name, r] : results) {
+      BOOST_TEST_INFO("preset " << name);
+      BOOST_TEST((r.digests == base.digests && r.models == base.models), "same batches and model as the baseline");
+      ok = ok && r.digests == base.digests && r.models == base.models;
+    }
+    // At 1 rank only the presets without producers fit; from 3 ranks on, all of them.
+    BOOST_TEST(results.size() == (n >= 3 ? 7u : n == 2 ? 5u : 3u));
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(a_layout_that_does_not_fit_is_refused_on_every_rank) {
+  const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(world().size() + 1), 1), 0);
+  bool ok = false;
+  try {
+    fc::presets::baseline<>::pipeline pipe(world(), layout, {});
+  } catch (const fc::error& e) {
+    ok = std::string(e.what()).find("world has " + std::to_string(world().size())) != std::string::npos;
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(a_broadcast_feed_without_producers_is_refused) {
+  const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(world().size()), 1), 0);
+  bool ok = false;
+  try {
+    fc::presets::single_broadcast<>::options options;
+    options.feed.steps = 1;
+    options.feed.shard_capacity = 8;
+    fc::presets::single_broadcast<>::pipeline pipe(world(), layout, options);
+  } catch (const fc::error& e) {
+    ok = std::string(e.what()).find("needs producer ranks") != std::string::npos;
+  }
+  bool checked = false;
+  try {
+    fc::presets::multi_broadcast<>::check_layout(fc::ensemble_layout(1, {1}, 0), "multi_broadcast");
+  } catch (const fc::error& e) {
+    checked = std::string(e.what()).find("multi_broadcast takes 2 or more") != std::string::npos;
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok && checked));
+}
+
+BOOST_AUTO_TEST_CASE(with_producers_keeps_the_aggregator_on_its_trainer) {
+  const auto l = fc::with_producers(fc::ensemble_layout(1, {2, 1}, 2), 3);  // member 0 rank 1 aggregates
+  const auto r = l.role_of(l.aggregator());
+  const auto none = fc::with_producers(fc::ensemble_layout(2, {1}, 1), 0);  // a producer aggregated
+  BOOST_TEST((l.producers() == 3 && r.member == 0 && r.rank_in_member == 1));
+  BOOST_TEST((none.producers() == 0 && none.aggregator() == 0));
+}
+
+BOOST_AUTO_TEST_CASE(run_happens_once) {
+  const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(world().size()), 1), 0);
+  fc::presets::baseline<>::options options;
+  options.feed.steps = 1;
+  options.feed.shard_capacity = records_per_shard * record_bytes;
+  fc::presets::baseline<>::pipeline pipe(world(), layout, options);
+  std::int64_t batches = 0;
+  pipe.run(load, [&](auto& ctx) {
+    while (ctx.feed().next()) ++batches;
+  });
+  bool ok = batches == 1;
+  try {
+    pipe.run(load, [](auto&) {});
+    ok = false;
+  } catch (const fc::error& e) {
+    ok = ok && std::string(e.what()).find("once per pipeline") != std::string::npos;
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
