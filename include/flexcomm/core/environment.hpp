@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <cstdio>
 #include <optional>
 #include <thread>
 
@@ -12,6 +13,7 @@
 #include "error.hpp"
 #include "progress.hpp"
 #include "wait.hpp"
+#include "watchdog.hpp"
 
 namespace flexcomm {
 
@@ -23,7 +25,18 @@ class environment {
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
 
+  // After a timeout, or ranks that disagreed on a collective, MPI still holds operations that will
+  // never finish: MPI_Finalize would hang. The job ends with MPI_Abort instead, once the other
+  // surviving ranks had a grace period to print their own reports (core/watchdog.hpp).
   ~environment() {
+    auto& dog = watchdog::instance();
+    if (dog.job_must_end()) {
+      std::fprintf(stderr, "flexcomm: rank %d: ending the job with MPI_Abort(1): a timeout or a disagreement "
+                   "between ranks left %zu operation(s) that cannot finish\n", process_rank(), dog.abandoned());
+      std::fflush(stderr);
+      std::this_thread::sleep_for(watchdog::grace(default_timeout()));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     progress_engine::instance().stop();
     world_.reset();
     if (node_) node_.reset();

@@ -18,6 +18,7 @@
 
 #include "error.hpp"
 #include "wait.hpp"
+#include "watchdog.hpp"
 
 namespace flexcomm {
 
@@ -34,7 +35,8 @@ class completion {
   void wait(const wait_policy& policy = default_wait(),
             std::chrono::milliseconds timeout = default_timeout()) const {
     if (!policy.until([&] { return done(); }, timeout))
-      fail(what_, cat("timed out after ", timeout.count(), " ms waiting in the progress engine"));
+      fail(what_, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT) waiting in the progress engine\n",
+                      watchdog::instance().timed_out(nullptr, 0, timeout)));
     if (state_.load(std::memory_order_acquire) == failed) std::rethrow_exception(error_);
   }
 
