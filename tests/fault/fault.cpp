@@ -4,7 +4,7 @@
 // guard words behind its buffers are intact. tests/fault/launch.py runs it under mpiexec and
 // checks what each rank reports, the time to error and mpiexec's exit status.
 //
-//   mpiexec -n N fault <fault>     faults: none exit stall count dtype order layout
+//   mpiexec -n N fault <fault>     faults: none exit exit0 stall count dtype order layout
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -74,9 +74,13 @@ int main(int argc, char** argv) {
     for (int step = 0; step < steps; ++step) {
       if (step == fault_step) start = std::chrono::steady_clock::now();
       if (faulty && step == fault_step) {
-        if (fault == "exit") {
+        if (fault == "exit") {  // dies as a crash does: no exit handlers, no MPI_Finalize
           report(rank, "injected: exiting mid-step");
-          std::_Exit(0);
+          std::_Exit(1);
+        }
+        if (fault == "exit0") {  // a library calling exit(0) mid-step
+          report(rank, "injected: exit(0) mid-step");
+          std::exit(0);
         }
         if (fault == "stall") {
           report(rank, "injected: stalling outside flexcomm");
