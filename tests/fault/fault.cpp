@@ -4,13 +4,14 @@
 // guard words behind its buffers are intact. tests/fault/launch.py runs it under mpiexec and
 // checks what each rank reports, the time to error and mpiexec's exit status.
 //
-//   mpiexec -n N fault <fault>     faults: none exit exit0 stall count dtype order layout
+//   mpiexec -n N fault <fault>     faults: none exit exit0 stall stall-engine stall-skew count dtype order layout
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -82,11 +83,13 @@ int main(int argc, char** argv) {
           report(rank, "injected: exit(0) mid-step");
           std::exit(0);
         }
-        if (fault == "stall") {
+        if (fault == "stall" || fault == "stall-engine" || fault == "stall-skew") {
           report(rank, "injected: stalling outside flexcomm");
           std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
         }
       }
+      if (fault == "stall-skew" && rank == 0 && step == fault_step)
+        std::this_thread::sleep_for(fc::watchdog::grace(fc::default_timeout()) * 7 / 5);  // enters late
       const bool odd = faulty && step == fault_step;
       if (odd && fault == "count") {
         mpi::iallreduce(world, longer.span(), fc::op::sum).wait();
@@ -98,6 +101,11 @@ int main(int argc, char** argv) {
         auto a = mpi::iallreduce(world, grad.span(), fc::op::sum);
         b.wait();
         a.wait();
+      } else if (fault == "stall-engine") {
+        // As the adapters do: the progress engine drives the request, this thread waits on the
+        // completion with atomics only.
+        auto a = std::make_shared<mpi::request>(mpi::iallreduce(world, grad.span(), fc::op::sum));
+        fc::progress_engine::instance().submit([a] { return a->test(); }, fc::cat("gradient step ", step))->wait();
       } else {
         auto a = mpi::iallreduce(world, grad.span(), fc::op::sum);
         auto b = mpi::ibcast(world, flag.span(), 0);

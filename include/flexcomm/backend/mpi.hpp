@@ -347,7 +347,16 @@ class mpi::request {
   // flexcomm::error that names the ranks that did not arrive (see core/watchdog.hpp).
   void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = inherit) {
     const auto limit = timeout_of(timeout);
-    if (!policy.until([&] { return test() || poisoned(); }, limit)) timed_out(limit);
+    const auto start = std::chrono::steady_clock::now();
+    unsigned round = 0;
+    auto finished = [&] {
+      if (test() || poisoned()) return true;
+      // A peer that timed out first asks where this rank stands: answer it while waiting.
+      if (state_ && (++round & 255u) == 0 && std::chrono::steady_clock::now() - start > watchdog::answer_after)
+        state_->answer_queries();
+      return false;
+    };
+    if (!policy.until(finished, limit)) timed_out(limit);
     if (pending() && poisoned())
       fail(what_, cat("communicator '", state_->name(), "' is unusable: ", state_->poison_reason()));
   }

@@ -132,8 +132,8 @@ class mpi_comm_state final : public watched {
 
   void announce() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (announced_ || side_ == MPI_COMM_NULL || size_ < 2) return;
-    announced_ = true;
+    if (announced_.load(std::memory_order_relaxed) || side_ == MPI_COMM_NULL || size_ < 2) return;
+    announced_.store(true, std::memory_order_release);
     // Sent once and never freed: the send may outlive this communicator (its peer may be dead),
     // and the job is ending anyway.
     auto* msg = new long long[announce_fields];
@@ -153,6 +153,13 @@ class mpi_comm_state final : public watched {
       if (MPI_Isend(msg, announce_fields, MPI_LONG_LONG, p, announce_tag, side_, &req) == MPI_SUCCESS)
         MPI_Request_free(&req);
     }
+  }
+
+  void answer_queries() override {
+    if (announced_.load(std::memory_order_acquire) || side_ == MPI_COMM_NULL || size_ < 2) return;
+    int flag = 0;
+    // Probe only: the peer's message stays queued for this rank's own diagnose().
+    if (MPI_Iprobe(MPI_ANY_SOURCE, announce_tag, side_, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) announce();
   }
 
   std::string diagnose(std::uint64_t seq, std::chrono::milliseconds grace) override {
@@ -299,7 +306,7 @@ class mpi_comm_state final : public watched {
   std::mutex diagnose_mutex_;
   std::atomic<bool> poisoned_{false};
   std::string poison_reason_;
-  bool announced_ = false;
+  std::atomic<bool> announced_{false};
   std::string diagnosis_;
 };
 

@@ -36,9 +36,11 @@ class environment {
     auto& dog = watchdog::instance();
     if (dog.job_must_end()) {
       std::fprintf(stderr, "flexcomm: rank %d: ending the job with MPI_Abort(1): a timeout or a disagreement "
-                   "between ranks left %zu operation(s) that cannot finish\n", process_rank(), dog.abandoned());
+                   "between ranks left operations that cannot finish (%zu abandoned)\n", process_rank(),
+                   dog.abandoned());
       std::fflush(stderr);
-      std::this_thread::sleep_for(watchdog::grace(default_timeout()));
+      // Two grace periods: ranks whose waits started a little later still time out and report.
+      std::this_thread::sleep_for(2 * watchdog::grace(default_timeout()));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     progress_engine::instance().stop();

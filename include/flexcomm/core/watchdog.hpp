@@ -105,6 +105,9 @@ class watched {
   virtual const flight_recorder& recorder() const = 0;
   // Tells the peers where this rank stands on this communicator; once, cheap, never blocks.
   virtual void announce() = 0;
+  // Announces, if a peer has already announced (it timed out first and waits for our state).
+  // Cheap: called from long waits only, a few times per millisecond at most.
+  virtual void answer_queries() = 0;
   // Who did not arrive at `seq`: gathers the peers' announcements for up to `grace`.
   virtual std::string diagnose(std::uint64_t seq, std::chrono::milliseconds grace) = 0;
   virtual void poison(const std::string& why) = 0;
@@ -134,6 +137,13 @@ class watchdog {
     must_end();
   }
   std::size_t abandoned() const noexcept { return abandoned_.load(std::memory_order_acquire); }
+
+  // Called by long waits that cannot tell which communicator they wait on (the progress engine's
+  // completions): every communicator with operations in flight answers peers that timed out.
+  void answer_queries();
+
+  // How long a wait runs before it starts answering peers' queries.
+  static constexpr std::chrono::milliseconds answer_after{100};
 
   // Operations in flight over every live communicator (the soak test watches it).
   std::size_t in_flight() const;
@@ -316,6 +326,11 @@ inline std::vector<std::shared_ptr<watched>> watchdog::live() const {
   return out;
 }
 
+inline void watchdog::answer_queries() {
+  for (const auto& c : live())
+    if (c->recorder().in_flight() > 0) c->answer_queries();
+}
+
 inline std::size_t watchdog::in_flight() const {
   std::size_t n = 0;
   for (const auto& c : live()) n += c->recorder().in_flight();
@@ -338,7 +353,9 @@ inline std::string watchdog::timed_out(watched* focus, std::uint64_t seq, std::c
   for (const auto& c : comms) {
     if (c.get() == focus || c->recorder().in_flight() == 0) continue;
     if (!report.empty()) report += "\n";
-    report += c->diagnose(c->recorder().oldest_in_flight(), left());
+    const auto seq_here = c->recorder().oldest_in_flight();
+    report += c->diagnose(seq_here, left());
+    c->poison(cat("a wait timed out while #", seq_here, " was in flight"));
   }
   if (report.empty()) report = "  no flexcomm operation is in flight on this rank";
   return report;
