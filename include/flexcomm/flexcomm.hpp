@@ -13,3 +13,8 @@
 
 #include "backend/mpi.hpp"
 #include "core/environment.hpp"
+
+#include "patterns/feed.hpp"
+#include "patterns/local_feed.hpp"
+#include "patterns/one_to_many.hpp"
+#include "patterns/all_shared.hpp"
