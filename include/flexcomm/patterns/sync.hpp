@@ -21,6 +21,7 @@
 #include "../core/progress.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
+#include "../core/wait.hpp"
 
 namespace flexcomm {
 
@@ -119,7 +120,12 @@ struct flight {
   std::shared_ptr<completion> task;
   void wait() {
     if (request) request->wait();
-    if (task) task->wait();
+    if (task) {
+      // The engine's thread does the work meanwhile: spinning here would take its core.
+      wait_policy policy = default_wait();
+      if (policy.kind == wait_kind::spin) policy = wait_policy::yield();
+      task->wait(policy);
+    }
   }
   void reset() {
     request.reset();
