@@ -18,3 +18,6 @@
 #include "patterns/local_feed.hpp"
 #include "patterns/one_to_many.hpp"
 #include "patterns/all_shared.hpp"
+#include "patterns/sync.hpp"
+#include "patterns/subgroup_allreduce.hpp"
+#include "patterns/overlapped_ring.hpp"

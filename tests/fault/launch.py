@@ -87,6 +87,42 @@ FAULTS = {
         mpiexec=[], survivors='all', kind='local',
         expect=[r"layout: layout 'producers=1 members=2x2' needs 5 ranks, world has {n}"],
         reports="layout 'producers=1 members=2x2' needs 5 ranks, world has {n}"),
+    # Adapter faults (tests/fault/adapter_fault.cpp): a shared feed over 'producers=1
+    # members=(n-1)x1', and one member's gradient sync over the whole world.
+    'feed-none': dict(
+        driver='adapter', what='shared feed, no fault (control)', min_ranks=2,
+        mpiexec=[], survivors='all', kind='none', succeeds=True, guards=False,
+        expect=[r'finished every step'], reports='finished every step'),
+    'loader-throws': dict(
+        driver='adapter', what='the producer\'s loader throws on step 3', min_ranks=2,
+        mpiexec=[], survivors='all', kind='local', guards=False,
+        expect=[r'one_to_many: step 3 shard 0: loader on rank 0 failed: decode failed: corrupt JPEG in shard file 17'],
+        reports='one_to_many: step 3 shard 0: loader on rank 0 failed: decode failed: ... (the loader\'s text)'),
+    'loader-overfills': dict(
+        driver='adapter', what='the loader returns 356 bytes for a 256-byte slot on step 3', min_ranks=2,
+        mpiexec=[], survivors='all', kind='local', guards=False,
+        expect=[r'one_to_many: step 3 shard 0: loader on rank 0 wrote 356 bytes, slot holds 256'],
+        reports='one_to_many: step 3 shard 0: loader on rank 0 wrote 356 bytes, slot holds 256'),
+    'loader-overwrites': dict(
+        driver='adapter', what='the loader writes 8 bytes past its 256-byte slot on step 3', min_ranks=2,
+        mpiexec=[], survivors='all', kind='local', guards=False,
+        expect=[r'one_to_many: step 3 shard 0: loader on rank 0 wrote past the end of its 256-byte slot'],
+        reports='one_to_many: step 3 shard 0: loader on rank 0 wrote past the end of its 256-byte slot'),
+    'layout-feed': dict(
+        driver='adapter', what="one_to_many built with layout 'producers=1 members={n}x1' on a world of {n}",
+        mpiexec=[], survivors='all', kind='local', guards=False,
+        expect=[r"one_to_many: layout 'producers=1 members={n}x1' needs {n1} ranks, world has {n}"],
+        reports="one_to_many: layout 'producers=1 members={n}x1' needs {n1} ranks, world has {n}"),
+    'sync-none': dict(
+        driver='adapter', what='gradient sync, no fault (control)',
+        mpiexec=[], survivors='all', kind='none', succeeds=True,
+        expect=[r'finished every step', r'guards intact'], reports='finished every step'),
+    'gradient-order': dict(
+        driver='adapter', what='rank {f} hands its 4 gradients over in the other order on step 3', min_ranks=2,
+        mpiexec=[], survivors='all', kind='check',
+        expect=[r"subgroup_allreduce: finish: the member's ranks handed gradients over in different orders"],
+        reports="subgroup_allreduce: finish: the member's ranks handed gradients over in different orders or "
+                "with different sizes in this step; ... this rank's sequence (index:count) starts 3:48 2:48 ..."),
 }
 
 
@@ -103,19 +139,20 @@ def bound_seconds(kind, timeout):
     if kind == 'timeout':
         return timeout + grace_seconds(timeout) * 2.5 + 1.0
     if kind in ('hydra', 'local'):
-        return 5.0  # includes mpiexec's start and end
-    return 1.0
+        return 5.0  # includes mpiexec's start and end, or the steps before the fault
+    return 2.0
 
 
 def fields(n):
     f = n - 1
     others = list(range(n - 1))
     others_ranks = ('ranks ' if len(others) > 1 else 'rank ') + ','.join(map(str, others))
-    return dict(f=f, n=n, others_ranks=others_ranks)
+    return dict(f=f, n=n, n1=n + 1, others_ranks=others_ranks)
 
 
-def run(mpiexec, driver, fault, n):
+def run(mpiexec, drivers, fault, n):
     spec = FAULTS[fault]
+    driver = drivers[spec.get('driver', 'backend')]
     timeout = timeout_seconds()
     cmd = [mpiexec] + spec['mpiexec'] + ['-n', str(n), driver, 'exit' if fault == 'exit-cleanup' else fault]
     start = time.monotonic()
@@ -153,7 +190,7 @@ def run(mpiexec, driver, fault, n):
             problems.append(f'rank {r}: reported no error')
             continue
         times.append(float(m.group(1)))
-        if 'guards intact' not in text:
+        if spec.get('guards', True) and 'guards intact' not in text:
             problems.append(f'rank {r}: did not check its guard words')
     bound = bound_seconds(spec['kind'], timeout)
     if spec['kind'] in ('hydra', 'local') and not times:
@@ -166,14 +203,16 @@ def run(mpiexec, driver, fault, n):
                 bound=bound, problems=problems, output=out)
 
 
-def table(mpiexec, driver, n):
+def table(mpiexec, drivers, n):
     f = fields(n)
     print(f'| fault | injected | what each surviving rank reports | time to error (slowest rank) | '
           f'mpiexec wall time | exit status |')
     print('| --- | --- | --- | --- | --- | --- |')
     ok = True
     for fault, spec in FAULTS.items():
-        r = run(mpiexec, driver, fault, n)
+        if n < spec.get('min_ranks', 1):
+            continue
+        r = run(mpiexec, drivers, fault, n)
         ok = ok and not r['problems']
         tte = f"{r['time_to_error']:.3f} s" if r['time_to_error'] is not None else '-'
         status = 'checked' if not r['problems'] else 'FAILED: ' + '; '.join(r['problems'])
@@ -195,7 +234,8 @@ def check_doc(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--mpiexec', default='mpiexec')
-    ap.add_argument('--driver')
+    ap.add_argument('--driver', help='tests/fault/fault.cpp built')
+    ap.add_argument('--adapter-driver', help='tests/fault/adapter_fault.cpp built')
     ap.add_argument('--fault', choices=sorted(FAULTS))
     ap.add_argument('-n', type=int, default=4)
     ap.add_argument('--table', action='store_true')
@@ -203,9 +243,10 @@ def main():
     a = ap.parse_args()
     if a.check_doc:
         return check_doc(a.check_doc)
+    drivers = {'backend': a.driver, 'adapter': a.adapter_driver}
     if a.table:
-        return table(a.mpiexec, a.driver, a.n)
-    r = run(a.mpiexec, a.driver, a.fault, a.n)
+        return table(a.mpiexec, drivers, a.n)
+    r = run(a.mpiexec, drivers, a.fault, a.n)
     sys.stdout.write(r['output'])
     tte = f"{r['time_to_error']:.3f} s" if r['time_to_error'] is not None else 'n/a'
     print(f"fault {a.fault} np{a.n}: exit status {r['rc']}, time to error {tte} (bound {r['bound']:.2f} s), "
