@@ -9,6 +9,7 @@
 #include "core/reduce.hpp"
 #include "core/span.hpp"
 #include "core/wait.hpp"
+#include "core/watchdog.hpp"
 
 #include "backend/mpi.hpp"
 #include "core/environment.hpp"

@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,8 @@
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
 #include "../core/wait.hpp"
+#include "../core/watchdog.hpp"
+#include "mpi_watchdog.hpp"
 
 namespace flexcomm {
 
@@ -175,11 +178,14 @@ class mpi::communicator {
   communicator() = default;
 
   // Takes ownership of `comm` (freed on destruction); errors return instead of aborting.
+  // Collective over `comm`: it also makes the watchdog's side channel (see mpi_watchdog.hpp).
   communicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
     if (comm_ != MPI_COMM_NULL) {
       check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), cat(name_, ": set error handler"));
       MPI_Comm_rank(comm_, &rank_);
       MPI_Comm_size(comm_, &size_);
+      state_ = std::make_shared<detail::mpi_comm_state>(comm_, name_);
+      watchdog::instance().add(state_);
     }
   }
 
@@ -218,7 +224,23 @@ class mpi::communicator {
   communicator dup(std::string name) const { return duplicate(comm_, std::move(name)); }
 
   // Sequence number of the next operation on this communicator, for error reports.
-  std::uint64_t next_sequence() noexcept { return ++sequence_; }
+  std::uint64_t next_sequence() noexcept { return state_ ? state_->recorder().reserve() : ++sequence_; }
+
+  // How long a wait on this communicator's operations may take; zero: forever. Unset (or
+  // negative), FLEXCOMM_TIMEOUT's default_timeout() applies.
+  void set_timeout(std::chrono::milliseconds t) {
+    if (state_) state_->timeout_ms.store(t.count() < 0 ? -1 : t.count(), std::memory_order_relaxed);
+  }
+  std::chrono::milliseconds timeout() const { return state_ ? state_->timeout() : default_timeout(); }
+
+  // The recent operations on this communicator (the watchdog prints them with a timeout).
+  const flight_recorder* recorder() const noexcept { return state_ ? &state_->recorder() : nullptr; }
+
+  // True once a timeout or a disagreement between ranks made this communicator unusable.
+  bool poisoned() const noexcept { return state_ && state_->poisoned(); }
+
+  // Watchdog bookkeeping shared with this communicator's requests (backend-internal).
+  const std::shared_ptr<detail::mpi_comm_state>& watch_state() const noexcept { return state_; }
 
   // The world rank of rank `r` of this communicator.
   int world_rank_of(int r) const {
@@ -239,6 +261,7 @@ class mpi::communicator {
     std::swap(rank_, o.rank_);
     std::swap(size_, o.size_);
     std::swap(sequence_, o.sequence_);
+    std::swap(state_, o.state_);
   }
   void release() noexcept {
     int finalized = 0;
@@ -252,16 +275,25 @@ class mpi::communicator {
   int rank_ = -1;
   int size_ = 0;
   std::uint64_t sequence_ = 0;
+  std::shared_ptr<detail::mpi_comm_state> state_;
 };
 
 // A nonblocking MPI operation. Waiting goes through a wait policy; completion runs the
 // operation's epilogue (the division of avg). Destroying a pending request waits for it,
-// because MPI may still write into its buffer.
+// because MPI may still write into its buffer; after a timeout (its communicator poisoned) it is
+// abandoned instead, and the job must end (see core/watchdog.hpp).
 class mpi::request {
  public:
   request() = default;
   request(MPI_Request req, std::string what, std::function<void()> then = {})
       : req_(req), what_(std::move(what)), then_(std::move(then)) {}
+  // Backend-internal: an operation recorded as `seq` in its communicator's flight recorder, with
+  // the consistency check that rides beside it (if any).
+  request(MPI_Request req, std::string what, std::function<void()> then,
+          std::shared_ptr<detail::mpi_comm_state> state, std::uint64_t seq,
+          std::unique_ptr<detail::mpi_signature_check> check)
+      : req_(req), what_(std::move(what)), then_(std::move(then)), state_(std::move(state)), seq_(seq),
+        check_(std::move(check)) {}
   request(request&& o) noexcept { swap(o); }
   request& operator=(request&& o) noexcept {
     request(std::move(o)).swap(*this);
@@ -271,48 +303,130 @@ class mpi::request {
   request& operator=(const request&) = delete;
   ~request() {
     if (!pending()) return;
+    if (abandon_if_poisoned()) return;
     try {
       wait();
     } catch (const std::exception& e) {
+      if (abandon_if_poisoned()) return;
       std::fprintf(stderr, "%s\n(while destroying a pending request; aborting)\n", e.what());
+      std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 3);
     }
   }
 
-  bool pending() const noexcept { return req_ != MPI_REQUEST_NULL; }
+  bool pending() const noexcept { return req_ != MPI_REQUEST_NULL || (check_ && check_->req != MPI_REQUEST_NULL); }
   const std::string& what() const noexcept { return what_; }
 
   // True once the operation has finished (and its epilogue has run).
   bool test() {
     if (!pending()) return true;
-    int flag = 0;
-    // A single-request MPI_Test reports errors (truncation included) in its return code.
-    const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      req_ = MPI_REQUEST_NULL;
-      fail(what_, detail::mpi_error_text(rc));
+    if (check_ && check_->req != MPI_REQUEST_NULL) test_check();
+    if (req_ != MPI_REQUEST_NULL) {
+      int flag = 0;
+      // A single-request MPI_Test reports errors (truncation included) in its return code.
+      const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        req_ = MPI_REQUEST_NULL;
+        // Ranks that disagree on the call explain the failure better than MPI does.
+        if (check_ && check_->req != MPI_REQUEST_NULL) {
+          const auto deadline = std::chrono::steady_clock::now() + watchdog::grace(timeout_of(inherit));
+          while (check_->req != MPI_REQUEST_NULL && std::chrono::steady_clock::now() < deadline) {
+            test_check();
+            std::this_thread::yield();
+          }
+        }
+        record(op_state::failed);
+        fail(what_, detail::mpi_error_text(rc));
+      }
+      if (!flag) return false;
     }
-    if (!flag) return false;
+    if (check_ && check_->req != MPI_REQUEST_NULL) return false;
+    record(op_state::completed);
     if (then_) std::exchange(then_, {})();
     return true;
   }
 
-  // Waits under the policy; past `timeout` (FLEXCOMM_TIMEOUT) it is a flexcomm::error.
-  void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = default_timeout()) {
-    if (!policy.until([&] { return test(); }, timeout))
-      fail(what_, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)"));
+  // Waits under the policy; past `timeout` (the communicator's, else FLEXCOMM_TIMEOUT) it is a
+  // flexcomm::error that names the ranks that did not arrive (see core/watchdog.hpp).
+  void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = inherit) {
+    const auto limit = timeout_of(timeout);
+    const auto start = std::chrono::steady_clock::now();
+    unsigned round = 0;
+    auto finished = [&] {
+      if (test() || poisoned()) return true;
+      // A peer that timed out first asks where this rank stands: answer it while waiting.
+      if (state_ && (++round & 255u) == 0 && std::chrono::steady_clock::now() - start > watchdog::answer_after)
+        state_->answer_queries();
+      return false;
+    };
+    if (!policy.until(finished, limit)) timed_out(limit);
+    if (pending() && poisoned())
+      fail(what_, cat("communicator '", state_->name(), "' is unusable: ", state_->poison_reason()));
   }
 
+  // wait()'s default: the communicator's own timeout, else FLEXCOMM_TIMEOUT.
+  static constexpr std::chrono::milliseconds inherit{-1};
+
  private:
+  std::chrono::milliseconds timeout_of(std::chrono::milliseconds t) const {
+    if (t.count() >= 0) return t;
+    return state_ ? state_->timeout() : default_timeout();
+  }
+  bool poisoned() const noexcept { return state_ && state_->poisoned(); }
+
+  void record(op_state s) noexcept {
+    if (state_ && seq_) state_->recorder().finish(seq_, s);
+    if (s != op_state::in_flight) seq_ = 0;
+  }
+
+  void test_check() {
+    int flag = 0;
+    if (MPI_Test(&check_->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      check_->req = MPI_REQUEST_NULL;  // no side channel: no check
+      return;
+    }
+    if (!flag || check_->agreed()) return;
+    const auto seq = seq_;
+    record(op_state::failed);
+    std::string detail = state_->disagreement(check_->mine, watchdog::grace(timeout_of(inherit)));
+    state_->poison(cat("ranks disagreed on #", seq, " (", what_, ")"));
+    fail(what_, cat(detail, " (FLEXCOMM_CHECK)"));
+  }
+
+  [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
+    const auto seq = seq_;
+    if (state_ && seq_) state_->recorder().finish(seq_, op_state::timed_out);
+    const std::string report = watchdog::instance().timed_out(state_.get(), seq, limit);
+    if (state_) state_->poison(cat("operation #", seq, " timed out (", what_, ")"));
+    fail(what_, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT)\n", report));
+  }
+
+  bool abandon_if_poisoned() noexcept {
+    if (!poisoned() && !watchdog::instance().job_must_end()) return false;
+    // MPI may still write into the buffers: keep the handles alive; the job ends (environment).
+    if (state_ && seq_) state_->recorder().finish(seq_, op_state::abandoned);
+    seq_ = 0;
+    req_ = MPI_REQUEST_NULL;
+    if (check_) static_cast<void>(check_.release());
+    watchdog::instance().abandon();
+    return true;
+  }
+
   void swap(request& o) noexcept {
     std::swap(req_, o.req_);
     std::swap(what_, o.what_);
     std::swap(then_, o.then_);
+    std::swap(state_, o.state_);
+    std::swap(seq_, o.seq_);
+    std::swap(check_, o.check_);
   }
 
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::string what_;
   std::function<void()> then_;
+  std::shared_ptr<detail::mpi_comm_state> state_;
+  std::uint64_t seq_ = 0;
+  std::unique_ptr<detail::mpi_signature_check> check_;
 };
 
 // Waits for every request in turn (each under the policy and timeout).
@@ -332,6 +446,72 @@ inline mpi::communicator& mutable_comm(const mpi::communicator& c) {
   // Sequence numbers are bookkeeping, not state the caller sees as a change.
   return const_cast<mpi::communicator&>(c);
 }
+
+// One operation being posted: recorded in the flight recorder at once (so that a failure while
+// posting is recorded too), its consistency check posted just before the MPI call, and both
+// handed to the request.
+class mpi_op_start {
+ public:
+  mpi_op_start(const mpi::communicator& comm, const char* name, std::size_t count, dtype type,
+               const char* redop = "", int peer = -1, int tag = -1, const std::string& extra = "")
+      : state_(comm.watch_state()) {
+    if (state_) {
+      check(!state_->poisoned(), cat("mpi ", name, " on ", comm.name()),
+            cat("communicator '", comm.name(), "' is unusable: ", state_->poison_reason()));
+      op_record r;
+      r.op = name;
+      r.count = count;
+      r.type = type;
+      r.redop = redop;
+      r.peer = peer;
+      r.tag = tag;
+      seq_ = state_->recorder().enqueue(r);
+    } else {
+      seq_ = mutable_comm(comm).next_sequence();
+    }
+    what = cat("mpi ", name, " on ", comm.name(), " #", seq_, " (", count, " x ", name_of(type), extra, ")");
+    signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
+                        check_label::current()};
+  }
+  mpi_op_start(const mpi_op_start&) = delete;
+  mpi_op_start& operator=(const mpi_op_start&) = delete;
+  ~mpi_op_start() {
+    if (state_ && seq_) state_->recorder().finish(seq_, op_state::failed);  // never reached MPI
+    if (check_ && check_->req != MPI_REQUEST_NULL) {
+      // The check went out but the operation did not: the peers' matching is now off.
+      static_cast<void>(check_.release());
+      state_->poison(cat("posting ", what, " failed after its consistency check went out"));
+    }
+  }
+
+  std::string what;
+
+  // Fields every rank must agree on, besides the operation, type and count.
+  void agree_on(op o) { signature_.value[mpi_signature::redop] = static_cast<long long>(o); }
+  void agree_on_root(int root) { signature_.value[mpi_signature::root] = root; }
+  void agree_on_counts(span<const int> counts) {
+    signature_.value[mpi_signature::counts_hash] = hash_counts(counts.data(), counts.size());
+  }
+  void count_varies() { signature_.value[mpi_signature::count] = -1; }
+
+  // Posts the consistency check (FLEXCOMM_CHECK) for a collective, just before the MPI call.
+  void check_collective(int comm_size) {
+    if (!state_ || comm_size < 2 || state_->side() == MPI_COMM_NULL || !checks_enabled()) return;
+    check_ = std::make_unique<mpi_signature_check>();
+    check_->mine = signature_;
+    if (!check_->post(state_->side())) check_.reset();
+  }
+
+  mpi::request finish(MPI_Request r, std::function<void()> then = {}) {
+    return mpi::request(r, std::move(what), std::move(then), state_, std::exchange(seq_, 0), std::move(check_));
+  }
+
+ private:
+  std::shared_ptr<mpi_comm_state> state_;
+  std::uint64_t seq_ = 0;
+  mpi_signature signature_;
+  std::unique_ptr<mpi_signature_check> check_;
+};
 
 inline std::vector<int> displacements(span<const int> counts, const std::string& what,
                                       std::size_t capacity) {
@@ -358,51 +538,53 @@ std::function<void()> average_epilogue(op o, span<T> out, int ranks) {
 template <class T>
 mpi::request mpi::isend(const communicator& comm, span<T> buf, int dest, int tag, stream) {
   using E = std::remove_const_t<T>;
-  const auto what = detail::mpi_describe<E>(detail::mutable_comm(comm), "isend", buf.size(),
-                                            cat(", to ", dest, ", tag ", tag).c_str());
+  detail::mpi_op_start start(comm, "isend", buf.size(), dtype_of<E>, "", dest, tag, cat(", to ", dest, ", tag ", tag));
   MPI_Request r;
-  check_mpi(MPI_Isend(buf.data(), detail::mpi_count(buf.size(), what), detail::mpi_type(dtype_of<E>), dest, tag,
-                      comm.native(), &r),
-            what);
-  return request(r, what);
+  check_mpi(MPI_Isend(buf.data(), detail::mpi_count(buf.size(), start.what), detail::mpi_type(dtype_of<E>), dest,
+                      tag, comm.native(), &r),
+            start.what);
+  return start.finish(r);
 }
 
 template <class T>
 mpi::request mpi::irecv(const communicator& comm, span<T> buf, int source, int tag, stream) {
-  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "irecv", buf.size(),
-                                            cat(", from ", source, ", tag ", tag).c_str());
+  detail::mpi_op_start start(comm, "irecv", buf.size(), dtype_of<T>, "", source, tag,
+                             cat(", from ", source, ", tag ", tag));
   MPI_Request r;
-  check_mpi(MPI_Irecv(buf.data(), detail::mpi_count(buf.size(), what), detail::mpi_type(dtype_of<T>), source, tag,
-                      comm.native(), &r),
-            what);
-  return request(r, what);
+  check_mpi(MPI_Irecv(buf.data(), detail::mpi_count(buf.size(), start.what), detail::mpi_type(dtype_of<T>), source,
+                      tag, comm.native(), &r),
+            start.what);
+  return start.finish(r);
 }
 
 template <class T>
 mpi::request mpi::ibcast(const communicator& comm, span<T> buf, int root, stream) {
-  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "ibcast", buf.size(),
-                                            cat(", root ", root).c_str());
+  detail::mpi_op_start start(comm, "ibcast", buf.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
+  const auto& what = start.what;
   check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  start.agree_on_root(root);
+  const int n = detail::mpi_count(buf.size(), what);
+  start.check_collective(comm.size());
   MPI_Request r;
-  check_mpi(MPI_Ibcast(buf.data(), detail::mpi_count(buf.size(), what), detail::mpi_type(dtype_of<T>), root,
-                       comm.native(), &r),
-            what);
-  return request(r, what);
+  check_mpi(MPI_Ibcast(buf.data(), n, detail::mpi_type(dtype_of<T>), root, comm.native(), &r), what);
+  return start.finish(r);
 }
 
 template <class T>
 mpi::request mpi::iallreduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                              op o, stream) {
-  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "iallreduce", recv.size(),
-                                            cat(", ", name_of(o)).c_str());
+  detail::mpi_op_start start(comm, "iallreduce", recv.size(), dtype_of<T>, name_of(o), -1, -1, cat(", ", name_of(o)));
+  const auto& what = start.what;
   check(send.size() == recv.size(), what,
         cat("send holds ", send.size(), " elements, receive holds ", recv.size()));
+  start.agree_on(o);
+  const int n = detail::mpi_count(recv.size(), what);
+  start.check_collective(comm.size());
   MPI_Request r;
-  check_mpi(MPI_Iallreduce(send.data() == recv.data() ? MPI_IN_PLACE : send.data(), recv.data(),
-                           detail::mpi_count(recv.size(), what), detail::mpi_type(dtype_of<T>),
-                           detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
+  check_mpi(MPI_Iallreduce(send.data() == recv.data() ? MPI_IN_PLACE : send.data(), recv.data(), n,
+                           detail::mpi_type(dtype_of<T>), detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
             what);
-  return request(r, what, detail::average_epilogue(o, recv, comm.size()));
+  return start.finish(r, detail::average_epilogue(o, recv, comm.size()));
 }
 
 template <class T>
@@ -413,25 +595,30 @@ mpi::request mpi::iallreduce(const communicator& comm, span<T> buf, op o, stream
 template <class T>
 mpi::request mpi::ireduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv, op o,
                           int root, stream) {
-  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "ireduce", send.size(),
-                                            cat(", ", name_of(o), ", root ", root).c_str());
+  detail::mpi_op_start start(comm, "ireduce", send.size(), dtype_of<T>, name_of(o), root, -1,
+                             cat(", ", name_of(o), ", root ", root));
+  const auto& what = start.what;
   check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
   const bool at_root = comm.rank() == root;
   check(!at_root || recv.size() == send.size(), what,
         cat("send holds ", send.size(), " elements, the root's receive holds ", recv.size()));
+  start.agree_on(o);
+  start.agree_on_root(root);
+  const int n = detail::mpi_count(send.size(), what);
+  start.check_collective(comm.size());
   MPI_Request r;
   const void* sendbuf = at_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
-  check_mpi(MPI_Ireduce(sendbuf, at_root ? recv.data() : nullptr, detail::mpi_count(send.size(), what),
-                        detail::mpi_type(dtype_of<T>), detail::mpi_op(o, dtype_of<T>), root, comm.native(), &r),
+  check_mpi(MPI_Ireduce(sendbuf, at_root ? recv.data() : nullptr, n, detail::mpi_type(dtype_of<T>),
+                        detail::mpi_op(o, dtype_of<T>), root, comm.native(), &r),
             what);
-  return request(r, what, at_root ? detail::average_epilogue(o, recv, comm.size()) : std::function<void()>{});
+  return start.finish(r, at_root ? detail::average_epilogue(o, recv, comm.size()) : std::function<void()>{});
 }
 
 template <class T>
 mpi::request mpi::igatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                            span<const int> counts, int root, stream) {
-  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "igatherv", send.size(),
-                                            cat(", root ", root).c_str());
+  detail::mpi_op_start start(comm, "igatherv", send.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
+  const auto& what = start.what;
   check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
   std::vector<int> displs;
   if (comm.rank() == root) {
@@ -441,63 +628,76 @@ mpi::request mpi::igatherv(const communicator& comm, span<const detail::identity
           cat("root sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(root)]));
     displs = detail::displacements(counts, what, recv.size());
   }
+  start.count_varies();
+  start.agree_on_root(root);
+  const int n = detail::mpi_count(send.size(), what);
+  start.check_collective(comm.size());
   MPI_Request r;
   const auto type = detail::mpi_type(dtype_of<T>);
-  check_mpi(MPI_Igatherv(send.data(), detail::mpi_count(send.size(), what), type,
-                         comm.rank() == root ? recv.data() : nullptr,
+  check_mpi(MPI_Igatherv(send.data(), n, type, comm.rank() == root ? recv.data() : nullptr,
                          comm.rank() == root ? counts.data() : nullptr, displs.empty() ? nullptr : displs.data(),
                          type, root, comm.native(), &r),
             what);
   // MPI reads displs when the operation starts, but MPICH may keep the pointer: hold it.
   auto keep = std::make_shared<std::vector<int>>(std::move(displs));
-  return request(r, what, [keep] {});
+  return start.finish(r, [keep] {});
 }
 
 template <class T>
 mpi::request mpi::iallgather(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                              stream) {
-  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "iallgather", send.size());
+  detail::mpi_op_start start(comm, "iallgather", send.size(), dtype_of<T>);
+  const auto& what = start.what;
   check(recv.size() == send.size() * static_cast<std::size_t>(comm.size()), what,
         cat("receive holds ", recv.size(), " elements, needs ", send.size(), " x ", comm.size(), " ranks"));
-  MPI_Request r;
   const auto type = detail::mpi_type(dtype_of<T>);
   const int n = detail::mpi_count(send.size(), what);
+  start.check_collective(comm.size());
+  MPI_Request r;
   check_mpi(MPI_Iallgather(send.data(), n, type, recv.data(), n, type, comm.native(), &r), what);
-  return request(r, what);
+  return start.finish(r);
 }
 
 template <class T>
 mpi::request mpi::iallgatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                               span<const int> counts, stream) {
-  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "iallgatherv", send.size());
+  detail::mpi_op_start start(comm, "iallgatherv", send.size(), dtype_of<T>);
+  const auto& what = start.what;
   check(counts.size() == static_cast<std::size_t>(comm.size()), what,
         cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
   check(static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]) == send.size(), what,
         cat("this rank sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(comm.rank())]));
   auto displs = std::make_shared<std::vector<int>>(detail::displacements(counts, what, recv.size()));
+  start.count_varies();
+  start.agree_on_counts(counts);
+  const int n = detail::mpi_count(send.size(), what);
+  start.check_collective(comm.size());
   MPI_Request r;
   const auto type = detail::mpi_type(dtype_of<T>);
-  check_mpi(MPI_Iallgatherv(send.data(), detail::mpi_count(send.size(), what), type, recv.data(), counts.data(),
-                            displs->data(), type, comm.native(), &r),
+  check_mpi(MPI_Iallgatherv(send.data(), n, type, recv.data(), counts.data(), displs->data(), type, comm.native(), &r),
             what);
-  return request(r, what, [displs] {});
+  return start.finish(r, [displs] {});
 }
 
 template <class T>
 mpi::request mpi::ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                                   span<const int> counts, op o, stream) {
-  const auto what = detail::mpi_describe<T>(detail::mutable_comm(comm), "ireduce_scatter", send.size(),
-                                            cat(", ", name_of(o)).c_str());
+  detail::mpi_op_start start(comm, "ireduce_scatter", send.size(), dtype_of<T>, name_of(o), -1, -1,
+                             cat(", ", name_of(o)));
+  const auto& what = start.what;
   check(counts.size() == static_cast<std::size_t>(comm.size()), what,
         cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
   detail::displacements(counts, what, send.size());
   const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]);
   check(recv.size() >= mine, what, cat("receive holds ", recv.size(), " elements, this rank gets ", mine));
+  start.agree_on(o);
+  start.agree_on_counts(counts);
+  start.check_collective(comm.size());
   MPI_Request r;
   check_mpi(MPI_Ireduce_scatter(send.data(), recv.data(), counts.data(), detail::mpi_type(dtype_of<T>),
                                 detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
             what);
-  return request(r, what, detail::average_epilogue(o, recv.subspan(0, mine), comm.size()));
+  return start.finish(r, detail::average_epilogue(o, recv.subspan(0, mine), comm.size()));
 }
 
 }  // namespace flexcomm

@@ -5,6 +5,10 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -12,6 +16,7 @@
 #include "error.hpp"
 #include "progress.hpp"
 #include "wait.hpp"
+#include "watchdog.hpp"
 
 namespace flexcomm {
 
@@ -23,7 +28,21 @@ class environment {
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
 
+  // After a timeout, or ranks that disagreed on a collective, MPI still holds operations that will
+  // never finish: MPI_Finalize would hang. The job ends with MPI_Abort instead, once the other
+  // surviving ranks had a grace period to print their own reports (core/watchdog.hpp).
   ~environment() {
+    alive().store(false);
+    auto& dog = watchdog::instance();
+    if (dog.job_must_end()) {
+      std::fprintf(stderr, "flexcomm: rank %d: ending the job with MPI_Abort(1): a timeout or a disagreement "
+                   "between ranks left operations that cannot finish (%zu abandoned)\n", process_rank(),
+                   dog.abandoned());
+      std::fflush(stderr);
+      // Two grace periods: ranks whose waits started a little later still time out and report.
+      std::this_thread::sleep_for(2 * watchdog::grace(default_timeout()));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     progress_engine::instance().stop();
     world_.reset();
     if (node_) node_.reset();
@@ -70,6 +89,27 @@ class environment {
     wait_ = wait_policy::automatic(ranks_on_node_);
     set_default_wait(wait_);
     progress_engine::instance().restart();
+    // A rank that calls exit() mid-step would otherwise leave its peers waiting, and Hydra may
+    // even report success: end the job instead.
+    alive().store(true);
+    static const bool hooked = std::atexit(&exit_while_alive) == 0;
+    static_cast<void>(hooked);
+  }
+
+  static std::atomic<bool>& alive() {
+    static std::atomic<bool> flag{false};
+    return flag;
+  }
+  static void exit_while_alive() {
+    if (!alive().load()) return;
+    std::fprintf(stderr, "flexcomm: rank %d: exit() called while flexcomm's environment is alive (mid-step?); "
+                 "ending the job with MPI_Abort(1)\n", process_rank());
+    std::fflush(stderr);
+    // Lets mpiexec forward the message before MPI_Abort tears the job down.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Abort(MPI_COMM_WORLD, 1);
   }
 
   bool owns_mpi_ = false;

@@ -22,6 +22,7 @@
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
 #include "../backend/mpi.hpp"  // memory_space; device backends check over MPI
+#include "../core/wait.hpp"
 
 namespace flexcomm {
 
@@ -120,7 +121,12 @@ struct flight {
   std::shared_ptr<completion> task;
   void wait() {
     if (request) request->wait();
-    if (task) task->wait();
+    if (task) {
+      // The engine's thread does the work meanwhile: spinning here would take its core.
+      wait_policy policy = default_wait();
+      if (policy.kind == wait_kind::spin) policy = wait_policy::yield();
+      task->wait(policy);
+    }
   }
   void reset() {
     request.reset();
@@ -394,7 +400,9 @@ inline std::size_t parse_bytes(const std::string& text, const char* what) {
   else if (suffix == "M" || suffix == "MiB") scale = std::size_t{1} << 20;
   else if (suffix == "G" || suffix == "GiB") scale = std::size_t{1} << 30;
   else if (!suffix.empty()) scale = 0;
-  if (text.empty() || end == text.c_str() || scale == 0 || value == 0 || text[0] == '-' || value > (1ull << 40))
+  // The limit applies after scaling: "9000000000GiB" must not pass, "1099511627776G" must not wrap to 0.
+  if (text.empty() || end == text.c_str() || scale == 0 || value == 0 || text[0] == '-' ||
+      value > (1ull << 40) / scale)
     fail(what, cat("cannot parse '", text, "': expected a positive byte count, e.g. 26214400, 64K, 25M, 1G"));
   return static_cast<std::size_t>(value) * scale;
 }

@@ -1,0 +1,364 @@
+// The watchdog: a flight recorder of recent operations per communicator, and the process-wide
+// registry that turns a timed-out wait into a report naming the ranks that did not arrive.
+//
+// Policy when a wait times out (or ranks disagree on a collective):
+//   1. the wait throws a flexcomm::error to its caller, carrying the whole report (operation,
+//      communicator, sequence number, count, last enqueued vs completed, missing ranks, recorder);
+//   2. the communicator is poisoned: later operations on it fail at once, pending requests on it
+//      are abandoned instead of waited for again, so unwinding never hangs;
+//   3. the job must end: MPI state is undefined once an operation is abandoned. flexcomm's
+//      environment ends it with MPI_Abort(1) when it is destroyed, after a grace period that lets
+//      the other surviving ranks print their own reports (see environment.hpp). An error that
+//      escapes main ends the job the same way (std::terminate).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "datatype.hpp"
+#include "error.hpp"
+#include "wait.hpp"
+
+namespace flexcomm {
+
+// FLEXCOMM_CHECK: "1"/"on"/"true" or "0"/"off"/"false"; unset means on.
+bool parse_check(const char* text);
+
+// Whether the cheap cross-rank consistency checks run (FLEXCOMM_CHECK, or set_checks()).
+bool checks_enabled();
+void set_checks(bool on);
+
+// An extra value folded into the consistency signature of the collectives this thread posts
+// while it lives, e.g. the bucket index, so that ranks reducing different buckets of the same
+// size are told apart. Nests; the innermost label wins.
+class check_label {
+ public:
+  explicit check_label(std::int64_t label);
+  ~check_label();
+  check_label(const check_label&) = delete;
+  check_label& operator=(const check_label&) = delete;
+  static std::int64_t current() noexcept;
+
+ private:
+  std::int64_t previous_;
+};
+
+enum class op_state : std::uint8_t { in_flight, completed, failed, timed_out, abandoned };
+const char* name_of(op_state s);
+
+// One operation as the flight recorder remembers it: no strings, so recording costs no allocation.
+struct op_record {
+  std::uint64_t seq = 0;
+  const char* op = "";      // static text: "iallreduce"
+  std::size_t count = 0;
+  dtype type = dtype::u8;
+  const char* redop = "";   // "" where there is none
+  int peer = -1;            // root or peer, -1 where there is none
+  int tag = -1;
+  op_state state = op_state::in_flight;
+  std::chrono::steady_clock::time_point posted{}, finished{};
+
+  std::string str() const;  // "#5 iallreduce 1000 x float sum"
+};
+
+// Ring buffer of the last operations posted on one communicator; thread-safe, since requests are
+// tested by the progress engine while the trainer posts new ones.
+class flight_recorder {
+ public:
+  explicit flight_recorder(std::size_t capacity = 32) : ring_(capacity ? capacity : 1) {}
+
+  // Assigns the next sequence number to `r` and records it as in flight.
+  std::uint64_t enqueue(op_record r);
+  // Takes a sequence number without recording an operation.
+  std::uint64_t reserve();
+  void finish(std::uint64_t seq, op_state s);
+
+  std::uint64_t last_enqueued() const;
+  std::uint64_t last_completed() const;  // highest sequence number that completed
+  std::size_t in_flight() const;
+  // The oldest operation not finished (in flight or timed out); 0 when none (or evicted).
+  std::uint64_t oldest_in_flight() const;
+  op_record find(std::uint64_t seq) const;  // seq 0 in the result when not in the ring
+  std::vector<op_record> recent() const;     // oldest first
+  std::string dump(const std::string& title) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<op_record> ring_;
+  std::uint64_t enqueued_ = 0, completed_ = 0;
+  std::size_t in_flight_ = 0;
+};
+
+// What a backend gives the watchdog for each of its communicators.
+class watched {
+ public:
+  virtual ~watched() = default;
+  virtual const std::string& name() const = 0;
+  virtual const flight_recorder& recorder() const = 0;
+  // Tells the peers where this rank stands on this communicator; once, cheap, never blocks.
+  virtual void announce() = 0;
+  // Announces, if a peer has already announced (it timed out first and waits for our state).
+  // Cheap: called from long waits only, a few times per millisecond at most.
+  virtual void answer_queries() = 0;
+  // Who did not arrive at `seq`: gathers the peers' announcements for up to `grace`.
+  virtual std::string diagnose(std::uint64_t seq, std::chrono::milliseconds grace) = 0;
+  virtual void poison(const std::string& why) = 0;
+};
+
+class watchdog {
+ public:
+  static watchdog& instance() {
+    static watchdog* w = new watchdog;  // never destroyed: requests may report during exit
+    return *w;
+  }
+
+  void add(const std::shared_ptr<watched>& w);
+
+  // A wait timed out: every communicator of this process announces itself (so the peers' reports
+  // can name this rank's state), then the ones with operations in flight are diagnosed.
+  // `focus` (may be null) is diagnosed first for `seq`. Marks the job as one that must end.
+  std::string timed_out(watched* focus, std::uint64_t seq, std::chrono::milliseconds timeout);
+
+  // The job cannot end cleanly any more (a timeout, an abandoned operation, ranks disagreeing).
+  void must_end() noexcept { must_end_.store(true, std::memory_order_release); }
+  bool job_must_end() const noexcept { return must_end_.load(std::memory_order_acquire); }
+
+  // A pending request given up at destruction after its communicator was poisoned.
+  void abandon() noexcept {
+    abandoned_.fetch_add(1, std::memory_order_acq_rel);
+    must_end();
+  }
+  std::size_t abandoned() const noexcept { return abandoned_.load(std::memory_order_acquire); }
+
+  // Called by long waits that cannot tell which communicator they wait on (the progress engine's
+  // completions): every communicator with operations in flight answers peers that timed out.
+  void answer_queries();
+
+  // How long a wait runs before it starts answering peers' queries.
+  static constexpr std::chrono::milliseconds answer_after{100};
+
+  // Operations in flight over every live communicator (the soak test watches it).
+  std::size_t in_flight() const;
+
+  // How long a report waits for the peers' answers: long enough for ranks whose waits started a
+  // little later to time out as well, short against the timeout.
+  static std::chrono::milliseconds grace(std::chrono::milliseconds timeout) {
+    using std::chrono::milliseconds;
+    return std::clamp(timeout / 4, milliseconds{250}, milliseconds{5000});
+  }
+
+ private:
+  std::vector<std::shared_ptr<watched>> live() const;
+
+  mutable std::mutex mutex_;
+  std::vector<std::weak_ptr<watched>> comms_;
+  std::atomic<bool> must_end_{false};
+  std::atomic<std::size_t> abandoned_{0};
+};
+
+// ---------------------------------------------------------------------------------------------
+
+namespace detail {
+struct check_defaults {
+  std::atomic<int> on{-1};  // -1: not read from FLEXCOMM_CHECK yet
+};
+inline check_defaults& check_state() {
+  static check_defaults d;
+  return d;
+}
+inline std::int64_t& thread_check_label() {
+  thread_local std::int64_t label = -1;
+  return label;
+}
+}  // namespace detail
+
+inline bool parse_check(const char* text) {
+  if (!text || !*text) return true;
+  const std::string_view t(text);
+  if (t == "1" || t == "on" || t == "true") return true;
+  if (t == "0" || t == "off" || t == "false") return false;
+  fail("FLEXCOMM_CHECK", cat("cannot parse '", t, "': expected 1 (on) or 0 (off)"));
+}
+
+inline bool checks_enabled() {
+  auto& s = detail::check_state();
+  int on = s.on.load(std::memory_order_relaxed);
+  if (on < 0) {
+    on = parse_check(std::getenv("FLEXCOMM_CHECK")) ? 1 : 0;
+    s.on.store(on, std::memory_order_relaxed);
+  }
+  return on == 1;
+}
+
+inline void set_checks(bool on) { detail::check_state().on.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+inline check_label::check_label(std::int64_t label) : previous_(detail::thread_check_label()) {
+  detail::thread_check_label() = label;
+}
+inline check_label::~check_label() { detail::thread_check_label() = previous_; }
+inline std::int64_t check_label::current() noexcept { return detail::thread_check_label(); }
+
+inline const char* name_of(op_state s) {
+  switch (s) {
+    case op_state::in_flight: return "in flight";
+    case op_state::completed: return "completed";
+    case op_state::failed: return "failed";
+    case op_state::timed_out: return "timed out";
+    case op_state::abandoned: return "abandoned";
+  }
+  return "?";
+}
+
+inline std::string op_record::str() const {
+  std::string s = cat("#", seq, " ", op, " ", count, " x ", name_of(type));
+  if (*redop) s += cat(" ", redop);
+  if (peer >= 0) s += cat(std::string_view(op).find("send") != std::string_view::npos ? " to " :
+                          std::string_view(op).find("recv") != std::string_view::npos ? " from " : " root ", peer);
+  if (tag >= 0) s += cat(" tag ", tag);
+  return s;
+}
+
+inline std::uint64_t flight_recorder::enqueue(op_record r) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  r.seq = ++enqueued_;
+  r.state = op_state::in_flight;
+  r.posted = std::chrono::steady_clock::now();
+  ring_[r.seq % ring_.size()] = r;
+  ++in_flight_;
+  return r.seq;
+}
+
+inline std::uint64_t flight_recorder::reserve() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ++enqueued_;
+}
+
+inline void flight_recorder::finish(std::uint64_t seq, op_state s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& r = ring_[seq % ring_.size()];
+  const bool known = r.seq == seq;
+  if (known && r.state != op_state::in_flight) {
+    // Failed or timed out earlier; now given up for good.
+    if (s == op_state::abandoned) r.state = s;
+    return;
+  }
+  if (known) {
+    r.state = s;
+    r.finished = std::chrono::steady_clock::now();
+  }
+  if (s == op_state::completed && seq > completed_) completed_ = seq;
+  if (in_flight_ > 0) --in_flight_;
+}
+
+inline std::uint64_t flight_recorder::last_enqueued() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return enqueued_;
+}
+inline std::uint64_t flight_recorder::last_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+inline std::size_t flight_recorder::in_flight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return in_flight_;
+}
+
+inline std::uint64_t flight_recorder::oldest_in_flight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::uint64_t oldest = 0;
+  for (const auto& r : ring_)
+    if (r.seq != 0 && (r.state == op_state::in_flight || r.state == op_state::timed_out) &&
+        (oldest == 0 || r.seq < oldest))
+      oldest = r.seq;
+  return oldest;
+}
+
+inline op_record flight_recorder::find(std::uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto& r = ring_[seq % ring_.size()];
+  return r.seq == seq ? r : op_record{};
+}
+
+inline std::vector<op_record> flight_recorder::recent() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<op_record> out;
+  for (const auto& r : ring_)
+    if (r.seq != 0) out.push_back(r);
+  std::sort(out.begin(), out.end(), [](const op_record& a, const op_record& b) { return a.seq < b.seq; });
+  return out;
+}
+
+inline std::string flight_recorder::dump(const std::string& title) const {
+  const auto ops = recent();
+  const auto now = std::chrono::steady_clock::now();
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  std::string s = cat("  flight recorder of ", title, " (last ", ops.size(), " of ", last_enqueued(), "):");
+  for (const auto& r : ops) {
+    s += cat("\n    ", r.str(), ": ", name_of(r.state));
+    if (r.state == op_state::in_flight || r.finished == std::chrono::steady_clock::time_point{})
+      s += cat(" for ", static_cast<long long>(ms(now - r.posted)), " ms");
+    else
+      s += cat(" after ", static_cast<long long>(ms(r.finished - r.posted) * 1000.0) / 1000.0, " ms");
+  }
+  return s;
+}
+
+inline void watchdog::add(const std::shared_ptr<watched>& w) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  comms_.erase(std::remove_if(comms_.begin(), comms_.end(), [](const auto& c) { return c.expired(); }),
+               comms_.end());
+  comms_.push_back(w);
+}
+
+inline std::vector<std::shared_ptr<watched>> watchdog::live() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::shared_ptr<watched>> out;
+  for (const auto& c : comms_)
+    if (auto p = c.lock()) out.push_back(std::move(p));
+  return out;
+}
+
+inline void watchdog::answer_queries() {
+  for (const auto& c : live())
+    if (c->recorder().in_flight() > 0) c->answer_queries();
+}
+
+inline std::size_t watchdog::in_flight() const {
+  std::size_t n = 0;
+  for (const auto& c : live()) n += c->recorder().in_flight();
+  return n;
+}
+
+inline std::string watchdog::timed_out(watched* focus, std::uint64_t seq, std::chrono::milliseconds timeout) {
+  must_end();
+  const auto comms = live();
+  if (focus) focus->announce();
+  for (const auto& c : comms) c->announce();
+  // One grace period for the whole report, however many communicators it covers.
+  const auto deadline = std::chrono::steady_clock::now() + grace(timeout);
+  auto left = [&] {
+    const auto d = deadline - std::chrono::steady_clock::now();
+    return std::max(std::chrono::milliseconds{0}, std::chrono::duration_cast<std::chrono::milliseconds>(d));
+  };
+  std::string report;
+  if (focus) report += focus->diagnose(seq, left());
+  for (const auto& c : comms) {
+    if (c.get() == focus || c->recorder().in_flight() == 0) continue;
+    if (!report.empty()) report += "\n";
+    const auto seq_here = c->recorder().oldest_in_flight();
+    report += c->diagnose(seq_here, left());
+    c->poison(cat("a wait timed out while #", seq_here, " was in flight"));
+  }
+  if (report.empty()) report = "  no flexcomm operation is in flight on this rank";
+  return report;
+}
+
+}  // namespace flexcomm

@@ -1,0 +1,126 @@
+// Fault-injection driver for the adapters: a shared feed (one_to_many) whose loader fails on one
+// step, and a member's gradient sync (subgroup_allreduce) where one rank hands gradients over in
+// another order. Prints like tests/fault/fault.cpp ("[rank R] ..." lines, time to error, guard
+// words) for tests/fault/launch.py.
+//
+//   mpiexec -n N adapter_fault <fault>
+//   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed sync-none gradient-order
+#include <flexcomm/flexcomm.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fc = flexcomm;
+using fc::mpi;
+
+namespace {
+
+constexpr std::int64_t fault_step = 3;
+constexpr std::int64_t steps = 6;
+constexpr std::size_t capacity = 256;
+
+void report(int rank, const std::string& text) {
+  std::istringstream lines(text);
+  std::string line, out;
+  while (std::getline(lines, line)) out += "[rank " + std::to_string(rank) + "] " + line + "\n";
+  std::fputs(out.c_str(), stderr);
+  std::fflush(stderr);
+}
+
+// Runs a shared feed over "producers=1 members=(n-1)x1"; the loader misbehaves on fault_step.
+bool run_feed(const mpi::communicator& world, const std::string& fault, std::chrono::steady_clock::time_point& start) {
+  const int n = world.size();
+  const auto layout = fc::ensemble_layout::parse(
+      fault == "layout-feed" ? fc::cat("producers=1 members=", n, "x1") : fc::cat("producers=1 members=", n - 1, "x1"));
+  fc::loader load = [&](std::int64_t step, int, fc::span<std::byte> out) -> std::size_t {
+    if (step == fault_step) {
+      if (fault == "loader-throws") throw std::runtime_error("decode failed: corrupt JPEG in shard file 17");
+      if (fault == "loader-overfills") return out.size() + 100;
+      if (fault == "loader-overwrites") {
+        for (std::size_t i = 0; i < out.size() + 8; ++i) out.data()[i] = std::byte{1};  // 8 bytes too many
+        return out.size();
+      }
+    }
+    for (auto& b : out) b = std::byte{static_cast<unsigned char>(step)};
+    return out.size();
+  };
+  fc::feed_options options;
+  options.steps = steps;
+  options.shard_capacity = capacity;
+  fc::one_to_many<mpi> feed(world, layout, load, options);
+  const auto role = layout.role_of(world.rank());
+  if (role.kind == fc::role::producer) {
+    feed.produce();
+    return true;
+  }
+  bool ok = true;
+  while (auto b = feed.next()) {
+    if (b->step() == fault_step - 1) start = std::chrono::steady_clock::now();
+    for (auto byte : b->bytes()) ok = ok && byte == std::byte{static_cast<unsigned char>(b->step())};
+  }
+  return ok;
+}
+
+std::vector<std::vector<float>>& gradients() {
+  static std::vector<std::vector<float>> grads(4, std::vector<float>(48 + 16, -7.0f));
+  return grads;
+}
+
+// One member over the whole world; four gradients per step, handed over in backprop order.
+bool run_sync(const mpi::communicator& world, const std::string& fault, std::chrono::steady_clock::time_point& start) {
+  auto member = world.split(0, world.rank(), "member 0");
+  fc::sync_options options;
+  options.bucket_bytes = 64 * sizeof(float);  // several buckets
+  fc::subgroup_allreduce<mpi> sync(member, options);
+  // 48 gradient elements, then 16 guard words no reduction may touch.
+  auto& grads = gradients();
+  bool ok = true;
+  for (std::int64_t step = 0; step < steps; ++step) {
+    if (step == fault_step) start = std::chrono::steady_clock::now();
+    std::vector<int> order = {3, 2, 1, 0};
+    if (fault == "gradient-order" && step == fault_step && world.rank() == world.size() - 1 && world.size() > 1)
+      order = {0, 1, 2, 3};
+    for (auto& g : grads) std::fill(g.begin(), g.begin() + 48, 1.0f);
+    for (int i : order) sync.ready(i, fc::span<float>(grads[static_cast<std::size_t>(i)].data(), 48));
+    sync.finish();
+    for (auto& g : grads) ok = ok && g[0] == 1.0f;
+  }
+  return ok;
+}
+
+bool guards_intact() {
+  for (const auto& g : gradients())
+    for (std::size_t i = 48; i < g.size(); ++i)
+      if (g[i] != -7.0f) return false;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string fault = argc > 1 ? argv[1] : "feed-none";
+  fc::environment env(argc, argv);
+  const auto& world = env.world();
+  const int rank = world.rank();
+  auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  int status = 0;
+  try {
+    const bool ok = fault.rfind("sync", 0) == 0 || fault == "gradient-order" ? run_sync(world, fault, start)
+                                                                             : run_feed(world, fault, start);
+    report(rank, ok ? "finished every step" : "WRONG DATA");
+    status = ok ? 0 : 1;
+  } catch (const fc::error& e) {
+    report(rank, fc::cat("caught after ", seconds(), " s: ", e.what()));
+    status = 1;
+  }
+  // The sync reduces in place in the trainer's gradients: their guard words must survive. (The
+  // feed's slots carry guard words of their own, which one_to_many checks.)
+  if (!(fault.rfind("feed", 0) == 0 || fault.rfind("loader", 0) == 0 || fault == "layout-feed"))
+    report(rank, guards_intact() ? "guards intact" : "GUARD BROKEN: an operation wrote past its buffer");
+  return status;
+}

@@ -1,0 +1,124 @@
+// Fault-injection driver: runs a few training-like steps over the MPI backend and injects one
+// fault on the last rank. Every rank that catches a flexcomm::error prints it, each line prefixed
+// with "[rank R] ", together with the time from the start of the faulty step, and whether the
+// guard words behind its buffers are intact. tests/fault/launch.py runs it under mpiexec and
+// checks what each rank reports, the time to error and mpiexec's exit status.
+//
+//   mpiexec -n N fault <fault>     faults: none exit exit0 stall stall-engine stall-skew count dtype order layout
+#include <flexcomm/flexcomm.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace fc = flexcomm;
+using fc::mpi;
+
+namespace {
+
+constexpr std::size_t count = 1000;
+constexpr std::size_t guard = 64;
+constexpr int fault_step = 3;
+constexpr int steps = 6;
+
+// A buffer of `n` elements followed by guard words no operation may touch.
+template <class T>
+struct guarded {
+  explicit guarded(std::size_t n) : n(n), data(n + guard, T(7)) {}
+  fc::span<T> span() { return fc::span<T>(data.data(), n); }
+  bool intact() const {
+    for (std::size_t i = n; i < data.size(); ++i)
+      if (!(data[i] == T(7))) return false;
+    return true;
+  }
+  std::size_t n;
+  std::vector<T> data;
+};
+
+void report(int rank, const std::string& text) {
+  std::istringstream lines(text);
+  std::string line, out;
+  while (std::getline(lines, line)) out += "[rank " + std::to_string(rank) + "] " + line + "\n";
+  std::fputs(out.c_str(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string fault = argc > 1 ? argv[1] : "none";
+  fc::environment env(argc, argv);
+  const auto& world = env.world();
+  const int rank = world.rank(), size = world.size();
+  const bool faulty = rank == size - 1 && size > 1;
+  guarded<float> grad(count), recv(count);
+  guarded<double> wide(count);
+  guarded<float> longer(count + 1);
+  guarded<int> flag(1);
+  auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  int status = 0;
+  try {
+    if (fault == "layout") {
+      // Five ranks' worth of layout on a world of another size: every rank must say so.
+      const auto layout = fc::ensemble_layout::parse(size == 5 ? "producers=1 members=2x2 aggregator=9"
+                                                               : "producers=1 members=2x2");
+      layout.validate(size);
+    }
+    for (int step = 0; step < steps; ++step) {
+      if (step == fault_step) start = std::chrono::steady_clock::now();
+      if (faulty && step == fault_step) {
+        if (fault == "exit") {  // dies as a crash does: no exit handlers, no MPI_Finalize
+          report(rank, "injected: exiting mid-step");
+          std::_Exit(1);
+        }
+        if (fault == "exit0") {  // a library calling exit(0) mid-step
+          report(rank, "injected: exit(0) mid-step");
+          std::exit(0);
+        }
+        if (fault == "stall" || fault == "stall-engine" || fault == "stall-skew") {
+          report(rank, "injected: stalling outside flexcomm");
+          std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
+        }
+      }
+      if (fault == "stall-skew" && rank == 0 && step == fault_step)
+        std::this_thread::sleep_for(fc::watchdog::grace(fc::default_timeout()) * 7 / 5);  // enters late
+      const bool odd = faulty && step == fault_step;
+      if (odd && fault == "count") {
+        mpi::iallreduce(world, longer.span(), fc::op::sum).wait();
+      } else if (odd && fault == "dtype") {
+        mpi::iallreduce(world, wide.span(), fc::op::sum).wait();
+      } else if (odd && fault == "order") {
+        // Hands its two collectives over in the other order.
+        auto b = mpi::ibcast(world, flag.span(), 0);
+        auto a = mpi::iallreduce(world, grad.span(), fc::op::sum);
+        b.wait();
+        a.wait();
+      } else if (fault == "stall-engine") {
+        // As the adapters do: the progress engine drives the request, this thread waits on the
+        // completion with atomics only.
+        auto a = std::make_shared<mpi::request>(mpi::iallreduce(world, grad.span(), fc::op::sum));
+        fc::progress_engine::instance().submit([a] { return a->test(); }, fc::cat("gradient step ", step))->wait();
+      } else {
+        auto a = mpi::iallreduce(world, grad.span(), fc::op::sum);
+        auto b = mpi::ibcast(world, flag.span(), 0);
+        a.wait();
+        b.wait();
+      }
+    }
+    report(rank, "finished every step");
+  } catch (const fc::error& e) {
+    report(rank, fc::cat("caught after ", seconds(), " s: ", e.what()));
+    status = 1;
+  }
+  const bool intact = grad.intact() && recv.intact() && wide.intact() && longer.intact() && flag.intact();
+  report(rank, intact ? "guards intact" : "GUARD BROKEN: an operation wrote past its buffer");
+  return status;  // ~environment ends the job with MPI_Abort when operations were abandoned
+}

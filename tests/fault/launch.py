@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Runs one injected fault under mpiexec and checks how the job ends.
+
+For each fault: the exit status of mpiexec is non-zero; every surviving rank reports the expected
+error text; the time from the faulty step to each rank's error stays within the bound (the
+timeout plus the watchdog's grace period and a margin for timeout faults); no rank's guard words
+were overwritten. The fault table in docs/reliability.md lists the same faults (--check-doc) and
+is printed from real runs with --table.
+
+  launch.py --mpiexec mpiexec --driver build/tests/fault_driver --fault stall -n 4
+  launch.py --mpiexec mpiexec --driver build/tests/fault_driver --table -n 4
+  launch.py --check-doc docs/reliability.md
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+# How the driver behaves for each fault (tests/fault/fault.cpp); {f} is the faulty (last) rank,
+# {others} the other ranks as the report lists them, {n} the world size.
+FAULTS = {
+    'none': dict(
+        what='no fault (control: the driver can succeed)',
+        mpiexec=[], survivors='all', kind='none', succeeds=True,
+        expect=[r'finished every step', r'guards intact'],
+        reports='finished every step'),
+    'exit': dict(
+        what='rank {f} exits mid-step (mpiexec -disable-auto-cleanup)',
+        mpiexec=['-disable-auto-cleanup'], survivors='others', kind='timeout',
+        expect=[r'mpi iallreduce on world #7 \(1000 x float, sum\): timed out after \d+ ms \(FLEXCOMM_TIMEOUT\)',
+                r'ranks that did not arrive: {f} \(world {f}\)',
+                r'rank {f} \(world {f}\): no answer within \d+ ms',
+                r'flight recorder of .world.'],
+        reports='timed out in `iallreduce` #7; ranks that did not arrive: {f}; flight recorder'),
+    'exit-cleanup': dict(
+        what='rank {f} exits mid-step (plain mpiexec)',
+        mpiexec=[], survivors='none', kind='hydra',
+        expect=[],
+        reports='nothing: mpiexec (Hydra) kills the job at once'),
+    'exit0': dict(
+        what='rank {f} calls exit(0) mid-step (plain mpiexec)',
+        mpiexec=[], survivors='faulty', kind='local',
+        expect=[],
+        faulty_expect=r"exit\(\) called while flexcomm's environment is alive",
+        reports="the exiting rank: exit() called while flexcomm's environment is alive; MPI_Abort(1) ends the job"),
+    'stall': dict(
+        what='rank {f} stalls outside flexcomm for 4x the timeout',
+        mpiexec=[], survivors='others', kind='timeout',
+        expect=[r'mpi iallreduce on world #7 \(1000 x float, sum\): timed out after \d+ ms \(FLEXCOMM_TIMEOUT\)',
+                r'ranks that did not arrive: {f} \(world {f}\)',
+                r'rank {f} \(world {f}\): no answer within \d+ ms'],
+        reports='timed out in `iallreduce` #7; ranks that did not arrive: {f}'),
+    'stall-engine': dict(
+        what='rank {f} stalls; the others wait on the progress engine, as adapters do',
+        mpiexec=[], survivors='others', kind='timeout',
+        expect=[r'gradient step 3: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\) waiting in the progress engine',
+                r"on 'world' .*waiting in #4 iallreduce 1000 x float sum",
+                r'ranks that did not arrive: {f} \(world {f}\)'],
+        reports='`gradient step 3` timed out in the progress engine; on world #4 iallreduce: ranks that did not arrive: {f}'),
+    'stall-skew': dict(
+        what='rank {f} stalls; rank 0 enters the step 1.4 grace periods after the others',
+        mpiexec=[], survivors='others', kind='timeout', skew=1.4,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\)',
+                r'ranks that did not arrive: {f} \(world {f}\)\n',
+                r'rank {f} \(world {f}\): no answer within \d+ ms'],
+        reports='timed out in `iallreduce` #7; ranks that did not arrive: {f} (rank 0, late, still counted as arrived)'),
+    'count': dict(
+        what='rank {f} reduces 1001 elements, the others 1000',
+        mpiexec=[], survivors='all', kind='check',
+        expect=[r'ranks disagree: .*{others_ranks}: iallreduce 1000 x float sum.*rank {f}: iallreduce 1001 x float sum'],
+        reports='ranks disagree: {others_ranks}: iallreduce 1000 x float sum; rank {f}: iallreduce 1001 x float sum'),
+    'dtype': dict(
+        what='rank {f} reduces doubles, the others floats',
+        mpiexec=[], survivors='all', kind='check',
+        expect=[r'ranks disagree: .*{others_ranks}: iallreduce 1000 x float sum.*rank {f}: iallreduce 1000 x double sum'],
+        reports='ranks disagree: {others_ranks}: iallreduce 1000 x float sum; rank {f}: ... double sum'),
+    'order': dict(
+        what='rank {f} posts its two collectives in the other order',
+        mpiexec=[], survivors='all', kind='check',
+        expect=[r'ranks disagree: .*rank {f}: ibcast 1 x int32 root 0',
+                r'{others_ranks}: iallreduce 1000 x float sum'],
+        reports='ranks disagree: rank {f}: ibcast 1 x int32 root 0; {others_ranks}: iallreduce 1000 x float sum'),
+    'layout': dict(
+        what="layout 'producers=1 members=2x2' (5 ranks) on a world of {n}",
+        mpiexec=[], survivors='all', kind='local',
+        expect=[r"layout: layout 'producers=1 members=2x2' needs 5 ranks, world has {n}"],
+        reports="layout 'producers=1 members=2x2' needs 5 ranks, world has {n}"),
+    # Adapter faults (tests/fault/adapter_fault.cpp): a shared feed over 'producers=1
+    # members=(n-1)x1', and one member's gradient sync over the whole world.
+    'feed-none': dict(
+        driver='adapter', what='shared feed, no fault (control)', min_ranks=2,
+        mpiexec=[], survivors='all', kind='none', succeeds=True, guards=False,
+        expect=[r'finished every step'], reports='finished every step'),
+    'loader-throws': dict(
+        driver='adapter', what='the producer\'s loader throws on step 3', min_ranks=2,
+        mpiexec=[], survivors='all', kind='local', guards=False,
+        expect=[r'one_to_many: step 3 shard 0: loader on rank 0 failed: decode failed: corrupt JPEG in shard file 17'],
+        reports='one_to_many: step 3 shard 0: loader on rank 0 failed: decode failed: ... (the loader\'s text)'),
+    'loader-overfills': dict(
+        driver='adapter', what='the loader returns 356 bytes for a 256-byte slot on step 3', min_ranks=2,
+        mpiexec=[], survivors='all', kind='local', guards=False,
+        expect=[r'one_to_many: step 3 shard 0: loader on rank 0 wrote 356 bytes, slot holds 256'],
+        reports='one_to_many: step 3 shard 0: loader on rank 0 wrote 356 bytes, slot holds 256'),
+    'loader-overwrites': dict(
+        driver='adapter', what='the loader writes 8 bytes past its 256-byte slot on step 3', min_ranks=2,
+        mpiexec=[], survivors='all', kind='local', guards=False,
+        expect=[r'one_to_many: step 3 shard 0: loader on rank 0 wrote past the end of its 256-byte slot'],
+        reports='one_to_many: step 3 shard 0: loader on rank 0 wrote past the end of its 256-byte slot'),
+    'layout-feed': dict(
+        driver='adapter', what="one_to_many built with layout 'producers=1 members={n}x1' on a world of {n}",
+        mpiexec=[], survivors='all', kind='local', guards=False,
+        expect=[r"one_to_many: layout 'producers=1 members={n}x1' needs {n1} ranks, world has {n}"],
+        reports="one_to_many: layout 'producers=1 members={n}x1' needs {n1} ranks, world has {n}"),
+    'sync-none': dict(
+        driver='adapter', what='gradient sync, no fault (control)',
+        mpiexec=[], survivors='all', kind='none', succeeds=True,
+        expect=[r'finished every step', r'guards intact'], reports='finished every step'),
+    'gradient-order': dict(
+        driver='adapter', what='rank {f} hands its 4 gradients over in the other order on step 3', min_ranks=2,
+        mpiexec=[], survivors='all', kind='check',
+        expect=[r"subgroup_allreduce: finish: the member's ranks handed gradients over in different orders"],
+        reports="subgroup_allreduce: finish: the member's ranks handed gradients over in different orders or "
+                "with different sizes in this step; ... this rank's sequence (index:count) starts 3:48 2:48 ..."),
+}
+
+
+def timeout_seconds():
+    return float(os.environ.get('FLEXCOMM_TIMEOUT', '2'))
+
+
+def grace_seconds(timeout):
+    return min(max(timeout / 4, 0.25), 5.0)  # core/watchdog.hpp: watchdog::grace
+
+
+def bound_seconds(kind, timeout):
+    """The longest a surviving rank may take from the faulty step to its error."""
+    if kind == 'timeout':
+        return timeout + grace_seconds(timeout) * 2.5 + 1.0
+    if kind in ('hydra', 'local'):
+        return 5.0  # includes mpiexec's start and end, or the steps before the fault
+    return 2.0
+
+
+def fields(n):
+    f = n - 1
+    others = list(range(n - 1))
+    others_ranks = ('ranks ' if len(others) > 1 else 'rank ') + ','.join(map(str, others))
+    return dict(f=f, n=n, n1=n + 1, others_ranks=others_ranks)
+
+
+def run(mpiexec, drivers, fault, n):
+    spec = FAULTS[fault]
+    driver = drivers[spec.get('driver', 'backend')]
+    timeout = timeout_seconds()
+    cmd = [mpiexec] + spec['mpiexec'] + ['-n', str(n), driver, 'exit' if fault == 'exit-cleanup' else fault]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout * 6 + 30)
+    wall = time.monotonic() - start
+    out = proc.stdout
+    by_rank = {}
+    for line in out.splitlines():
+        m = re.match(r'\[rank (\d+)\] (.*)', line)
+        if m:
+            by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
+    problems = []
+    if spec.get('succeeds'):
+        if proc.returncode != 0:
+            problems.append(f'mpiexec exited with status {proc.returncode}')
+    elif proc.returncode == 0:
+        problems.append('mpiexec exited with status 0')
+    if 'GUARD BROKEN' in out:
+        problems.append('a rank wrote past a buffer')
+    f = fields(n)
+    survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'none': [], 'faulty': []}[spec['survivors']]
+    if 'faulty_expect' in spec and not re.search(spec['faulty_expect'], out):
+        problems.append(f"no match for /{spec['faulty_expect']}/")
+    times = []
+    for r in survivors:
+        text = '\n'.join(by_rank.get(r, []))
+        for pattern in spec['expect']:
+            if not re.search(pattern.format(**f), text):
+                problems.append(f'rank {r}: no match for /{pattern.format(**f)}/')
+        m = re.search(r'caught after ([0-9.e+-]+) s', text)
+        if spec.get('succeeds'):
+            continue
+        if not m:
+            problems.append(f'rank {r}: reported no error')
+            continue
+        times.append(float(m.group(1)))
+        if spec.get('guards', True) and 'guards intact' not in text:
+            problems.append(f'rank {r}: did not check its guard words')
+    bound = bound_seconds(spec['kind'], timeout)
+    if spec['kind'] in ('hydra', 'local') and not times:
+        times = [wall]  # no rank survives to report: the job's end is the time to error
+    if times and max(times) > bound:
+        problems.append(f'slowest rank took {max(times):.2f} s to its error, bound {bound:.2f} s')
+    if wall > timeout * 2 + grace_seconds(timeout) * 4 + 10:
+        problems.append(f'mpiexec took {wall:.2f} s')
+    return dict(fault=fault, n=n, rc=proc.returncode, wall=wall, time_to_error=max(times) if times else None,
+                bound=bound, problems=problems, output=out)
+
+
+def table(mpiexec, drivers, n):
+    f = fields(n)
+    print(f'| fault | injected | what each surviving rank reports | time to error (slowest rank) | '
+          f'mpiexec wall time | exit status |')
+    print('| --- | --- | --- | --- | --- | --- |')
+    ok = True
+    for fault, spec in FAULTS.items():
+        if n < spec.get('min_ranks', 1):
+            continue
+        r = run(mpiexec, drivers, fault, n)
+        ok = ok and not r['problems']
+        tte = f"{r['time_to_error']:.3f} s" if r['time_to_error'] is not None else '-'
+        status = 'checked' if not r['problems'] else 'FAILED: ' + '; '.join(r['problems'])
+        print(f"| `{fault}` | {spec['what'].format(**f)} | {spec['reports'].format(**f)} | {tte} | "
+              f"{r['wall']:.2f} s | {r['rc']} ({status}) |")
+    return 0 if ok else 1
+
+
+def check_doc(path):
+    text = open(path).read()
+    missing = [f for f in FAULTS if f'| `{f}` |' not in text]
+    if missing:
+        print(f'{path} lacks rows for: {", ".join(missing)}')
+        return 1
+    print(f'{path} documents all {len(FAULTS)} faults')
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--mpiexec', default='mpiexec')
+    ap.add_argument('--driver', help='tests/fault/fault.cpp built')
+    ap.add_argument('--adapter-driver', help='tests/fault/adapter_fault.cpp built')
+    ap.add_argument('--fault', choices=sorted(FAULTS))
+    ap.add_argument('-n', type=int, default=4)
+    ap.add_argument('--table', action='store_true')
+    ap.add_argument('--check-doc')
+    a = ap.parse_args()
+    if a.check_doc:
+        return check_doc(a.check_doc)
+    drivers = {'backend': a.driver, 'adapter': a.adapter_driver}
+    if a.table:
+        return table(a.mpiexec, drivers, a.n)
+    r = run(a.mpiexec, drivers, a.fault, a.n)
+    sys.stdout.write(r['output'])
+    tte = f"{r['time_to_error']:.3f} s" if r['time_to_error'] is not None else 'n/a'
+    print(f"fault {a.fault} np{a.n}: exit status {r['rc']}, time to error {tte} (bound {r['bound']:.2f} s), "
+          f"mpiexec {r['wall']:.2f} s")
+    for p in r['problems']:
+        print('PROBLEM:', p)
+    return 1 if r['problems'] else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang++ with -fsanitize=fuzzer,address,undefined) and runs each
+# for a fixed time from its seed corpus. Any crash, sanitizer report or timeout fails the target.
+# Usage: tests/fuzz/run.sh [seconds per target, default 20]
+# Ends with one line: "fuzz: N passed, N failed" (.ci/run counts it).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+seconds=${1:-${FUZZ_SECONDS:-20}}
+
+packages=(clang-14 libclang-rt-14-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+cxx=$(command -v clang++-14 || command -v clang++)
+
+out=build-fuzz
+mkdir -p "$out"
+passed=0; failed=0
+for src in tests/fuzz/*.cpp; do
+  name=$(basename "$src" .cpp)
+  exe="$out/fuzz_$name"
+  if ! "$cxx" -std=c++17 -g -O1 -Wall -Wextra -Werror -fsanitize=fuzzer,address,undefined \
+       -fno-sanitize-recover=all -Iinclude "$src" -o "$exe"; then
+    echo "fuzz $name: FAIL (does not build)"; failed=$((failed + 1)); continue
+  fi
+  # A scratch copy of the seeds: libFuzzer adds what it finds to the corpus it is given.
+  corpus="$out/corpus_$name"
+  rm -rf "$corpus"; mkdir -p "$corpus"
+  [ -d "tests/fuzz/corpus/$name" ] && cp tests/fuzz/corpus/"$name"/* "$corpus"/
+  if UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+     "$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+            -artifact_prefix="$out/crash_${name}_" "$corpus" > "$out/$name.log" 2>&1; then
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/$name.log" | grep -o '[0-9]*$')
+    echo "fuzz $name: PASS (${runs:-?} inputs in ${seconds} s)"; passed=$((passed + 1))
+  else
+    echo "fuzz $name: FAIL (see $out/$name.log)"; tail -30 "$out/$name.log"; failed=$((failed + 1))
+  fi
+done
+echo "fuzz: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
