@@ -4,11 +4,14 @@
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "core/gaps.hpp"
 #include "core/layout.hpp"
 #include "core/progress.hpp"
 #include "core/reduce.hpp"
 #include "core/span.hpp"
+#include "core/trace.hpp"
 #include "core/wait.hpp"
 
 #include "backend/mpi.hpp"
 #include "core/environment.hpp"
+#include "core/trace_mpi.hpp"

@@ -20,6 +20,7 @@
 #include "../core/error.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
+#include "../core/trace.hpp"
 #include "../core/wait.hpp"
 
 namespace flexcomm {
@@ -216,6 +217,9 @@ class mpi::communicator {
 
   // Sequence number of the next operation on this communicator, for error reports.
   std::uint64_t next_sequence() noexcept { return ++sequence_; }
+  // Sequence number of the next collective only: equal on every rank for the same collective
+  // (point-to-point traffic differs by rank), so traces can be matched across ranks.
+  std::uint64_t next_collective() const noexcept { return ++collectives_; }
 
   // The world rank of rank `r` of this communicator.
   int world_rank_of(int r) const {
@@ -236,6 +240,7 @@ class mpi::communicator {
     std::swap(rank_, o.rank_);
     std::swap(size_, o.size_);
     std::swap(sequence_, o.sequence_);
+    std::swap(collectives_, o.collectives_);
   }
   void release() noexcept {
     int finalized = 0;
@@ -249,6 +254,7 @@ class mpi::communicator {
   int rank_ = -1;
   int size_ = 0;
   std::uint64_t sequence_ = 0;
+  mutable std::uint64_t collectives_ = 0;  // bookkeeping, like sequence_
 };
 
 // A nonblocking MPI operation. Waiting goes through a wait policy; completion runs the
@@ -279,6 +285,15 @@ class mpi::request {
   bool pending() const noexcept { return req_ != MPI_REQUEST_NULL; }
   const std::string& what() const noexcept { return what_; }
 
+  // Marks this request as collective `kind` on `comm` in the trace: arrival now, end when it
+  // completes (on whichever thread sees it complete).
+  void trace_collective(const char* kind, const communicator& comm) noexcept {
+    const std::uint64_t sequence = comm.next_collective();
+    if (!trace::enabled()) return;
+    trace_kind_ = kind;
+    trace_id_ = trace::collective_begin(kind, comm.name(), sequence);
+  }
+
   // True once the operation has finished (and its epilogue has run).
   bool test() {
     if (!pending()) return true;
@@ -287,9 +302,11 @@ class mpi::request {
     const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
       req_ = MPI_REQUEST_NULL;
+      trace::collective_end(trace_kind_, std::exchange(trace_id_, 0));
       fail(what_, detail::mpi_error_text(rc));
     }
     if (!flag) return false;
+    trace::collective_end(trace_kind_, std::exchange(trace_id_, 0));
     if (then_) std::exchange(then_, {})();
     return true;
   }
@@ -305,11 +322,15 @@ class mpi::request {
     std::swap(req_, o.req_);
     std::swap(what_, o.what_);
     std::swap(then_, o.then_);
+    std::swap(trace_kind_, o.trace_kind_);
+    std::swap(trace_id_, o.trace_id_);
   }
 
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::string what_;
   std::function<void()> then_;
+  const char* trace_kind_ = nullptr;
+  std::uint64_t trace_id_ = 0;  // 0: not traced
 };
 
 // Waits for every request in turn (each under the policy and timeout).
@@ -319,6 +340,11 @@ void wait_all(Requests& requests, const wait_policy& policy = default_wait()) {
 }
 
 namespace detail {
+inline mpi::request traced(mpi::request r, const char* kind, const mpi::communicator& comm) {
+  r.trace_collective(kind, comm);
+  return r;
+}
+
 template <class T>
 std::string mpi_describe(mpi::communicator& comm, const char* name, std::size_t count, const char* extra = "") {
   return cat("mpi ", name, " on ", comm.name(), " #", comm.next_sequence(), " (", count, " x ",
@@ -384,7 +410,7 @@ mpi::request mpi::ibcast(const communicator& comm, span<T> buf, int root, stream
   check_mpi(MPI_Ibcast(buf.data(), detail::mpi_count(buf.size(), what), detail::mpi_type(dtype_of<T>), root,
                        comm.native(), &r),
             what);
-  return request(r, what);
+  return detail::traced(request(r, what), "ibcast", comm);
 }
 
 template <class T>
@@ -399,7 +425,7 @@ mpi::request mpi::iallreduce(const communicator& comm, span<const detail::identi
                            detail::mpi_count(recv.size(), what), detail::mpi_type(dtype_of<T>),
                            detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
             what);
-  return request(r, what, detail::average_epilogue(o, recv, comm.size()));
+  return detail::traced(request(r, what, detail::average_epilogue(o, recv, comm.size())), "iallreduce", comm);
 }
 
 template <class T>
@@ -421,7 +447,9 @@ mpi::request mpi::ireduce(const communicator& comm, span<const detail::identity_
   check_mpi(MPI_Ireduce(sendbuf, at_root ? recv.data() : nullptr, detail::mpi_count(send.size(), what),
                         detail::mpi_type(dtype_of<T>), detail::mpi_op(o, dtype_of<T>), root, comm.native(), &r),
             what);
-  return request(r, what, at_root ? detail::average_epilogue(o, recv, comm.size()) : std::function<void()>{});
+  return detail::traced(
+      request(r, what, at_root ? detail::average_epilogue(o, recv, comm.size()) : std::function<void()>{}),
+      "ireduce", comm);
 }
 
 template <class T>
@@ -447,7 +475,7 @@ mpi::request mpi::igatherv(const communicator& comm, span<const detail::identity
             what);
   // MPI reads displs when the operation starts, but MPICH may keep the pointer: hold it.
   auto keep = std::make_shared<std::vector<int>>(std::move(displs));
-  return request(r, what, [keep] {});
+  return detail::traced(request(r, what, [keep] {}), "igatherv", comm);
 }
 
 template <class T>
@@ -460,7 +488,7 @@ mpi::request mpi::iallgather(const communicator& comm, span<const detail::identi
   const auto type = detail::mpi_type(dtype_of<T>);
   const int n = detail::mpi_count(send.size(), what);
   check_mpi(MPI_Iallgather(send.data(), n, type, recv.data(), n, type, comm.native(), &r), what);
-  return request(r, what);
+  return detail::traced(request(r, what), "iallgather", comm);
 }
 
 template <class T>
@@ -477,7 +505,7 @@ mpi::request mpi::iallgatherv(const communicator& comm, span<const detail::ident
   check_mpi(MPI_Iallgatherv(send.data(), detail::mpi_count(send.size(), what), type, recv.data(), counts.data(),
                             displs->data(), type, comm.native(), &r),
             what);
-  return request(r, what, [displs] {});
+  return detail::traced(request(r, what, [displs] {}), "iallgatherv", comm);
 }
 
 template <class T>
@@ -494,7 +522,8 @@ mpi::request mpi::ireduce_scatter(const communicator& comm, span<const detail::i
   check_mpi(MPI_Ireduce_scatter(send.data(), recv.data(), counts.data(), detail::mpi_type(dtype_of<T>),
                                 detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
             what);
-  return request(r, what, detail::average_epilogue(o, recv.subspan(0, mine), comm.size()));
+  return detail::traced(request(r, what, detail::average_epilogue(o, recv.subspan(0, mine), comm.size())),
+                        "ireduce_scatter", comm);
 }
 
 }  // namespace flexcomm

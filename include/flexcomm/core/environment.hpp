@@ -5,12 +5,15 @@
 
 #include <mpi.h>
 
+#include <cstdio>
+#include <exception>
 #include <optional>
 #include <thread>
 
 #include "../backend/mpi.hpp"
 #include "error.hpp"
 #include "progress.hpp"
+#include "trace_mpi.hpp"
 #include "wait.hpp"
 
 namespace flexcomm {
@@ -25,6 +28,11 @@ class environment {
 
   ~environment() {
     progress_engine::instance().stop();
+    try {
+      trace::stop();  // writes this rank's trace file, when tracing
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
     world_.reset();
     if (node_) node_.reset();
     int finalized = 0;
@@ -70,6 +78,7 @@ class environment {
     wait_ = wait_policy::automatic(ranks_on_node_);
     set_default_wait(wait_);
     progress_engine::instance().restart();
+    if (trace::start_from_environment(*world_)) trace::name_thread("trainer");
   }
 
   bool owns_mpi_ = false;
