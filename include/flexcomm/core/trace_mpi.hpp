@@ -15,19 +15,18 @@ namespace flexcomm::trace {
 struct clock_estimate {
   std::int64_t offset_ns = 0;  // this rank's clock minus rank 0's
   std::int64_t rtt_ns = 0;     // round trip of the ping-pong the offset comes from
+  std::int64_t origin_ns = 0;  // rank 0's clock when it finished measuring: time zero of the traces
 };
 
 // Collective over `world`: this rank's clock offset to rank 0, from `rounds` ping-pongs.
+// Its traffic stays out of the trace and out of the world's sequence numbers.
 inline clock_estimate measure_clock_offset(const mpi::communicator& world, int rounds = 8);
 
 // Collective over `world`: starts tracing into `dir` on every rank with clocks aligned to rank 0.
 inline void start(const mpi::communicator& world, const std::string& dir, options opts = {}) {
-  start(dir, world.rank(), opts);
   const clock_estimate clock = measure_clock_offset(world);
-  // Rank 0's origin (in its own clock) becomes time zero of every rank's file.
-  std::int64_t origin = now();
-  mpi::ibcast(world, flexcomm::span<std::int64_t>(&origin, 1), 0).wait();
-  set_clock(clock.offset_ns, clock.rtt_ns, origin, world.size());
+  start(dir, world.rank(), opts);
+  set_clock(clock.offset_ns, clock.rtt_ns, clock.origin_ns, world.size());
 }
 
 // FLEXCOMM_TRACE=<dir>: starts tracing over `world` (collective); does nothing when unset.
@@ -44,7 +43,12 @@ inline clock_estimate measure_clock_offset(const mpi::communicator& world, int r
   const mpi::communicator clock = world.dup("trace clock");
   // Yielding, not sleeping: a backoff sleep would land inside the round trip being measured.
   const wait_policy policy = wait_policy::yield();
-  clock_estimate best{0, -1};
+  clock_estimate best{0, -1, 0};
+  // Rank 0's clock at the end becomes time zero of every rank's file.
+  auto share_origin = [&] {
+    best.origin_ns = now();
+    mpi::ibcast(clock, flexcomm::span<std::int64_t>(&best.origin_ns, 1), 0).wait(policy);
+  };
   if (clock.rank() == 0) {
     for (int peer = 1; peer < clock.size(); ++peer)
       for (int k = 0; k < rounds; ++k) {
@@ -54,6 +58,7 @@ inline clock_estimate measure_clock_offset(const mpi::communicator& world, int r
         mpi::isend(clock, flexcomm::span<const std::int64_t>(&stamp, 1), peer, k).wait(policy);
       }
     best.rtt_ns = 0;
+    share_origin();
     return best;
   }
   for (int k = 0; k < rounds; ++k) {
@@ -69,6 +74,7 @@ inline clock_estimate measure_clock_offset(const mpi::communicator& world, int r
       best.offset_ns = sent + rtt / 2 - stamp;
     }
   }
+  share_origin();
   return best;
 }
 
