@@ -7,34 +7,74 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "analysis.hpp"
 
 namespace po = boost::program_options;
 using flexcomm::trace_tools::json;
 
-// One line per complete span: rank, lane (0 = the rank's first thread), begin and end in ms,
-// a colour index per span name, and the name. docs/trace-lanes.gp draws it.
+// One line per span, for gnuplot (docs/trace-lanes.gp): rank, lane, the lane's centre and
+// half height on the y axis, begin and end in ms, a colour index per name, the name. Each
+// thread of a rank is a lane; collectives (arrival to completion) get a lane of their own.
 static void write_lanes(const json& events, const std::string& path) {
+  struct box {
+    int rank, lane;
+    double begin, end;
+    std::string name;
+  };
+  std::vector<box> boxes;
+  std::map<int, std::map<int, int>> lanes;  // rank -> tid -> lane (collectives: tid -1, last)
+  std::map<std::string, const json*> open;  // async id -> its begin
+  for (const auto& e : events) {
+    const std::string ph = e.value("ph", "");
+    const int pid = e.value("pid", 0);
+    if (ph == "X") {
+      const double ts = e.value("ts", 0.0) / 1000.0;
+      boxes.push_back({pid, e.value("tid", 0), ts, ts + e.value("dur", 0.0) / 1000.0, e.value("name", "")});
+      lanes[pid].emplace(e.value("tid", 0), 0);
+    } else if (ph == "b") {
+      open[e.value("id", "")] = &e;
+    } else if (ph == "e") {
+      auto it = open.find(e.value("id", ""));
+      if (it == open.end()) continue;
+      const json& b = *it->second;
+      boxes.push_back({pid, -1, b.value("ts", 0.0) / 1000.0, e.value("ts", 0.0) / 1000.0, b.value("name", "")});
+      lanes[pid].emplace(-1, 0);
+      open.erase(it);
+    }
+  }
+  for (auto& [rank, tids] : lanes) {
+    int i = 0;
+    for (auto& [tid, lane] : tids) lane = tid < 0 ? -1 : i++;
+    for (auto& [tid, lane] : tids)
+      if (lane < 0) lane = i;  // the collectives lane comes last
+  }
+  std::map<std::string, int> colour;
+  for (const auto& b : boxes) colour.emplace(b.name, 0);
+  std::string names;
+  {
+    int c = 0;
+    for (auto& [name, index] : colour) {
+      index = c++;
+      std::string word = name;
+      for (auto& ch : word)
+        if (ch == ' ') ch = '_';
+      names += (names.empty() ? "" : " ") + word;
+    }
+  }
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write '" + path + "'");
-  std::map<std::string, int> colour;
-  std::map<int, std::map<int, int>> lane;  // pid -> tid -> lane
-  for (const auto& e : events)
-    if (e.value("ph", "") == "X") lane[e.value("pid", 0)].emplace(e.value("tid", 0), 0);
-  for (auto& [pid, tids] : lane) {
-    int i = 0;
-    for (auto& [tid, l] : tids) l = i++;
-  }
-  out << "# rank lane begin_ms end_ms colour name\n";
-  for (const auto& e : events) {
-    if (e.value("ph", "") != "X") continue;
-    const std::string name = e.value("name", "");
-    const int c = colour.emplace(name, static_cast<int>(colour.size())).first->second;
-    const double ts = e.value("ts", 0.0) / 1000.0, dur = e.value("dur", 0.0) / 1000.0;
-    const int pid = e.value("pid", 0);
-    out << pid << ' ' << lane[pid][e.value("tid", 0)] << ' ' << ts << ' ' << ts + dur << ' ' << c << " \""
-        << name << "\"\n";
+  out << "# names: " << names << "\n# ranks: " << lanes.size() << "\n";
+  out << "# rank lane y half_height begin_ms end_ms colour name\n";
+  for (const auto& b : boxes) {
+    const int lane = lanes[b.rank][b.lane];
+    const double count = static_cast<double>(lanes[b.rank].size());
+    // rank r occupies [r - 0.45, r + 0.45]; its lanes split that band from the top down
+    const double y = b.rank - 0.45 + 0.9 * (lane + 0.5) / count;  // the plot puts rank 0 on top
+    out << b.rank << ' ' << lane << ' ' << y << ' ' << 0.4 / count << ' ' << b.begin << ' ' << b.end << ' '
+        << colour[b.name] << " \"" << b.name << "\"\n";
   }
 }
 
