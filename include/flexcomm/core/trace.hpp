@@ -131,10 +131,10 @@ struct thread_buffer {
 struct state {
   std::atomic<bool> on{false};
   std::atomic<std::uint64_t> next_id{1};
+  std::atomic<int> rank{0};  // read by probes without the lock
   std::mutex mutex;  // guards the fields below
   std::vector<std::unique_ptr<thread_buffer>> buffers;
   std::string dir;
-  int rank = 0;
   int ranks = 1;
   std::size_t capacity = options{}.events_per_thread;
   std::int64_t session_begin = 0;  // local clock; events before it belong to an earlier session
@@ -202,17 +202,18 @@ inline void write_string(std::FILE* f, const char* s) {
 // rank 0's clock (when aligned), as one Chrome trace JSON object.
 inline void write(std::FILE* f, state& s) {
   const std::int64_t base = s.offset + s.origin;  // rank 0's origin in this clock
+  const int rank = s.rank.load(std::memory_order_relaxed);
   auto us = [&](std::int64_t ns) { return static_cast<double>(ns - base) / 1000.0; };
   std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
   std::fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}},\n",
-               s.rank, s.rank);
+               rank, rank);
   std::fprintf(f, "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}",
-               s.rank, s.rank);
+               rank, rank);
   std::uint64_t dropped = 0;
   for (auto& b : s.buffers) {
     dropped += b->dropped.load(std::memory_order_relaxed);
     const char* lane = b->name.load(std::memory_order_acquire);
-    std::fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":", s.rank,
+    std::fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":", rank,
                  b->tid);
     if (lane) {
       write_string(f, lane);
@@ -228,7 +229,7 @@ inline void write(std::FILE* f, state& s) {
       write_string(f, e.name);
       std::fprintf(f, ",\"cat\":");
       write_string(f, e.category);
-      std::fprintf(f, ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", s.rank, b->tid, us(e.ts));
+      std::fprintf(f, ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", rank, b->tid, us(e.ts));
       if (e.phase == 'X') std::fprintf(f, ",\"dur\":%.3f", static_cast<double>(e.dur) / 1000.0);
       if (e.phase == 'i') std::fprintf(f, ",\"s\":\"t\"");
       if (e.phase == 'b' || e.phase == 'e') std::fprintf(f, ",\"id\":\"0x%llx\"", static_cast<unsigned long long>(e.id));
@@ -247,7 +248,7 @@ inline void write(std::FILE* f, state& s) {
   std::fprintf(f,
                "\n],\"otherData\":{\"producer\":\"flexcomm\",\"rank\":%d,\"ranks\":%d,\"aligned\":%s,"
                "\"clock_offset_us\":%.3f,\"clock_rtt_us\":%.3f,\"dropped\":%llu}}\n",
-               s.rank, s.ranks, s.aligned ? "true" : "false", static_cast<double>(s.offset) / 1000.0,
+               rank, s.ranks, s.aligned ? "true" : "false", static_cast<double>(s.offset) / 1000.0,
                static_cast<double>(s.rtt) / 1000.0, static_cast<unsigned long long>(dropped));
 }
 
@@ -269,7 +270,7 @@ inline void start(const std::string& dir, int rank, options opts) {
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.dir = dir;
-    s.rank = rank;
+    s.rank.store(rank, std::memory_order_relaxed);
     s.capacity = opts.events_per_thread;  // for threads that record for the first time from now
     s.session_begin = now();
     s.origin = s.session_begin;
@@ -294,7 +295,7 @@ inline void flush() {
   auto& s = detail::global();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.dir.empty()) return;
-  const std::string path = file_of(s.dir, s.rank);
+  const std::string path = file_of(s.dir, s.rank.load(std::memory_order_relaxed));
   const std::string partial = path + ".partial";
   std::FILE* f = std::fopen(partial.c_str(), "w");
   check(f != nullptr, "trace", cat("cannot write '", partial, "': ", std::strerror(errno)));
@@ -361,7 +362,7 @@ inline std::uint64_t collective_begin(const char* kind, const std::string& comm,
   e.category = "collective";
   e.arg = static_cast<std::int64_t>(sequence);
   // Unique across ranks, so merged files keep every rank's operations apart.
-  e.id = (static_cast<std::uint64_t>(detail::global().rank) << 40) |
+  e.id = (static_cast<std::uint64_t>(detail::global().rank.load(std::memory_order_relaxed)) << 40) |
          detail::global().next_id.fetch_add(1, std::memory_order_relaxed);
   detail::copy_name(e.comm, comm);
   detail::record(e);
