@@ -15,3 +15,11 @@
 #include "backend/mpi.hpp"
 #include "core/environment.hpp"
 #include "core/trace_mpi.hpp"
+
+#include "patterns/feed.hpp"
+#include "patterns/local_feed.hpp"
+#include "patterns/one_to_many.hpp"
+#include "patterns/all_shared.hpp"
+#include "patterns/sync.hpp"
+#include "patterns/subgroup_allreduce.hpp"
+#include "patterns/overlapped_ring.hpp"

@@ -14,6 +14,12 @@ namespace flexcomm {
 
 enum class role { producer, trainer };
 
+// The shards of one step that a trainer receives: [first, first + count).
+struct shard_range {
+  int first = 0;
+  int count = 0;
+};
+
 struct rank_role {
   role kind = role::trainer;
   int producer = -1;        // index among producers, for a producer
@@ -77,6 +83,28 @@ class ensemble_layout {
   }
 
   int producer_rank(int producer) const { return producer; }
+
+  // A step is cut into lcm(member sizes) shards, so that every member divides it evenly.
+  int shards_per_step() const {
+    long long l = 1;
+    for (int s : member_sizes_) {
+      l = l / std::gcd(l, static_cast<long long>(s)) * s;
+      check(l <= (1 << 20), "layout", cat("layout '", str(), "' needs more than ", 1 << 20,
+                                          " shards per step (the lcm of its member sizes)"));
+    }
+    return static_cast<int>(l);
+  }
+
+  // Trainer `rank_in_member` of `member` (n ranks) receives shards [r*L/n, (r+1)*L/n).
+  shard_range shards_of(int member, int rank_in_member) const {
+    const int n = member_size(member), l = shards_per_step();
+    check(rank_in_member >= 0 && rank_in_member < n, "layout",
+          cat("member ", member, " has ranks 0..", n - 1, ", not ", rank_in_member));
+    return {rank_in_member * (l / n), l / n};
+  }
+
+  // Which rank of `member` receives shard `shard`.
+  int owner_of(int member, int shard) const { return shard / (shards_per_step() / member_size(member)); }
 
   int trainer_rank(int member, int rank_in_member) const {
     int first = producers_;

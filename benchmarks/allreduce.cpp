@@ -1,0 +1,205 @@
+// allreduce: an nccl-tests style sweep of flexcomm's two Sync adapters (one gradient, one bucket,
+// reduced in place) against MPI_Allreduce on the same buffers, in the same run.
+//   mpiexec -n 4 build/benchmarks/allreduce -b 4K -e 64M -f 2 -n 20 -w 5 -c 1 -j allreduce.json
+// busbw = algbw * 2(n-1)/n (nccl-tests' allreduce factor).
+#include <boost/program_options.hpp>
+
+#include <flexcomm/flexcomm.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace fc = flexcomm;
+namespace po = boost::program_options;
+using fc::mpi;
+
+namespace {
+
+struct result {
+  double time_us = 0, algbw = 0, busbw = 0;
+  long wrong = 0;
+};
+
+fc::dtype parse_type(const std::string& t) {
+  for (fc::dtype d : {fc::dtype::f32, fc::dtype::f64, fc::dtype::i32, fc::dtype::i64, fc::dtype::u8, fc::dtype::f16,
+                      fc::dtype::bf16})
+    if (t == fc::name_of(d)) return d;
+  fc::fail("allreduce", "-d: expected float, double, int32, int64, uint8, half or bfloat16, got '" + t + "'");
+}
+
+fc::op parse_op(const std::string& o) {
+  for (fc::op x : {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max, fc::op::avg})
+    if (o == fc::name_of(x)) return x;
+  fc::fail("allreduce", "-o: expected sum, prod, min, max or avg, got '" + o + "'");
+}
+
+// Small integers: every op stays exact in every type, so -c counts real errors.
+template <class T>
+void fill(std::vector<T>& buf, int rank) {
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    buf[i] = T(static_cast<float>((static_cast<std::size_t>(rank) + i) % 3 + 1));
+}
+
+template <class T>
+long count_wrong(const std::vector<T>& got, fc::op o, int ranks) {
+  std::vector<T> want(got.size()), other(got.size());
+  fill(want, 0);
+  for (int r = 1; r < ranks; ++r) {
+    fill(other, r);
+    fc::combine(o, want.data(), other.data(), want.size());
+  }
+  if (o == fc::op::avg) fc::divide_by(want.data(), want.size(), ranks);
+  long wrong = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) wrong += static_cast<double>(got[i]) != static_cast<double>(want[i]);
+  return wrong;
+}
+
+double max_over_ranks(const mpi::communicator& comm, double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, comm.native());
+  return v;
+}
+
+// Runs `once` w times, then n timed times; time is the slowest rank's mean.
+template <class T>
+result measure(const mpi::communicator& comm, std::vector<T>& buf, fc::op o, int warmup, int iters, bool check,
+               const std::function<void()>& once) {
+  result r;
+  fill(buf, comm.rank());
+  for (int i = 0; i < warmup; ++i) once();
+  if (check) {
+    fill(buf, comm.rank());
+    once();
+    long wrong = count_wrong(buf, o, comm.size());
+    MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, comm.native());
+    r.wrong = wrong;
+  }
+  fill(buf, comm.rank());
+  MPI_Barrier(comm.native());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) once();
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iters;
+  r.time_us = max_over_ranks(comm, us);
+  const double bytes = static_cast<double>(buf.size() * sizeof(T));
+  r.algbw = bytes / r.time_us / 1e3;  // GB/s
+  const double n = comm.size();
+  r.busbw = r.algbw * 2.0 * (n - 1) / n;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fc::environment env(argc, argv);
+  const auto& world = env.world();
+  std::string begin, end, type_name, op_name, json, segment;
+  double factor;
+  int iters, warmup, check, lanes;
+  po::options_description opts("allreduce (nccl-tests flags)");
+  opts.add_options()("help,h", "this help")
+      ("minbytes,b", po::value(&begin)->default_value("4K"), "smallest size")
+      ("maxbytes,e", po::value(&end)->default_value("64M"), "largest size")
+      ("stepfactor,f", po::value(&factor)->default_value(2), "size multiplier")
+      ("iters,n", po::value(&iters)->default_value(20), "timed iterations")
+      ("warmup_iters,w", po::value(&warmup)->default_value(5), "warmup iterations (the first plans the bucket)")
+      ("check,c", po::value(&check)->default_value(1), "check results (#wrong)")
+      ("datatype,d", po::value(&type_name)->default_value("float"), "float double int32 int64 uint8 half bfloat16")
+      ("op,o", po::value(&op_name)->default_value("sum"), "sum prod min max avg")
+      ("segment,s", po::value(&segment)->default_value("1M"), "overlapped_ring segment bytes")
+      ("lanes,l", po::value(&lanes)->default_value(2), "overlapped_ring segments in flight")
+      ("json,j", po::value(&json), "write results as JSON here (rank 0)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    if (world.rank() == 0) std::cerr << e.what() << "\n" << opts;
+    return 2;
+  }
+  if (vm.count("help")) {
+    if (world.rank() == 0) std::cout << opts;
+    return 0;
+  }
+  const fc::dtype type = parse_type(type_name);
+  const fc::op o = parse_op(op_name);
+  const std::size_t lo = fc::parse_bytes(begin, "-b"), hi = fc::parse_bytes(end, "-e");
+  fc::check(factor > 1, "allreduce", "-f must be > 1");
+  const bool root = world.rank() == 0;
+  const char* names[] = {"MPI_Allreduce", "subgroup_allreduce", "overlapped_ring"};
+  if (root) {
+    std::printf("# flexcomm allreduce: %d ranks, %d per node, wait %s, in place, segment %s x %d in flight\n",
+                world.size(), env.ranks_on_node(), fc::name_of(env.wait().kind), segment.c_str(), lanes);
+    std::printf("# %10s %12s %8s %6s %5s |", "size", "count", "type", "redop", "root");
+    for (const char* n : names) std::printf(" %-39s |", n);
+    std::printf(" busbw ratio vs MPI\n");
+    std::printf("# %10s %12s %8s %6s %5s |", "(B)", "(elements)", "", "", "");
+    for (int i = 0; i < 3; ++i) std::printf(" %9s %8s %8s %7s  |", "time(us)", "algbw", "busbw", "#wrong");
+    std::printf(" %9s %9s\n", "subgroup", "ring");
+  }
+  std::string records;
+  double sum_busbw[3] = {0, 0, 0};
+  int rows = 0;
+  fc::visit_dtype(type, [&](auto element) {
+    using T = decltype(element);
+    for (double size = static_cast<double>(lo); size <= static_cast<double>(hi) * 1.0000001; size *= factor) {
+      const std::size_t count = std::max<std::size_t>(1, static_cast<std::size_t>(size) / sizeof(T));
+      const std::size_t bytes = count * sizeof(T);
+      std::vector<T> buf(count);
+      fc::sync_options options;
+      options.op = o;
+      options.bucket_bytes = bytes;
+      options.segment_bytes = fc::parse_bytes(segment, "-s");
+      options.segments_in_flight = lanes;
+      fc::subgroup_allreduce<mpi> subgroup(world, options);
+      fc::overlapped_ring<mpi> ring(world, options);
+      const MPI_Datatype mt = fc::detail::mpi_type(fc::dtype_of<T>);
+      const MPI_Op mo = fc::detail::mpi_op(o, fc::dtype_of<T>);
+      result r[3];
+      r[0] = measure(world, buf, o, warmup, iters, check, [&] {
+        MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), mt, mo, world.native());
+        if (o == fc::op::avg) fc::divide_by(buf.data(), count, world.size());
+      });
+      r[1] = measure(world, buf, o, warmup, iters, check, [&] {
+        subgroup.ready(0, fc::span<T>(buf));
+        subgroup.finish();
+      });
+      r[2] = measure(world, buf, o, warmup, iters, check, [&] {
+        ring.ready(0, fc::span<T>(buf));
+        ring.finish();
+      });
+      if (root) {
+        std::printf("  %10zu %12zu %8s %6s %5s |", bytes, count, fc::name_of(type), fc::name_of(o), "-1");
+        for (auto& x : r) std::printf(" %9.1f %8.3f %8.3f %7ld  |", x.time_us, x.algbw, x.busbw, x.wrong);
+        std::printf(" %9.2f %9.2f\n", r[1].busbw / r[0].busbw, r[2].busbw / r[0].busbw);
+        std::fflush(stdout);
+        for (int i = 0; i < 3; ++i) {
+          sum_busbw[i] += r[i].busbw;
+          records += fc::cat(records.empty() ? "" : ",\n", "  {\"impl\": \"", names[i], "\", \"size\": ", bytes,
+                             ", \"count\": ", count, ", \"type\": \"", fc::name_of(type), "\", \"redop\": \"",
+                             fc::name_of(o), "\", \"ranks\": ", world.size(), ", \"time_us\": ", r[i].time_us,
+                             ", \"algbw\": ", r[i].algbw, ", \"busbw\": ", r[i].busbw, ", \"wrong\": ", r[i].wrong,
+                             ", \"busbw_ratio_vs_mpi\": ", r[i].busbw / r[0].busbw, "}");
+        }
+      }
+      ++rows;
+    }
+    return 0;
+  });
+  if (root) {
+    std::printf("# Avg bus bandwidth:");
+    for (int i = 0; i < 3; ++i) std::printf(" %s %.3f GB/s;", names[i], sum_busbw[i] / std::max(rows, 1));
+    std::printf("\n");
+    if (!json.empty()) {
+      std::ofstream out(json);
+      out << "{\"benchmark\": \"allreduce\", \"ranks\": " << world.size() << ", \"segment\": \"" << segment
+          << "\", \"lanes\": " << lanes << ", \"results\": [\n" << records << "\n]}\n";
+      fc::check(static_cast<bool>(out), "allreduce", "cannot write " + json);
+    }
+  }
+  return 0;
+}

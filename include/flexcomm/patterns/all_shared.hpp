@@ -1,0 +1,216 @@
+// all_shared: no producers. The trainers that receive a piece (one per member) take turns
+// preprocessing it, one step each per round of M steps, and allgather the results (All-Shared).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/layout.hpp"
+#include "../core/progress.hpp"
+#include "feed.hpp"
+
+namespace flexcomm {
+
+// Round g covers steps [g*M, g*M + M) for M members; in it, member i's owner of piece c fills
+// piece c of step g*M + i, and one allgather per piece gives every owner all M steps. Each
+// step is thus preprocessed once, and work is spread evenly (a shard cannot be cut smaller,
+// so the ensemble shares steps, not parts of a step). `depth` rounds are in flight.
+template <class B>
+class all_shared {
+ public:
+  static constexpr bool needs_producers = false;
+  using communicator = typename B::communicator;
+
+  // Collective over `world`; builds one communicator per piece in a fixed order.
+  all_shared(const communicator& world, const ensemble_layout& layout, loader load, feed_options options);
+  ~all_shared();
+  all_shared(const all_shared&) = delete;
+  all_shared& operator=(const all_shared&) = delete;
+
+  // Producer ranks of the layout have nothing to do here.
+  void produce() { check(!is_trainer(), "all_shared", "produce() is for producer ranks; this rank is a trainer"); }
+
+  // The next step of this trainer's shards, or nothing at the end of the stream.
+  std::optional<batch> next();
+
+  // The members preprocess for one another, so they advance together and none is ever
+  // behind a shared stream: nothing is skipped under either flow-control policy.
+  std::int64_t skipped() const noexcept { return 0; }
+  bool is_trainer() const noexcept { return role_.kind == role::trainer; }
+
+ private:
+  using request = typename B::request;
+
+  struct round {
+    std::vector<request> requests;
+    std::vector<std::vector<std::byte>> send, recv;  // per piece of this trainer
+    std::shared_ptr<completion> done;
+    std::int64_t index = -1;
+  };
+
+  void post_free_rounds();
+  round& round_of(std::int64_t g) { return *ring_[static_cast<std::size_t>(g % static_cast<std::int64_t>(ring_.size()))]; }
+  void drain() noexcept;
+
+  ensemble_layout layout_;
+  loader load_;
+  feed_options options_;
+  rank_role role_;
+  std::vector<detail::piece> pieces_;
+  std::vector<communicator> comms_;  // per piece; empty where this rank takes no part
+  std::vector<int> my_pieces_;
+  shard_range shards_;
+  int members_ = 1;
+  std::int64_t rounds_ = 0;
+
+  std::vector<std::shared_ptr<round>> ring_;
+  std::int64_t next_round_ = 0, next_step_ = 0, lent_round_ = -1;
+  detail::batch_storage batch_;
+};
+
+template <class B>
+all_shared<B>::all_shared(const communicator& world, const ensemble_layout& layout, loader load,
+                          feed_options options)
+    : layout_(layout), load_(std::move(load)), options_(options) {
+  std::string problem = detail::option_problem(options_);
+  try {
+    layout_.validate(world.size());
+    if (problem.empty() && !load_) problem = "needs a loader";
+  } catch (const error& e) {
+    problem = e.cause();
+  }
+  detail::agree<B>(world, layout_, options_, problem, "all_shared");
+
+  role_ = layout_.role_of(world.rank());
+  pieces_ = detail::pieces_of(layout_);
+  for (std::size_t c = 0; c < pieces_.size(); ++c) {
+    const bool mine = role_.kind == role::trainer &&
+                      pieces_[c].owner[static_cast<std::size_t>(role_.member)] == role_.rank_in_member;
+    comms_.push_back(world.split(mine ? 0 : communicator::undefined, role_.member, cat("all_shared piece ", c)));
+  }
+  if (role_.kind != role::trainer) return;
+
+  members_ = layout_.members();
+  rounds_ = (options_.steps + members_ - 1) / members_;
+  my_pieces_ = detail::pieces_of_trainer(pieces_, role_.member, role_.rank_in_member);
+  shards_ = layout_.shards_of(role_.member, role_.rank_in_member);
+  batch_.offsets.resize(static_cast<std::size_t>(shards_.count) + 1);
+  ring_.resize(static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_))));
+  for (auto& r : ring_) {
+    r = std::make_shared<round>();
+    for (int c : my_pieces_) {
+      const std::size_t bytes = detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity);
+      r->send.emplace_back(bytes + detail::guard_bytes);
+      r->recv.emplace_back(bytes * static_cast<std::size_t>(members_));
+    }
+  }
+}
+
+template <class B>
+all_shared<B>::~all_shared() {
+  if (role_.kind == role::trainer) drain();
+}
+
+// Preprocesses this trainer's step of every round whose slot is free, and starts its allgathers.
+template <class B>
+void all_shared<B>::post_free_rounds() {
+  while (next_round_ < rounds_) {
+    const std::int64_t g = next_round_;
+    round& r = round_of(g);
+    if (r.index >= 0) return;
+    r.index = g;
+    r.requests.clear();
+    const std::int64_t step = g * members_ + role_.member;
+    for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
+      const auto& piece = pieces_[static_cast<std::size_t>(my_pieces_[i])];
+      auto& send = r.send[i];
+      if (step < options_.steps)
+        detail::fill_piece(load_, step, piece.first_shard, piece.shards, options_.shard_capacity, span<std::byte>(send));
+      else
+        detail::empty_piece(step, piece.shards, span<std::byte>(send));  // past the end: nobody reads it
+      const std::size_t bytes = send.size() - detail::guard_bytes;
+      r.requests.push_back(B::template iallgather<std::uint8_t>(
+          comms_[static_cast<std::size_t>(my_pieces_[i])],
+          span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(send.data()), bytes),
+          span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(r.recv[i].data()), r.recv[i].size())));
+    }
+    auto held = ring_[static_cast<std::size_t>(g % static_cast<std::int64_t>(ring_.size()))];
+    r.done = progress_engine::instance().submit(
+        [held] {
+          for (auto& q : held->requests)
+            if (!q.test()) return false;
+          return true;
+        },
+        cat("all_shared: allgather of round ", g));
+    ++next_round_;
+  }
+}
+
+template <class B>
+std::optional<batch> all_shared<B>::next() {
+  check(role_.kind == role::trainer, "all_shared", "next() is for trainer ranks; this rank is a producer");
+  if (lent_round_ >= 0 && lent_round_ != next_step_ / members_) {
+    round_of(lent_round_).index = -1;
+    lent_round_ = -1;
+  }
+  if (next_step_ >= options_.steps) return std::nullopt;
+  post_free_rounds();
+  const std::int64_t step = next_step_, g = step / members_;
+  round& r = round_of(g);
+  check(r.index == g, "all_shared", cat("round ", g, " was never posted"));
+  r.done->wait(detail::engine_wait());
+  std::size_t shard = 0;
+  batch_.offsets[0] = 0;
+  if (my_pieces_.size() > 1) batch_.bytes.clear();
+  for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
+    const int shards = pieces_[static_cast<std::size_t>(my_pieces_[i])].shards;
+    const std::size_t bytes = r.send[i].size() - detail::guard_bytes;
+    const span<const std::byte> slot(r.recv[i].data() + static_cast<std::size_t>(step % members_) * bytes, bytes);
+    const std::uint64_t* sizes = detail::read_piece("all_shared", slot, step, shards, options_.shard_capacity);
+    std::size_t total = 0;
+    for (int k = 0; k < shards; ++k, ++shard) {
+      batch_.offsets[shard + 1] = batch_.offsets[shard] + sizes[k];
+      total += sizes[k];
+    }
+    const std::byte* payload = detail::piece_payload(slot, shards);
+    if (my_pieces_.size() == 1) {
+      batch_.data = payload;
+    } else {
+      batch_.bytes.insert(batch_.bytes.end(), payload, payload + total);
+      batch_.data = batch_.bytes.data();
+    }
+  }
+  lent_round_ = g;
+  ++next_step_;
+  return batch(step, shards_.first, batch_.data, batch_.offsets.data(), shards_.count);
+}
+
+// Takes part in every round left (preprocessing its share), so the other members can finish.
+template <class B>
+void all_shared<B>::drain() noexcept {
+  try {
+    lent_round_ = -1;
+    for (;;) {
+      post_free_rounds();
+      std::shared_ptr<round> oldest;
+      for (auto& r : ring_)
+        if (r->index >= 0 && (!oldest || r->index < oldest->index)) oldest = r;
+      if (!oldest) break;
+      oldest->done->wait(detail::engine_wait());
+      oldest->index = -1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n(all_shared: while draining the stream in the destructor)\n", e.what());
+  }
+}
+
+}  // namespace flexcomm

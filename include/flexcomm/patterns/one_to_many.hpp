@@ -1,0 +1,342 @@
+// one_to_many: producers preprocess each step once and broadcast every piece of it to the
+// trainer of each member that owns it (Single-Broadcast; Multi-Broadcast deals steps round-robin).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/layout.hpp"
+#include "../core/progress.hpp"
+#include "../core/wait.hpp"
+#include "feed.hpp"
+
+namespace flexcomm {
+
+// Wire protocol, per step s of producer p = s mod P: a one-int reduce to the producer on the
+// credit communicator of p = {producer p, every trainer} ("ready": a trainer posts it only once
+// it has a slot free for s, and p ships s only after it, which bounds buffering), and per piece
+// c, on the communicator of (p, c) = {producer p, the owner of c in every member}, a broadcast
+// of the piece (header + shard sizes + shards, a fixed-size message). Credits travel apart from
+// data, so a producer asks for the credits of its next `depth` steps ahead of time.
+// Trainers know the stream's length, so its end needs no message.
+template <class B>
+class one_to_many {
+ public:
+  static constexpr bool needs_producers = true;
+  using communicator = typename B::communicator;
+
+  // Collective over `world`; builds every (producer, piece) communicator in one fixed order.
+  one_to_many(const communicator& world, const ensemble_layout& layout, loader load, feed_options options);
+  ~one_to_many();
+  one_to_many(const one_to_many&) = delete;
+  one_to_many& operator=(const one_to_many&) = delete;
+
+  // On producer ranks: preprocesses and ships every step dealt to this producer, then returns.
+  // A loader failure travels to the trainers of that piece as that step; once the rest of the
+  // stream is shipped, produce() throws it.
+  void produce();
+
+  // On trainer ranks: the next step of this trainer's shards, or nothing at the end of the stream.
+  std::optional<batch> next();
+
+  // Steps this trainer's member skipped under flow_control::skip_ahead (the same on its ranks).
+  std::int64_t skipped() const noexcept { return skipped_; }
+  bool is_trainer() const noexcept { return role_.kind == role::trainer; }
+
+ private:
+  using request = typename B::request;
+
+  // The operations of one step in flight and the buffers they use; the progress engine tests
+  // the requests, and this object outlives them because the engine's task holds it too.
+  struct transfer {
+    std::vector<request> requests;
+    std::vector<std::vector<std::byte>> slots;  // one per piece
+    int ready_send = 1, ready_recv = 0;
+    std::shared_ptr<completion> done;
+    std::int64_t step = -1;
+  };
+
+  static std::shared_ptr<completion> start(const std::shared_ptr<transfer>& t, const char* what, std::int64_t step);
+  const communicator& comm_of(std::int64_t step, int piece) const {
+    return comms_[static_cast<std::size_t>((step % layout_.producers()) * static_cast<std::int64_t>(pieces_.size()) + piece)];
+  }
+
+  // Trainer side.
+  std::size_t ring_size() const;
+  void post_free_slots();
+  transfer& slot_of(std::int64_t step) { return *ring_[static_cast<std::size_t>(step % static_cast<std::int64_t>(ring_.size()))]; }
+  void wait_for(std::int64_t step);
+  std::int64_t choose_step();
+  void drain() noexcept;
+
+  ensemble_layout layout_;
+  loader load_;
+  feed_options options_;
+  rank_role role_;
+  std::vector<detail::piece> pieces_;
+  std::vector<communicator> comms_;  // [producer][piece]; empty where this rank takes no part
+  std::vector<communicator> credit_comms_;  // [producer]
+  communicator member_comm_;
+  std::vector<int> my_pieces_;       // trainer: the pieces it receives, in shard order
+  shard_range shards_;
+  std::size_t piece_size_ = 0;
+
+  std::vector<std::shared_ptr<transfer>> ring_;
+  std::int64_t next_post_ = 0, next_step_ = 0, lent_ = -1, skipped_ = 0;
+  detail::batch_storage batch_;
+  bool produced_ = false;
+};
+
+template <class B>
+one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& layout, loader load,
+                            feed_options options)
+    : layout_(layout), load_(std::move(load)), options_(options) {
+  std::string problem = detail::option_problem(options_);
+  try {
+    layout_.validate(world.size());
+    layout_.require_producers("one_to_many");
+    if (problem.empty() && !load_) problem = "needs a loader";
+  } catch (const error& e) {
+    problem = e.cause();
+  }
+  detail::agree<B>(world, layout_, options_, problem, "one_to_many");
+
+  role_ = layout_.role_of(world.rank());
+  pieces_ = detail::pieces_of(layout_);
+  for (int p = 0; p < layout_.producers(); ++p) {
+    for (std::size_t c = 0; c < pieces_.size(); ++c) {
+      int color = communicator::undefined, key = 0;
+      if (role_.kind == role::producer && role_.producer == p) {
+        color = 0;
+      } else if (role_.kind == role::trainer &&
+                 pieces_[c].owner[static_cast<std::size_t>(role_.member)] == role_.rank_in_member) {
+        color = 0;
+        key = 1 + role_.member;
+      }
+      comms_.push_back(world.split(color, key, cat("one_to_many producer ", p, " piece ", c)));
+    }
+  }
+  for (int p = 0; p < layout_.producers(); ++p) {
+    const bool mine = role_.kind == role::trainer || role_.producer == p;
+    credit_comms_.push_back(world.split(mine ? 0 : communicator::undefined, mine && role_.kind == role::trainer ? 1 : 0,
+                                        cat("one_to_many credits of producer ", p)));
+  }
+  member_comm_ = world.split(role_.kind == role::trainer ? role_.member : communicator::undefined,
+                             role_.rank_in_member, cat("one_to_many member ", role_.member));
+  if (role_.kind != role::trainer) return;
+
+  my_pieces_ = detail::pieces_of_trainer(pieces_, role_.member, role_.rank_in_member);
+  shards_ = layout_.shards_of(role_.member, role_.rank_in_member);
+  batch_.offsets.resize(static_cast<std::size_t>(shards_.count) + 1);
+  ring_.resize(ring_size());
+  for (auto& t : ring_) {
+    t = std::make_shared<transfer>();
+    for (int c : my_pieces_)
+      t->slots.emplace_back(detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity));
+  }
+  post_free_slots();
+}
+
+template <class B>
+one_to_many<B>::~one_to_many() {
+  if (role_.kind == role::trainer) drain();
+}
+
+template <class B>
+std::shared_ptr<completion> one_to_many<B>::start(const std::shared_ptr<transfer>& t, const char* what,
+                                                  std::int64_t step) {
+  return progress_engine::instance().submit(
+      [t] {
+        for (auto& r : t->requests)
+          if (!r.test()) return false;
+        return true;
+      },
+      cat("one_to_many: ", what, " of step ", step));
+}
+
+template <class B>
+std::size_t one_to_many<B>::ring_size() const {
+  std::int64_t r = options_.depth;
+  // Under skip_ahead the ring holds the batch in use and n + 2 newer ones, so that a member
+  // more than n steps behind can see it.
+  if (options_.flow.kind == flow_control::policy::skip_ahead) r = std::max<std::int64_t>(r, options_.flow.max_behind + 3);
+  return static_cast<std::size_t>(std::min<std::int64_t>(r, std::max<std::int64_t>(options_.steps, 1)));
+}
+
+// Posts "ready" and the receive of every step whose ring slot is free, in step order.
+template <class B>
+void one_to_many<B>::post_free_slots() {
+  while (next_post_ < options_.steps) {
+    const std::int64_t s = next_post_;
+    transfer& t = slot_of(s);
+    if (t.step >= 0) return;  // still holds an earlier step
+    t.step = s;
+    t.requests.clear();
+    t.requests.push_back(B::template ireduce<int>(credit_comms_[static_cast<std::size_t>(s % layout_.producers())],
+                                                  span<const int>(&t.ready_send, 1), span<int>(), op::sum, 0));
+    for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
+      auto& slot = t.slots[i];
+      t.requests.push_back(B::ibcast(comm_of(s, my_pieces_[i]),
+                                     span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0));
+    }
+    t.done = start(ring_[static_cast<std::size_t>(s % static_cast<std::int64_t>(ring_.size()))], "receive", s);
+    ++next_post_;
+  }
+}
+
+template <class B>
+void one_to_many<B>::wait_for(std::int64_t step) {
+  transfer& t = slot_of(step);
+  check(t.step == step, "one_to_many", cat("step ", step, " was never posted (ring holds step ", t.step, ")"));
+  t.done->wait(detail::engine_wait());
+}
+
+// Under skip_ahead, rank 0 of the member picks the step, so that all its ranks deliver the same.
+template <class B>
+std::int64_t one_to_many<B>::choose_step() {
+  std::int64_t target = next_step_;
+  if (options_.flow.kind != flow_control::policy::skip_ahead) return target;
+  if (member_comm_.rank() == 0) {
+    for (const auto& t : ring_)
+      if (t->step > target && t->done->done()) target = std::max(target, t->step);
+    if (target - next_step_ <= options_.flow.max_behind) target = next_step_;
+  }
+  if (member_comm_.size() > 1) B::ibcast(member_comm_, span<std::int64_t>(&target, 1), 0).wait();
+  return target;
+}
+
+template <class B>
+std::optional<batch> one_to_many<B>::next() {
+  check(role_.kind == role::trainer, "one_to_many", "next() is for trainer ranks; this rank is a producer");
+  if (lent_ >= 0) {
+    slot_of(lent_).step = -1;
+    lent_ = -1;
+    post_free_slots();
+  }
+  if (next_step_ >= options_.steps) return std::nullopt;
+  const std::int64_t target = choose_step();
+  for (; next_step_ < target; ++next_step_, ++skipped_) {
+    // A skipped step is received all the same (broadcasts are collective) and then dropped.
+    wait_for(next_step_);
+    transfer& t = slot_of(next_step_);
+    for (std::size_t i = 0; i < my_pieces_.size(); ++i)
+      detail::read_piece("one_to_many", span<const std::byte>(t.slots[i].data(), t.slots[i].size()), next_step_,
+                         pieces_[static_cast<std::size_t>(my_pieces_[i])].shards, options_.shard_capacity);
+    t.step = -1;
+    post_free_slots();
+  }
+  wait_for(target);
+  transfer& t = slot_of(target);
+  std::size_t shard = 0;
+  batch_.offsets[0] = 0;
+  if (my_pieces_.size() > 1) batch_.bytes.clear();
+  for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
+    const int shards = pieces_[static_cast<std::size_t>(my_pieces_[i])].shards;
+    const span<const std::byte> slot(t.slots[i].data(), t.slots[i].size());
+    const std::uint64_t* sizes = detail::read_piece("one_to_many", slot, target, shards, options_.shard_capacity);
+    std::size_t total = 0;
+    for (int k = 0; k < shards; ++k, ++shard) {
+      batch_.offsets[shard + 1] = batch_.offsets[shard] + sizes[k];
+      total += sizes[k];
+    }
+    const std::byte* payload = detail::piece_payload(slot, shards);
+    if (my_pieces_.size() == 1) {
+      batch_.data = payload;  // one piece: the batch is the received payload, no copy
+    } else {
+      batch_.bytes.insert(batch_.bytes.end(), payload, payload + total);
+      batch_.data = batch_.bytes.data();
+    }
+  }
+  lent_ = target;
+  next_step_ = target + 1;
+  return batch(target, shards_.first, batch_.data, batch_.offsets.data(), shards_.count);
+}
+
+template <class B>
+void one_to_many<B>::produce() {
+  check(role_.kind == role::producer, "one_to_many", "produce() is for producer ranks; this rank is a trainer");
+  check(!produced_, "one_to_many", "produce() runs once per feed");
+  produced_ = true;
+  const int P = layout_.producers(), me = role_.producer;
+  const std::size_t depth = static_cast<std::size_t>(options_.depth);
+  const communicator& credits = credit_comms_[static_cast<std::size_t>(me)];
+  std::vector<std::shared_ptr<transfer>> ring(depth), ready(depth);
+  for (std::size_t i = 0; i < depth; ++i) {
+    ring[i] = std::make_shared<transfer>();
+    for (const auto& piece : pieces_)
+      ring[i]->slots.emplace_back(detail::piece_bytes(piece.shards, options_.shard_capacity) + detail::guard_bytes);
+    ready[i] = std::make_shared<transfer>();
+    ready[i]->ready_send = 0;
+  }
+  // The credits of step s (the k-th of this producer) are asked for `depth` steps ahead.
+  auto ask_credits = [&](std::int64_t s, std::size_t k) {
+    auto& r = ready[k % depth];
+    r->requests.clear();
+    r->requests.push_back(B::template ireduce<int>(credits, span<const int>(&r->ready_send, 1),
+                                                   span<int>(&r->ready_recv, 1), op::sum, 0));
+    r->done = start(r, "credits", s);
+  };
+  for (std::size_t k = 0; k < depth && me + static_cast<std::int64_t>(k) * P < options_.steps; ++k)
+    ask_credits(me + static_cast<std::int64_t>(k) * P, k);
+  std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
+  std::size_t k = 0;
+  for (std::int64_t s = me; s < options_.steps; s += P, ++k) {
+    auto& t = ring[k % depth];
+    if (t->done) t->done->wait(detail::engine_wait());  // its broadcasts finished: the slot can be refilled
+    // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
+    // only its owners stop.
+    for (std::size_t c = 0; c < pieces_.size(); ++c) {
+      auto& slot = t->slots[c];
+      detail::fill_piece(load_, s, pieces_[c].first_shard, pieces_[c].shards, options_.shard_capacity,
+                         span<std::byte>(slot));
+      if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
+        failure.assign(slot.begin(), slot.end());
+    }
+    ready[k % depth]->done->wait(detail::engine_wait());
+    t->requests.clear();
+    for (std::size_t c = 0; c < pieces_.size(); ++c) {
+      auto& slot = t->slots[c];
+      const std::size_t bytes = slot.size() - detail::guard_bytes;
+      t->requests.push_back(B::ibcast(comm_of(s, static_cast<int>(c)),
+                                      span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), bytes), 0));
+    }
+    t->done = start(t, "broadcast", s);
+    if (s + static_cast<std::int64_t>(depth) * P < options_.steps) ask_credits(s + static_cast<std::int64_t>(depth) * P, k + depth);
+  }
+  for (auto& t : ring)
+    if (t->done) t->done->wait();
+  if (!failure.empty()) detail::piece_failure("one_to_many", span<const std::byte>(failure.data(), failure.size()),
+                                              options_.shard_capacity);
+}
+
+// Receives what is left of the stream, so that producers and the other members can finish.
+template <class B>
+void one_to_many<B>::drain() noexcept {
+  try {
+    if (lent_ >= 0) slot_of(lent_).step = -1;
+    lent_ = -1;
+    for (;;) {
+      post_free_slots();
+      // Wait for the oldest step still in the ring, free it, repeat.
+      std::shared_ptr<transfer> oldest;
+      for (auto& t : ring_)
+        if (t->step >= 0 && (!oldest || t->step < oldest->step)) oldest = t;
+      if (!oldest) break;
+      oldest->done->wait(detail::engine_wait());
+      oldest->step = -1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n(one_to_many: while draining the stream in the destructor)\n", e.what());
+  }
+}
+
+}  // namespace flexcomm

@@ -1,0 +1,66 @@
+// subgroup_allreduce<B>: the baseline Sync. Each bucket is averaged by the backend's own
+// nonblocking allreduce on the member's communicator, so gradients never mix across members.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "../core/datatype.hpp"
+#include "../core/progress.hpp"
+#include "sync.hpp"
+
+namespace flexcomm {
+
+// By default every bucket is launched in finish(), i.e. after backward (the classic "sync after
+// backward" that overlapped_ring is measured against). With sync_options.launch_when_full a bucket
+// is launched as soon as it fills, in bucket-index order, and the progress engine drives it.
+template <class B>
+class subgroup_allreduce {
+ public:
+  using backend = B;
+
+  // Collective over `member` (the member's own communicator); traffic goes on private duplicates.
+  explicit subgroup_allreduce(const typename B::communicator& member, sync_options options = {})
+      : comm_(member.dup(cat(member.name(), " subgroup_allreduce"))),
+        options_(options),
+        sync_(member, options_, "subgroup_allreduce", options_.launch_when_full) {}
+
+  // Gradient `index` is final: it joins its bucket (the average lands here by finish()).
+  template <class T>
+  void ready(int index, span<T> grad) {
+    sync_.ready(index, grad, launcher());
+  }
+  // Before the optimizer step: every bucket reduced, averages in place; mismatches across the
+  // member's ranks (order, sizes) are a flexcomm::error on every rank.
+  void finish() { sync_.finish(launcher()); }
+
+  const bucket_plan& plan() const noexcept { return sync_.plan(); }
+  const sync_options& options() const noexcept { return options_; }
+
+ private:
+  auto launcher() {
+    return [this](dtype type, void* data, std::size_t count) { return launch(type, data, count); };
+  }
+
+  detail::flight<B> launch(dtype type, void* data, std::size_t count) {
+    return visit_dtype(type, [&](auto element) {
+      using T = decltype(element);
+      detail::flight<B> f;
+      auto request = B::iallreduce(comm_, span<T>(static_cast<T*>(data), count), options_.op);
+      if (options_.launch_when_full) {
+        auto shared = std::make_shared<typename B::request>(std::move(request));
+        f.task = progress_engine::instance().submit([shared] { return shared->test(); }, shared->what());
+      } else {
+        f.request.emplace(std::move(request));
+      }
+      return f;
+    });
+  }
+
+  typename B::communicator comm_;
+  sync_options options_;
+  detail::bucket_sync<B> sync_;  // last: destroyed first, so buckets in flight end before comm_
+};
+
+}  // namespace flexcomm

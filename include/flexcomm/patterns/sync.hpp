@@ -1,0 +1,394 @@
+// Gradient sync, what subgroup_allreduce and overlapped_ring share: options, the bucket plan,
+// the per-step bookkeeping behind ready()/finish(), and the cross-rank check of what was handed over.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "../core/datatype.hpp"
+#include "../core/error.hpp"
+#include "../core/progress.hpp"
+#include "../core/reduce.hpp"
+#include "../core/span.hpp"
+
+namespace flexcomm {
+
+// PyTorch DDP's default bucket capacity.
+inline constexpr std::size_t default_bucket_bytes = std::size_t{25} << 20;
+inline constexpr std::size_t default_segment_bytes = std::size_t{1} << 20;
+
+// "26214400", "64K", "25M", "1G" (binary multiples); used for FLEXCOMM_BUCKET_BYTES and
+// FLEXCOMM_SEGMENT_BYTES.
+std::size_t parse_bytes(const std::string& text, const char* what);
+
+// FLEXCOMM_BUCKET_BYTES when set, otherwise 25 MiB.
+std::size_t bucket_bytes_from_env();
+// FLEXCOMM_SEGMENT_BYTES when set, otherwise 1 MiB.
+std::size_t segment_bytes_from_env();
+
+struct sync_options {
+  // Gradients are fused into buckets of at most this many bytes (a larger gradient gets a
+  // bucket of its own).
+  std::size_t bucket_bytes = bucket_bytes_from_env();
+  // The reduction left in the gradients; avg divides the sum by the member's rank count.
+  ::flexcomm::op op = ::flexcomm::op::avg;
+  // overlapped_ring: a bucket travels the ring in segments of this size, `segments_in_flight`
+  // of them at once, so that the transfer of one overlaps the reduction of another.
+  std::size_t segment_bytes = segment_bytes_from_env();
+  int segments_in_flight = 2;
+  // subgroup_allreduce: launch each bucket's allreduce as soon as it fills (driven by the
+  // progress engine) instead of all of them in finish(), i.e. after backward.
+  bool launch_when_full = false;
+};
+
+// Which gradients share which bucket. Formed at a member's first step from the order in which
+// ready() hands gradients over (backprop order, so the first bucket fills first), then fixed:
+// every later step fills the same buckets, and buckets launch in bucket-index order.
+class bucket_plan {
+ public:
+  struct gradient {
+    int index;
+    dtype type;
+    std::size_t count;
+    int bucket;
+    std::size_t offset;  // elements into its bucket
+  };
+  struct bucket {
+    dtype type;
+    std::size_t count;  // elements
+    std::size_t first, last;  // its gradients: gradients()[first, last)
+  };
+
+  explicit bucket_plan(std::size_t capacity_bytes = default_bucket_bytes) : capacity_(capacity_bytes) {}
+
+  // Appends a gradient; a new bucket starts when this one would overflow or change type.
+  void add(int index, dtype type, std::size_t count);
+
+  const gradient* find(int index) const {
+    auto it = position_.find(index);
+    return it == position_.end() ? nullptr : &gradients_[it->second];
+  }
+  std::size_t position(const gradient& g) const { return static_cast<std::size_t>(&g - gradients_.data()); }
+  const std::vector<gradient>& gradients() const noexcept { return gradients_; }
+  const std::vector<bucket>& buckets() const noexcept { return buckets_; }
+  bool empty() const noexcept { return gradients_.empty(); }
+  std::size_t capacity_bytes() const noexcept { return capacity_; }
+  void clear() {
+    gradients_.clear();
+    buckets_.clear();
+    position_.clear();
+  }
+
+  // Equal on two ranks exactly when their plans are (up to hash collisions).
+  std::uint64_t signature() const;
+
+ private:
+  std::size_t capacity_;
+  std::vector<gradient> gradients_;
+  std::vector<bucket> buckets_;
+  std::unordered_map<int, std::size_t> position_;
+};
+
+namespace detail {
+
+inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  // splitmix64 finaliser over h ^ v: cheap, and order-sensitive when chained
+  std::uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+inline constexpr std::uint64_t signature_seed = 0x666c6578636f6d6dull;  // "flexcomm"
+
+// One bucket reduction in flight: a backend request the trainer waits on itself, or a task the
+// progress engine drives while the trainer computes.
+template <class B>
+struct flight {
+  std::optional<typename B::request> request;
+  std::shared_ptr<completion> task;
+  void wait() {
+    if (request) request->wait();
+    if (task) task->wait();
+  }
+  void reset() {
+    request.reset();
+    task.reset();
+  }
+};
+
+// The cross-rank check of one step, one small nonblocking allreduce on the control
+// communicator: {max h, max -h, max misusing rank + 1}. Ranks agree iff max h == min h.
+template <class B>
+class signature_check {
+ public:
+  void start(const typename B::communicator& comm, std::uint64_t h, bool misused) {
+    const auto folded = static_cast<std::int64_t>(h >> 2);  // 62 bits: -h never overflows
+    values_ = {folded, -folded, misused ? comm.rank() + 1 : 0};
+    request_.emplace(B::iallreduce(comm, span<std::int64_t>(values_.data(), values_.size()), op::max));
+  }
+  // Waits; an empty string when every rank handed over the same gradients and none misused.
+  std::string verdict(const std::string& local_misuse, const std::string& sequence) {
+    request_->wait();
+    request_.reset();
+    if (!local_misuse.empty()) return local_misuse;
+    if (values_[2] > 0)
+      return cat("rank ", values_[2] - 1, " of the member misused ready()/finish() in this step (its error says how)");
+    if (values_[0] != -values_[1])
+      return cat("the member's ranks handed gradients over in different orders or with different sizes in this "
+                 "step; every rank must call ready() with the same indices, sizes, types and order. This rank's "
+                 "sequence (index:count) starts ", sequence);
+    return {};
+  }
+
+ private:
+  std::array<std::int64_t, 3> values_{};
+  std::optional<typename B::request> request_;
+};
+
+// The ready()/finish() bookkeeping both adapters share; an adapter supplies how one bucket is
+// reduced: launch(dtype, data, count) -> flight<B>. Called from one trainer thread.
+template <class B>
+class bucket_sync {
+ public:
+  bucket_sync(const typename B::communicator& member, const sync_options& options, std::string who,
+              bool launch_early)
+      : control_(member.dup(cat(member.name(), " ", who, " control"))),
+        who_(std::move(who)),
+        launch_early_(launch_early),
+        plan_(options.bucket_bytes) {
+    check(options.bucket_bytes > 0, who_, "sync_options.bucket_bytes must be positive");
+  }
+  bucket_sync(const bucket_sync&) = delete;
+  bucket_sync& operator=(const bucket_sync&) = delete;
+  // A bucket may still be travelling (the trainer threw mid-step): it writes into buffers that
+  // must outlive it.
+  ~bucket_sync() { drain(); }
+
+  const bucket_plan& plan() const noexcept { return plan_; }
+  int ranks() const noexcept { return control_.size(); }
+
+  template <class T, class Launch>
+  void ready(int index, span<T> grad, Launch&& launch) {
+    static_assert(is_element_v<T>, "ready(): gradients must be float, double, int32, int64, uint8, half or bfloat16");
+    static_assert(!std::is_const_v<T>, "ready(): the average is written back into the gradient");
+    const dtype type = dtype_of<T>;
+    step_hash_ = mix(mix(mix(step_hash_, static_cast<std::uint64_t>(index)), static_cast<std::uint64_t>(type)),
+                     grad.size());
+    if (handed_ < 8) sequence_ += cat(handed_ ? " " : "", index, ":", grad.size());
+    ++handed_;
+    if (planning_) {
+      if (!planned_.insert(index).second) return misuse(cat("gradient ", index, " handed over twice in one step"));
+      plan_.add(index, type, grad.size());
+      pointers_.push_back(grad.data());
+      return;
+    }
+    const auto* g = plan_.find(index);
+    if (!g) return misuse(cat("gradient ", index, " is not in the bucket plan fixed at the first step"));
+    if (g->type != type || g->count != grad.size())
+      return misuse(cat("gradient ", index, " is ", grad.size(), " x ", name_of(type), " but was ", g->count, " x ",
+                        name_of(g->type), " at the first step"));
+    const std::size_t pos = plan_.position(*g);
+    if (pointers_[pos]) return misuse(cat("gradient ", index, " handed over twice in one step"));
+    pointers_[pos] = grad.data();
+    ++arrived_[static_cast<std::size_t>(g->bucket)];
+    if (launch_early_) launch_full(launch);
+  }
+
+  template <class Launch>
+  void finish(Launch&& launch) {
+    std::string verdict;
+    signature_check<B> agreement;
+    if (planning_) {
+      // The plan is formed now; every rank must have formed the same one before a bucket moves.
+      agreement.start(control_, mix(plan_.signature(), step_hash_), !misuse_.empty());
+      verdict = agreement.verdict(misuse_, sequence_);
+      if (!verdict.empty()) {
+        plan_.clear();
+        pointers_.clear();
+        planned_.clear();
+        end_step();
+        fail(cat(who_, ": finish"), verdict);
+      }
+      planned_.clear();
+      if (plan_.empty()) return end_step();  // nothing handed over: the plan waits for a step that does
+      planning_ = false;
+      const auto& buckets = plan_.buckets();
+      arrived_.assign(buckets.size(), 0);
+      for (std::size_t b = 0; b < buckets.size(); ++b) arrived_[b] = buckets[b].last - buckets[b].first;
+      staging_.resize(buckets.size());
+      flights_.resize(buckets.size());
+      launch_full(launch);
+    } else {
+      if (misuse_.empty() && handed_ < plan_.gradients().size())
+        misuse(cat("finish() after ", handed_, " of the plan's ", plan_.gradients().size(), " gradients"));
+      // Every rank launches every bucket, in order, whatever was handed over: no peer waits
+      // forever on a bucket this rank skipped.
+      while (next_ < plan_.buckets().size()) launch_bucket(next_++, launch);
+      agreement.start(control_, step_hash_, !misuse_.empty());
+      verdict = agreement.verdict(misuse_, sequence_);
+    }
+    std::exception_ptr failure;
+    for (auto& f : flights_) {
+      try {
+        f.wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      f.reset();
+    }
+    if (!failure && verdict.empty()) copy_out();
+    end_step();
+    if (failure) std::rethrow_exception(failure);
+    if (!verdict.empty()) fail(cat(who_, ": finish"), verdict);
+  }
+
+ private:
+  void misuse(std::string cause) {
+    if (misuse_.empty()) misuse_ = std::move(cause);
+  }
+
+  template <class Launch>
+  void launch_full(Launch& launch) {
+    const auto& buckets = plan_.buckets();
+    while (next_ < buckets.size() && arrived_[next_] == buckets[next_].last - buckets[next_].first)
+      launch_bucket(next_++, launch);
+  }
+
+  template <class Launch>
+  void launch_bucket(std::size_t b, Launch& launch) {
+    const auto& spec = plan_.buckets()[b];
+    const std::size_t width = size_of(spec.type);
+    void* data = nullptr;
+    if (spec.last - spec.first == 1 && pointers_[spec.first]) {
+      data = pointers_[spec.first];  // a bucket of one gradient is reduced where it lies
+    } else {
+      if constexpr (B::memory != decltype(B::memory)::host)
+        fail(who_, "fusing several gradients into one bucket needs host staging; give this device backend a "
+                   "bucket_bytes no larger than its smallest gradient");
+      auto& stage = staging_[b];
+      stage.resize(spec.count * width);
+      for (std::size_t i = spec.first; i < spec.last; ++i) {
+        const auto& g = plan_.gradients()[i];
+        if (pointers_[i]) B::copy(stage.data() + g.offset * width, pointers_[i], g.count * width);
+      }
+      data = stage.data();
+    }
+    flights_[b] = launch(spec.type, data, spec.count);
+  }
+
+  void copy_out() {
+    const auto& buckets = plan_.buckets();
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      const auto& spec = buckets[b];
+      if (spec.last - spec.first == 1 && pointers_[spec.first]) continue;  // reduced in place
+      const std::size_t width = size_of(spec.type);
+      for (std::size_t i = spec.first; i < spec.last; ++i) {
+        const auto& g = plan_.gradients()[i];
+        if (pointers_[i]) B::copy(pointers_[i], staging_[b].data() + g.offset * width, g.count * width);
+      }
+    }
+  }
+
+  void end_step() {
+    if (planning_) {
+      pointers_.clear();
+    } else {
+      std::fill(pointers_.begin(), pointers_.end(), nullptr);
+      if (pointers_.size() != plan_.gradients().size()) pointers_.assign(plan_.gradients().size(), nullptr);
+      std::fill(arrived_.begin(), arrived_.end(), 0);
+    }
+    next_ = 0;
+    handed_ = 0;
+    step_hash_ = signature_seed;
+    sequence_.clear();
+    misuse_.clear();
+  }
+
+  void drain() noexcept {
+    for (auto& f : flights_) {
+      try {
+        f.wait();
+      } catch (...) {
+      }
+      f.reset();
+    }
+  }
+
+  typename B::communicator control_;  // the signature exchange, kept apart from bucket traffic
+  std::string who_;
+  bool launch_early_;
+  bucket_plan plan_;
+  bool planning_ = true;
+  std::unordered_set<int> planned_;
+  std::vector<void*> pointers_;  // per plan gradient: where this step's gradient lies
+  std::vector<std::size_t> arrived_;  // per bucket: gradients handed over this step
+  std::vector<std::vector<std::byte>> staging_;  // per bucket fusing several gradients
+  std::vector<flight<B>> flights_;
+  std::size_t next_ = 0;  // the next bucket to launch: buckets launch in index order only
+  std::size_t handed_ = 0;
+  std::uint64_t step_hash_ = signature_seed;
+  std::string sequence_;
+  std::string misuse_;
+};
+
+}  // namespace detail
+
+inline void bucket_plan::add(int index, dtype type, std::size_t count) {
+  const std::size_t bytes = count * size_of(type);
+  const bool fits = !buckets_.empty() && buckets_.back().type == type &&
+                    (buckets_.back().count * size_of(type) + bytes <= capacity_);
+  if (!fits) buckets_.push_back({type, 0, gradients_.size(), gradients_.size()});
+  auto& b = buckets_.back();
+  position_[index] = gradients_.size();
+  gradients_.push_back({index, type, count, static_cast<int>(buckets_.size() - 1), b.count});
+  b.count += count;
+  b.last = gradients_.size();
+}
+
+inline std::uint64_t bucket_plan::signature() const {
+  std::uint64_t h = detail::mix(detail::signature_seed, capacity_);
+  for (const auto& g : gradients_) {
+    h = detail::mix(h, static_cast<std::uint64_t>(g.index));
+    h = detail::mix(h, static_cast<std::uint64_t>(g.type));
+    h = detail::mix(h, g.count);
+    h = detail::mix(h, static_cast<std::uint64_t>(g.bucket));
+  }
+  return h;
+}
+
+inline std::size_t parse_bytes(const std::string& text, const char* what) {
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  std::size_t scale = 1;
+  const std::string suffix = end ? std::string(end) : std::string();
+  if (suffix == "K" || suffix == "KiB") scale = std::size_t{1} << 10;
+  else if (suffix == "M" || suffix == "MiB") scale = std::size_t{1} << 20;
+  else if (suffix == "G" || suffix == "GiB") scale = std::size_t{1} << 30;
+  else if (!suffix.empty()) scale = 0;
+  if (text.empty() || end == text.c_str() || scale == 0 || value == 0 || text[0] == '-' || value > (1ull << 40))
+    fail(what, cat("cannot parse '", text, "': expected a positive byte count, e.g. 26214400, 64K, 25M, 1G"));
+  return static_cast<std::size_t>(value) * scale;
+}
+
+inline std::size_t bucket_bytes_from_env() {
+  const char* text = std::getenv("FLEXCOMM_BUCKET_BYTES");
+  return text && *text ? parse_bytes(text, "FLEXCOMM_BUCKET_BYTES") : default_bucket_bytes;
+}
+
+inline std::size_t segment_bytes_from_env() {
+  const char* text = std::getenv("FLEXCOMM_SEGMENT_BYTES");
+  return text && *text ? parse_bytes(text, "FLEXCOMM_SEGMENT_BYTES") : default_segment_bytes;
+}
+
+}  // namespace flexcomm

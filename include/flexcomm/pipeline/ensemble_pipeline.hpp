@@ -1,0 +1,207 @@
+// ensemble_pipeline<Feed, Sync, Collect>: wires a feed, a sync and a collect to a layout and runs
+// each rank's role, so that the trainer's code is the same whichever adapters fill the slots.
+//
+//   Pipeline pipe{env.world(), layout, {feed_options, sync_options}};
+//   pipe.run(loader,
+//            [&](auto& ctx) {      // trainers: ctx.member(), ctx.feed(), ctx.sync(), ctx.collect()
+//              while (auto batch = ctx.feed().next()) {...}
+//              ctx.collect().submit(predictions);
+//            },
+//            [&](auto& ctx) {      // the aggregator, after its own role's work
+//              auto all = ctx.collect().template gather<float>();
+//            });
+//
+// Every communicator is built in the constructor, collectively over `world`, in one fixed order
+// on every rank: the member communicators, the feed's, the collect's, then each member's sync.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../core/error.hpp"
+#include "../core/layout.hpp"
+#include "../core/span.hpp"
+#include "../patterns/feed.hpp"
+
+namespace flexcomm {
+
+namespace detail {
+template <class T, class = void> struct is_feed : std::false_type {};
+template <class T>
+struct is_feed<T, std::void_t<decltype(std::declval<T&>().next()), decltype(std::declval<T&>().produce()),
+                              decltype(T::needs_producers)>> : std::true_type {};
+
+template <class T, class = void> struct is_sync : std::false_type {};
+template <class T>
+struct is_sync<T, std::void_t<decltype(std::declval<T&>().ready(0, std::declval<span<float>>())),
+                              decltype(std::declval<T&>().finish())>> : std::true_type {};
+
+template <class T, class = void> struct is_collect : std::false_type {};
+template <class T>
+struct is_collect<T, std::void_t<decltype(std::declval<T&>().submit(std::declval<span<const float>>())),
+                                 decltype(std::declval<T&>().template gather<float>())>> : std::true_type {};
+}  // namespace detail
+
+// What the pipeline hands each trainer, and the aggregator (the same type: a trainer that also
+// aggregates uses one context for both).
+template <class Pipeline>
+class pipeline_context {
+ public:
+  using feed_type = typename Pipeline::feed_type;
+  using sync_type = typename Pipeline::sync_type;
+  using collect_type = typename Pipeline::collect_type;
+  using communicator = typename Pipeline::communicator;
+
+  explicit pipeline_context(Pipeline& pipe) : pipe_(pipe) {}
+
+  // Which member this trainer trains (-1 on a producer), and its rank among the member's ranks.
+  int member() const noexcept { return pipe_.role_.member; }
+  int rank_in_member() const noexcept { return pipe_.role_.rank_in_member; }
+  int member_size() const { return member() < 0 ? 0 : pipe_.layout_.member_size(member()); }
+  int members() const noexcept { return pipe_.layout_.members(); }
+  bool is_trainer() const noexcept { return pipe_.role_.kind == role::trainer; }
+  bool is_aggregator() const noexcept { return pipe_.collect_.is_aggregator(); }
+  const ensemble_layout& layout() const noexcept { return pipe_.layout_; }
+
+  feed_type& feed() { return *pipe_.feed_; }
+  sync_type& sync() {
+    check(pipe_.sync_.has_value(), "ensemble_pipeline", "sync() is for trainers; this rank is a producer");
+    return *pipe_.sync_;
+  }
+  collect_type& collect() { return pipe_.collect_; }
+  // This member's communicator (empty on producers), for what the trainer does on its own.
+  const communicator& comm() const noexcept { return pipe_.member_comm_; }
+
+ private:
+  Pipeline& pipe_;
+};
+
+template <class Feed, class Sync, class Collect>
+class ensemble_pipeline {
+  // Slots in the wrong order are the likely mistake: say what goes where.
+  static_assert(!detail::is_sync<Feed>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: a Sync adapter is in the Feed slot. The 1st argument is "
+                "the Feed (local_feed, one_to_many<B>, all_shared<B>), the 2nd the Sync (subgroup_allreduce<B>, "
+                "overlapped_ring<B>), the 3rd the Collect (many_to_one<B>)");
+  static_assert(!detail::is_collect<Feed>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: a Collect adapter is in the Feed slot. The 1st argument "
+                "is the Feed (local_feed, one_to_many<B>, all_shared<B>), the 3rd the Collect (many_to_one<B>)");
+  static_assert(detail::is_feed<Feed>::value || detail::is_sync<Feed>::value || detail::is_collect<Feed>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: the 1st argument is not a Feed; a Feed has produce(), "
+                "next() and needs_producers (local_feed, one_to_many<B>, all_shared<B>)");
+  static_assert(!detail::is_feed<Sync>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: a Feed adapter is in the Sync slot. The 2nd argument is "
+                "the Sync (subgroup_allreduce<B>, overlapped_ring<B>); feeds (local_feed, one_to_many<B>, "
+                "all_shared<B>) go 1st");
+  static_assert(!detail::is_collect<Sync>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: a Collect adapter is in the Sync slot. The 2nd argument is "
+                "the Sync (subgroup_allreduce<B>, overlapped_ring<B>); many_to_one<B> goes 3rd");
+  static_assert(detail::is_sync<Sync>::value || detail::is_feed<Sync>::value || detail::is_collect<Sync>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: the 2nd argument is not a Sync; a Sync has "
+                "ready(index, span<T>) and finish() (subgroup_allreduce<B>, overlapped_ring<B>)");
+  static_assert(!detail::is_feed<Collect>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: a Feed adapter is in the Collect slot. The 3rd argument is "
+                "the Collect (many_to_one<B>); feeds go 1st");
+  static_assert(!detail::is_sync<Collect>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: a Sync adapter is in the Collect slot. The 3rd argument is "
+                "the Collect (many_to_one<B>); syncs (subgroup_allreduce<B>, overlapped_ring<B>) go 2nd");
+  static_assert(detail::is_collect<Collect>::value || detail::is_feed<Collect>::value ||
+                    detail::is_sync<Collect>::value,
+                "ensemble_pipeline<Feed, Sync, Collect>: the 3rd argument is not a Collect; a Collect has "
+                "submit(span<const T>) and gather<T>() (many_to_one<B>)");
+
+ public:
+  using feed_type = Feed;
+  using sync_type = Sync;
+  using collect_type = Collect;
+  using backend = typename Collect::backend;
+  using communicator = typename backend::communicator;
+  using context = pipeline_context<ensemble_pipeline>;
+
+  struct options {
+    feed_options feed;
+    sync_options sync;
+  };
+
+  // Collective over `world`: every rank of the layout constructs the pipeline, in the same order
+  // relative to its other collective calls.
+  ensemble_pipeline(const communicator& world, const ensemble_layout& layout, options opt);
+
+  ensemble_pipeline(const ensemble_pipeline&) = delete;
+  ensemble_pipeline& operator=(const ensemble_pipeline&) = delete;
+
+  const ensemble_layout& layout() const noexcept { return layout_; }
+  bool is_trainer() const noexcept { return role_.kind == role::trainer; }
+  bool is_aggregator() const noexcept { return collect_.is_aggregator(); }
+
+  // Runs this rank's role: producers run the feed's loop, trainers `train(ctx)`; then the
+  // aggregator runs `aggregate(ctx)`. Collective over the world; once per pipeline.
+  template <class Train, class Aggregate>
+  void run(loader load, Train&& train, Aggregate&& aggregate);
+  template <class Train>
+  void run(loader load, Train&& train) {
+    run(std::move(load), std::forward<Train>(train), [](context&) {});
+  }
+
+ private:
+  friend class pipeline_context<ensemble_pipeline>;
+
+  static const ensemble_layout& validated(const communicator& world, const ensemble_layout& layout) {
+    check(static_cast<bool>(world), "ensemble_pipeline", "needs a communicator, got an empty one");
+    layout.validate(world.size());
+    if (Feed::needs_producers) layout.require_producers("ensemble_pipeline");
+    return layout;
+  }
+
+  ensemble_layout layout_;
+  rank_role role_;
+  communicator member_comm_;
+  std::shared_ptr<loader> load_;  // set by run(); the feed calls it through this slot
+  std::optional<Feed> feed_;
+  Collect collect_;
+  std::optional<Sync> sync_;
+  bool ran_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+template <class Feed, class Sync, class Collect>
+ensemble_pipeline<Feed, Sync, Collect>::ensemble_pipeline(const communicator& world, const ensemble_layout& layout,
+                                                          options opt)
+    : layout_(validated(world, layout)),
+      role_(layout_.role_of(world.rank())),
+      member_comm_(world.split(role_.kind == role::trainer ? role_.member : communicator::undefined,
+                               role_.rank_in_member, cat("member ", role_.member))),
+      load_(std::make_shared<loader>()),
+      feed_(std::in_place, world, layout_,
+            [slot = load_](std::int64_t step, int shard, span<std::byte> out) -> std::size_t {
+              check(static_cast<bool>(*slot), "ensemble_pipeline", "the feed asked for data before run()");
+              return (*slot)(step, shard, out);
+            },
+            opt.feed),
+      collect_(world, layout_) {
+  if (role_.kind == role::trainer) sync_.emplace(member_comm_, opt.sync);
+}
+
+template <class Feed, class Sync, class Collect>
+template <class Train, class Aggregate>
+void ensemble_pipeline<Feed, Sync, Collect>::run(loader load, Train&& train, Aggregate&& aggregate) {
+  check(!ran_, "ensemble_pipeline", "run() runs once per pipeline (a feed's stream is consumed once)");
+  check(static_cast<bool>(load), "ensemble_pipeline", "run() needs a loader");
+  ran_ = true;
+  *load_ = std::move(load);
+  context ctx(*this);
+  if (role_.kind == role::producer) {
+    feed_->produce();
+  } else {
+    train(ctx);
+    collect_.flush();
+  }
+  if (collect_.is_aggregator()) aggregate(ctx);
+}
+
+}  // namespace flexcomm

@@ -1,0 +1,113 @@
+// The seed's pipeline designs by name (Pittman et al., SC18), each with either sync: going from
+// the baseline to a streamlined pipeline is a change of preset, never of trainer code.
+//
+//   baseline           local_feed: every trainer preprocesses its own batches; gradients
+//                      averaged after backward (subgroup_allreduce, deferred to finish())
+//   single_broadcast   one producer preprocesses each step and broadcasts it (one_to_many)
+//   multi_broadcast    the same one_to_many with several producers taking turns as root
+//   all_shared         no producers: trainers take turns preprocessing, shared by broadcast
+//
+// The producer count is the layout's: single_broadcast takes exactly one producer,
+// multi_broadcast two or more, the others none (with_producers() derives such a layout).
+#pragma once
+
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "../backend/mpi.hpp"
+#include "../core/error.hpp"
+#include "../core/layout.hpp"
+#include "../patterns/all_shared.hpp"
+#include "../patterns/local_feed.hpp"
+#include "../patterns/many_to_one.hpp"
+#include "../patterns/one_to_many.hpp"
+#include "../patterns/overlapped_ring.hpp"
+#include "../patterns/subgroup_allreduce.hpp"
+#include "after_backward.hpp"
+#include "ensemble_pipeline.hpp"
+
+namespace flexcomm {
+
+// The same members and aggregator with `producers` producer ranks in front: the aggregator stays
+// on the same trainer, or, if it was a producer, becomes producer 0 (the first trainer if none).
+inline ensemble_layout with_producers(const ensemble_layout& layout, int producers) {
+  int aggregator = 0;
+  if (layout.aggregator() >= layout.producers())
+    aggregator = layout.aggregator() - layout.producers() + producers;
+  return ensemble_layout(producers, layout.member_sizes(), aggregator);
+}
+
+namespace presets {
+
+namespace detail {
+template <class B>
+using deferred_allreduce = after_backward<subgroup_allreduce<B>>;
+}  // namespace detail
+
+// A preset: its pipeline type, its name, and the producer counts its layout may have.
+template <class Feed, template <class> class Sync, class B, int MinProducers, int MaxProducers>
+struct preset {
+  using pipeline = ensemble_pipeline<Feed, Sync<B>, many_to_one<B>>;
+  static constexpr int min_producers = MinProducers;
+  static constexpr int max_producers = MaxProducers;
+
+  // Throws, naming the preset, when the layout has the wrong number of producers.
+  static void check_layout(const ensemble_layout& layout, const char* name) {
+    const int p = layout.producers();
+    check(p >= min_producers && p <= max_producers, cat("preset ", name),
+          cat("layout '", layout.str(), "' has ", p, " producers; ", name, " takes ",
+              min_producers == max_producers ? cat(min_producers)
+              : max_producers == std::numeric_limits<int>::max() ? cat(min_producers, " or more")
+                                                                 : cat(min_producers, "..", max_producers)));
+  }
+  // The layout this preset runs on, from one that gives the members (and the aggregator).
+  static ensemble_layout layout_for(const ensemble_layout& layout) {
+    const int p = layout.producers();
+    return with_producers(layout, p < min_producers ? min_producers : p > max_producers ? max_producers : p);
+  }
+};
+
+constexpr int many = std::numeric_limits<int>::max();
+
+template <template <class> class Sync = subgroup_allreduce, class B = mpi>
+struct baseline : preset<local_feed, detail::deferred_allreduce, B, 0, 0> {
+  static constexpr const char* name = "baseline";
+};
+template <template <class> class Sync = subgroup_allreduce, class B = mpi>
+struct single_broadcast : preset<one_to_many<B>, Sync, B, 1, 1> {
+  static constexpr const char* name = "single_broadcast";
+};
+template <template <class> class Sync = subgroup_allreduce, class B = mpi>
+struct multi_broadcast : preset<one_to_many<B>, Sync, B, 2, many> {
+  static constexpr const char* name = "multi_broadcast";
+};
+template <template <class> class Sync = subgroup_allreduce, class B = mpi>
+struct all_shared : preset<flexcomm::all_shared<B>, Sync, B, 0, 0> {
+  static constexpr const char* name = "all_shared";
+};
+
+// Names a trainer passes on the command line.
+inline constexpr const char* names[] = {"baseline", "single_broadcast", "multi_broadcast", "all_shared"};
+inline constexpr const char* sync_names[] = {"allreduce", "ring"};
+
+// Calls f(Preset{}) with the preset named `name` and the sync named `sync` ("allreduce":
+// subgroup_allreduce, "ring": overlapped_ring). The baseline always uses subgroup_allreduce.
+template <class B = mpi, class F>
+decltype(auto) visit(std::string_view name, std::string_view sync, F&& f) {
+  check(sync == "allreduce" || sync == "ring", "presets",
+        cat("unknown sync '", sync, "' (known: allreduce, ring)"));
+  const bool ring = sync == "ring";
+  if (name == "baseline") return f(baseline<subgroup_allreduce, B>{});
+  if (name == "single_broadcast")
+    return ring ? f(single_broadcast<overlapped_ring, B>{}) : f(single_broadcast<subgroup_allreduce, B>{});
+  if (name == "multi_broadcast")
+    return ring ? f(multi_broadcast<overlapped_ring, B>{}) : f(multi_broadcast<subgroup_allreduce, B>{});
+  if (name == "all_shared")
+    return ring ? f(all_shared<overlapped_ring, B>{}) : f(all_shared<subgroup_allreduce, B>{});
+  fail("presets", cat("unknown preset '", name, "' (known: baseline, single_broadcast, multi_broadcast, all_shared)"));
+}
+
+}  // namespace presets
+}  // namespace flexcomm

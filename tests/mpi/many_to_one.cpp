@@ -1,0 +1,252 @@
+#define BOOST_TEST_MODULE mpi_many_to_one
+#include "mpi_fixture.hpp"
+
+#include <flexcomm/patterns/many_to_one.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fc = flexcomm;
+using fc::mpi;
+using fc::testing::world;
+
+namespace {
+
+// Layouts of the whole world that put the aggregator on a trainer, on a producer, and last.
+std::vector<fc::ensemble_layout> layouts(int n) {
+  std::vector<fc::ensemble_layout> out;
+  out.emplace_back(0, std::vector<int>(static_cast<std::size_t>(n), 1), 0);
+  out.emplace_back(0, std::vector<int>(static_cast<std::size_t>(n), 1), n - 1);
+  if (n >= 2) {  // one producer as aggregator, the rest in members of 2 and 1 ranks
+    std::vector<int> sizes;
+    for (int left = n - 1; left > 0; left -= 2) sizes.push_back(left >= 2 ? 2 : 1);
+    out.emplace_back(1, sizes, 0);
+    out.emplace_back(1, sizes, n - 1);
+  }
+  if (n >= 3) out.emplace_back(2, std::vector<int>{n - 2}, 1);  // a producer that does not aggregate
+  return out;
+}
+
+// How many elements rank r of member m submits in `round`: differs per rank, zero included.
+std::size_t count_of(int m, int r, int round) { return static_cast<std::size_t>((m * 3 + r * 5 + round) % 4); }
+
+template <class T>
+std::vector<T> tensor_of(int m, int r, int round) {
+  std::vector<T> v(count_of(m, r, round));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(100 * m + 10 * r + static_cast<int>(i) + round);
+  return v;
+}
+
+template <class T>
+bool check_gathered(const fc::ensemble_layout& layout, const fc::gathered<T>& g, int round) {
+  std::vector<T> want;
+  std::vector<std::size_t> counts;
+  for (int m = 0; m < layout.members(); ++m) {
+    std::size_t member_total = 0;
+    for (int r = 0; r < layout.member_size(m); ++r) {
+      const auto t = tensor_of<T>(m, r, round);
+      want.insert(want.end(), t.begin(), t.end());
+      counts.push_back(t.size());
+      member_total += t.size();
+      const auto seen = g.trainer(m, r);
+      if (seen.size() != t.size() || !std::equal(t.begin(), t.end(), seen.begin())) return false;
+    }
+    if (g.member_counts.at(static_cast<std::size_t>(m)) != member_total) return false;
+  }
+  return g.data == want && g.rank_counts == counts;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gather_concatenates_variable_sizes_in_member_order) {
+  for (const auto& layout : layouts(world().size())) {
+    fc::many_to_one<mpi> collect(world(), layout);
+    const auto me = layout.role_of(world().rank());
+    bool ok = true;
+    for (int round = 0; round < 3; ++round) {
+      if (collect.is_trainer()) collect.submit(tensor_of<std::int32_t>(me.member, me.rank_in_member, round));
+      if (collect.is_aggregator()) ok = ok && check_gathered(layout, collect.gather<std::int32_t>(), round);
+    }
+    collect.flush();
+    BOOST_TEST(fc::testing::all_ranks(ok), "layout " << layout.str());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(zero_sized_submissions_from_everyone) {
+  for (const auto& layout : layouts(world().size())) {
+    fc::many_to_one<mpi> collect(world(), layout);
+    bool ok = true;
+    if (collect.is_trainer()) {  // two rounds, both empty
+      collect.submit(std::vector<double>{});
+      collect.submit(std::vector<double>{});
+    }
+    if (collect.is_aggregator()) {
+      const auto g = collect.gather<double>();
+      ok = g.data.empty() && g.rank_counts.size() == static_cast<std::size_t>(layout.trainers());
+      const auto r = collect.reduce<double>(fc::op::sum);  // a second, empty round
+      ok = ok && r.empty();
+    }
+    BOOST_TEST(fc::testing::all_ranks(ok), "layout " << layout.str());
+  }
+}
+
+// Trainers submit several large rounds and then wait for the aggregator in a collective the
+// aggregator enters only before gathering: a submit that waited for the aggregator would hang.
+BOOST_AUTO_TEST_CASE(submit_does_not_wait_for_the_aggregator_and_owns_its_copy) {
+  const int n = world().size();
+  const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(n), 1), n - 1);
+  fc::many_to_one<mpi> collect(world(), layout);
+  const std::size_t big = 1 << 20;  // past MPICH's eager limit: the transfer needs the aggregator
+  const int rank = world().rank();
+  std::vector<float> buf(big);
+  if (!collect.is_aggregator()) {
+    for (int round = 0; round < 3; ++round) {
+      std::fill(buf.begin(), buf.end(), static_cast<float>(rank * 10 + round));
+      collect.submit(fc::span<const float>(buf));
+    }
+    std::fill(buf.begin(), buf.end(), -1.0f);  // the submissions are copies
+  }
+  BOOST_TEST(fc::testing::all_ranks(true));
+  bool ok = true;
+  if (collect.is_aggregator()) {
+    for (int round = 0; round < 3; ++round) {
+      std::fill(buf.begin(), buf.end(), static_cast<float>(rank * 10 + round));
+      collect.submit(fc::span<const float>(buf));
+      const auto g = collect.gather<float>();
+      for (int r = 0; r < n; ++r) {
+        const auto t = g.trainer(r, 0);
+        ok = ok && t.size() == big && t[0] == static_cast<float>(r * 10 + round) &&
+             t[big - 1] == static_cast<float>(r * 10 + round);
+      }
+    }
+  }
+  collect.flush();
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(reduce_combines_members_with_every_op) {
+  const fc::op ops[] = {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max, fc::op::avg};
+  for (const auto& layout : layouts(world().size())) {
+    fc::many_to_one<mpi> collect(world(), layout);
+    const auto me = layout.role_of(world().rank());
+    bool ok = true;
+    for (fc::op o : ops) {
+      // Each member contributes 5 values (m + i) % 3 + 1, split unevenly over its ranks.
+      if (collect.is_trainer()) {
+        const int size = layout.member_size(me.member);
+        const std::size_t first = me.rank_in_member == 0 ? 0 : static_cast<std::size_t>(5 * me.rank_in_member / size);
+        const std::size_t last = static_cast<std::size_t>(5 * (me.rank_in_member + 1) / size);
+        std::vector<std::int64_t> part;
+        for (std::size_t i = first; i < last; ++i) part.push_back((me.member + static_cast<int>(i)) % 3 + 1);
+        collect.submit(part);
+      }
+      if (collect.is_aggregator()) {
+        std::vector<std::int64_t> want(5), got = collect.reduce<std::int64_t>(o);
+        for (std::size_t i = 0; i < 5; ++i) {
+          want[i] = static_cast<std::int64_t>(i) % 3 + 1;
+          for (int m = 1; m < layout.members(); ++m) {
+            const std::int64_t v = (m + static_cast<int>(i)) % 3 + 1;
+            fc::combine(o, &want[i], &v, 1);
+          }
+        }
+        if (o == fc::op::avg) fc::divide_by(want.data(), 5, layout.members());
+        ok = ok && got == want;
+      }
+    }
+    BOOST_TEST(fc::testing::all_ranks(ok), "layout " << layout.str());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reduce_average_of_float_probabilities) {
+  const int n = world().size();
+  const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(n), 1), 0);
+  fc::many_to_one<mpi> collect(world(), layout);
+  collect.submit(std::vector<float>{static_cast<float>(world().rank()), 1.0f});
+  bool ok = true;
+  if (collect.is_aggregator()) {
+    const auto avg = collect.reduce<float>(fc::op::avg);
+    ok = avg.size() == 2 && avg[0] == static_cast<float>(n - 1) / 2.0f && avg[1] == 1.0f;
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(misuse_is_reported_and_the_next_round_still_works) {
+  const int n = world().size();
+  const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(n), 1), 0);
+  fc::many_to_one<mpi> collect(world(), layout);
+  bool ok = true;
+  // The aggregator is a trainer here: gathering before its own submit is an error.
+  if (collect.is_aggregator()) {
+    try {
+      collect.gather<float>();
+      ok = false;
+    } catch (const fc::error& e) {
+      ok = std::string(e.what()).find("submit() its own tensor") != std::string::npos;
+    }
+  } else {
+    try {
+      collect.gather<float>();
+      ok = false;
+    } catch (const fc::error& e) {
+      ok = std::string(e.what()).find("only the aggregator") != std::string::npos;
+    }
+  }
+  // A type mismatch: trainers submit float, the aggregator gathers double.
+  collect.submit(std::vector<float>(3, 1.0f));
+  if (collect.is_aggregator()) {
+    try {
+      collect.gather<double>();
+      ok = false;
+    } catch (const fc::error& e) {
+      ok = ok && std::string(e.what()).find("submitted float but the aggregator gathers double") != std::string::npos;
+    }
+  }
+  // Members of different lengths cannot be reduced (one member here sends one element more).
+  if (n > 1) {
+    collect.submit(std::vector<int>(world().rank() == n - 1 ? 3 : 2, 1));
+    if (collect.is_aggregator()) {
+      try {
+        collect.reduce<int>(fc::op::sum);
+        ok = false;
+      } catch (const fc::error& e) {
+        ok = ok && std::string(e.what()).find("needs the same length") != std::string::npos;
+      }
+    }
+  }
+  // The collect communicator is still in step.
+  collect.submit(std::vector<int>{world().rank()});
+  if (collect.is_aggregator()) {
+    const auto g = collect.gather<int>();
+    for (int r = 0; r < n; ++r) ok = ok && g.data.at(static_cast<std::size_t>(r)) == r;
+  }
+  collect.flush();
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(producers_do_not_submit) {
+  if (world().size() < 2) return;
+  const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(world().size() - 1), 1), 1);
+  fc::many_to_one<mpi> collect(world(), layout);
+  bool ok = true;
+  if (world().rank() == 0) {
+    try {
+      collect.submit(std::vector<int>{1});
+      ok = false;
+    } catch (const fc::error& e) {
+      ok = std::string(e.what()).find("only trainers submit") != std::string::npos;
+    }
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(a_layout_that_does_not_fit_the_world_is_refused) {
+  const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(world().size()), 1), 0);
+  bool ok = false;
+  try {
+    fc::many_to_one<mpi> collect(world(), layout);
+  } catch (const fc::error& e) {
+    ok = std::string(e.what()).find("world has") != std::string::npos;
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}

@@ -1,0 +1,363 @@
+#define BOOST_TEST_MODULE mpi_sync
+#include "mpi_fixture.hpp"
+
+#include <boost/mpl/list.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace fc = flexcomm;
+using fc::mpi;
+using fc::testing::world;
+
+namespace {
+
+using element_types = boost::mpl::list<float, double, std::int32_t, std::int64_t, std::uint8_t, fc::half, fc::bfloat16>;
+using adapters = boost::mpl::list<fc::subgroup_allreduce<mpi>, fc::overlapped_ring<mpi>>;
+const fc::op all_ops[] = {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max, fc::op::avg};
+
+// Small values whose sums and products are exact in every element type at up to 6 ranks, so
+// integer and float results alike must equal the reference bit for bit.
+template <class T>
+T value(int rank, int step, int index, std::size_t i) {
+  const int v = static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3 + static_cast<std::size_t>(step) * 5 +
+                                  static_cast<std::size_t>(index) * 11) % 5);
+  return T(static_cast<float>(std::is_unsigned_v<T> ? v : v - 2));
+}
+
+template <class T>
+std::vector<T> gradient(int rank, int step, int index, std::size_t n) {
+  std::vector<T> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = value<T>(rank, step, index, i);
+  return g;
+}
+
+// The reduction over `ranks` (world ranks), computed locally from the same generator.
+template <class T>
+std::vector<T> reference(fc::op o, const std::vector<int>& ranks, int step, int index, std::size_t n) {
+  auto acc = gradient<T>(ranks.front(), step, index, n);
+  for (std::size_t r = 1; r < ranks.size(); ++r) {
+    const auto other = gradient<T>(ranks[r], step, index, n);
+    fc::combine(o, acc.data(), other.data(), n);
+  }
+  if (o == fc::op::avg) fc::divide_by(acc.data(), n, static_cast<int>(ranks.size()));
+  return acc;
+}
+
+template <class T>
+bool same(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (static_cast<double>(a[i]) != static_cast<double>(b[i])) return false;
+  return true;
+}
+
+std::vector<int> all_world_ranks() {
+  std::vector<int> r(static_cast<std::size_t>(world().size()));
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+// A random model: gradient sizes (zero, below the rank count, not divisible by it) and the
+// same permutation of them on every rank, from a seed every rank shares.
+struct model {
+  std::vector<std::size_t> sizes;
+  std::vector<std::vector<int>> order;  // per step: the order backprop hands gradients over
+};
+
+model random_model(std::mt19937& rng, int steps) {
+  const std::size_t picks[] = {0, 1, 2, 3, 5, 7, 64, 333, 1000, 2049};
+  model m;
+  const int gradients = std::uniform_int_distribution<int>(1, 7)(rng);
+  for (int i = 0; i < gradients; ++i)
+    m.sizes.push_back(picks[std::uniform_int_distribution<std::size_t>(0, std::size(picks) - 1)(rng)]);
+  std::vector<int> order(static_cast<std::size_t>(gradients));
+  std::iota(order.rbegin(), order.rend(), 0);  // backprop: last layer first
+  for (int s = 0; s < steps; ++s) {
+    m.order.push_back(order);
+    std::shuffle(order.begin(), order.end(), rng);  // later steps may finish layers in another order
+  }
+  return m;
+}
+
+// Runs `steps` steps of `Sync` over the model on `member`; true when every gradient ends equal
+// to the reference over `member_ranks`.
+template <class Sync, class T>
+bool run_steps(const mpi::communicator& member, const std::vector<int>& member_ranks, const model& m,
+               fc::sync_options options, std::string& detail) {
+  Sync sync(member, options);
+  const int rank = world().rank();
+  bool ok = true;
+  for (int step = 0; step < static_cast<int>(m.order.size()); ++step) {
+    std::vector<std::vector<T>> grads(m.sizes.size());
+    for (std::size_t i = 0; i < m.sizes.size(); ++i) grads[i] = gradient<T>(rank, step, static_cast<int>(i), m.sizes[i]);
+    for (int i : m.order[static_cast<std::size_t>(step)]) sync.ready(i, fc::span<T>(grads[static_cast<std::size_t>(i)]));
+    sync.finish();
+    for (std::size_t i = 0; i < m.sizes.size(); ++i)
+      if (!same(grads[i], reference<T>(options.op, member_ranks, step, static_cast<int>(i), m.sizes[i]))) {
+        ok = false;
+        detail = fc::cat("step ", step, " gradient ", i, " (", m.sizes[i], " elements)");
+      }
+  }
+  return ok;
+}
+
+template <class Sync>
+bool threw_on_finish(Sync& sync, std::string& cause) {
+  try {
+    sync.finish();
+  } catch (const fc::error& e) {
+    cause = e.cause();
+    return e.rank() == world().rank();
+  }
+  return false;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(both_adapters_equal_the_reference_for_every_op, T, element_types) {
+  std::mt19937 rng(1234 + static_cast<unsigned>(fc::dtype_of<T>));  // same on every rank
+  const auto everyone = all_world_ranks();
+  {
+    const auto m = random_model(rng, 3);
+    fc::sync_options options;
+    // From one bucket per gradient to everything in one bucket; segments from one element up.
+    const std::size_t capacities[] = {1, 16, 700, 4096, 1 << 20};
+    const std::size_t segments[] = {16, 100, 1000, 1 << 20};
+    options.bucket_bytes = capacities[std::uniform_int_distribution<std::size_t>(0, 4)(rng)];
+    options.segment_bytes = segments[std::uniform_int_distribution<std::size_t>(0, 3)(rng)];
+    options.segments_in_flight = std::uniform_int_distribution<int>(1, 3)(rng);
+    for (fc::op o : all_ops) {
+      options.op = o;
+      std::string detail;
+      const auto where = fc::cat("op ", fc::name_of(o), " buckets of ", options.bucket_bytes, " bytes, segments of ",
+                                 options.segment_bytes, " bytes x", options.segments_in_flight);
+      options.launch_when_full = false;
+      BOOST_TEST(fc::testing::all_ranks(run_steps<fc::subgroup_allreduce<mpi>, T>(world(), everyone, m, options, detail)),
+                 "subgroup_allreduce " << where << " " << detail);
+      options.launch_when_full = true;
+      BOOST_TEST(fc::testing::all_ranks(run_steps<fc::subgroup_allreduce<mpi>, T>(world(), everyone, m, options, detail)),
+                 "subgroup_allreduce launched when full " << where << " " << detail);
+      BOOST_TEST(fc::testing::all_ranks(run_steps<fc::overlapped_ring<mpi>, T>(world(), everyone, m, options, detail)),
+                 "overlapped_ring " << where << " " << detail);
+    }
+  }
+}
+
+// Random reals: the ring adds in another order than MPI, so floats agree within a tolerance
+// (relative to the sum of magnitudes); every rank must still end with the same bits.
+BOOST_AUTO_TEST_CASE_TEMPLATE(random_reals_agree_with_mpi_allreduce_within_tolerance, Sync, adapters) {
+  const int rank = world().rank();
+  std::mt19937 rng(99 + static_cast<unsigned>(rank));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const std::size_t sizes[] = {1, 17, 4099, 30000};
+  std::vector<std::vector<float>> f(std::size(sizes)), f_ref(std::size(sizes)), f_abs(std::size(sizes));
+  std::vector<std::vector<double>> d(std::size(sizes)), d_ref(std::size(sizes));
+  fc::sync_options options;
+  options.bucket_bytes = 64 << 10;
+  options.segment_bytes = 4 << 10;
+  options.op = fc::op::avg;
+  Sync sync(world(), options);
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t i = 0; i < std::size(sizes); ++i) {
+      f[i].resize(sizes[i]);
+      d[i].resize(sizes[i]);
+      for (auto& x : f[i]) x = static_cast<float>(normal(rng));
+      for (auto& x : d[i]) x = normal(rng);
+      f_ref[i].assign(sizes[i], 0.0f);
+      d_ref[i].assign(sizes[i], 0.0);
+      f_abs[i].resize(sizes[i]);
+      std::vector<float> magnitude(sizes[i]);
+      for (std::size_t k = 0; k < sizes[i]; ++k) magnitude[k] = std::fabs(f[i][k]);
+      MPI_Allreduce(f[i].data(), f_ref[i].data(), static_cast<int>(sizes[i]), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Allreduce(magnitude.data(), f_abs[i].data(), static_cast<int>(sizes[i]), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Allreduce(d[i].data(), d_ref[i].data(), static_cast<int>(sizes[i]), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    }
+    for (std::size_t i = std::size(sizes); i-- > 0;) {
+      sync.ready(static_cast<int>(2 * i), fc::span<float>(f[i]));
+      sync.ready(static_cast<int>(2 * i + 1), fc::span<double>(d[i]));
+    }
+    sync.finish();
+    const double n = world().size();
+    bool ok = true;
+    double first = 0;
+    for (std::size_t i = 0; i < std::size(sizes); ++i)
+      for (std::size_t k = 0; k < sizes[i]; ++k) {
+        ok = ok && std::fabs(f[i][k] - f_ref[i][k] / n) <= 2e-6 * (f_abs[i][k] / n) + 1e-30;
+        ok = ok && std::fabs(d[i][k] - d_ref[i][k] / n) <= 1e-13 * (std::fabs(d_ref[i][k]) / n + 1.0);
+        first += f[i][k] + d[i][k];
+      }
+    BOOST_TEST(fc::testing::all_ranks(ok), "step " << step);
+    // Same bits everywhere: the rank-0 checksum, broadcast, equals each rank's own.
+    double from_zero = first;
+    mpi::ibcast(world(), fc::span<double>(&from_zero, 1), 0).wait();
+    BOOST_TEST(fc::testing::all_ranks(from_zero == first), "step " << step);
+  }
+}
+
+// Members split from one world: interleaved (even and odd world ranks), so a ring that
+// strayed onto the world would mix them.
+BOOST_AUTO_TEST_CASE_TEMPLATE(two_members_in_one_world_never_mix_gradients, Sync, adapters) {
+  const int rank = world().rank(), size = world().size();
+  const int member = rank % 2;
+  auto comm = world().split(member, rank, fc::cat("member ", member));
+  std::vector<int> mine;
+  for (int r = member; r < size; r += 2) mine.push_back(r);
+  std::mt19937 rng(7);
+  const auto m = random_model(rng, 3);
+  for (std::size_t capacity : {std::size_t{8}, std::size_t{1} << 20}) {
+    fc::sync_options options;
+    options.bucket_bytes = capacity;
+    options.segment_bytes = 64;
+    std::string detail;
+    BOOST_TEST(fc::testing::all_ranks(run_steps<Sync, std::int64_t>(comm, mine, m, options, detail)),
+               "member " << member << " " << detail);
+    options.op = fc::op::sum;
+    BOOST_TEST(fc::testing::all_ranks(run_steps<Sync, float>(comm, mine, m, options, detail)),
+               "member " << member << " " << detail);
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(different_order_at_the_first_step_is_an_error_on_every_rank, Sync, adapters) {
+  const int rank = world().rank(), size = world().size();
+  for (std::size_t capacity : {std::size_t{4}, std::size_t{1} << 20}) {
+    fc::sync_options options;
+    options.bucket_bytes = capacity;
+    Sync sync(world(), options);
+    std::vector<float> a(10, 1.0f), b(20, 2.0f);
+    if (rank == 0) {
+      sync.ready(0, fc::span<float>(a));
+      sync.ready(1, fc::span<float>(b));
+    } else {
+      sync.ready(1, fc::span<float>(b));
+      sync.ready(0, fc::span<float>(a));
+    }
+    std::string cause;
+    const bool threw = threw_on_finish(sync, cause);
+    BOOST_TEST(fc::testing::all_ranks(threw == (size > 1)), "capacity " << capacity << ": " << cause);
+    BOOST_TEST(fc::testing::all_ranks(size == 1 || contains(cause, "different orders or with different sizes")), cause);
+    // The failed first step formed no plan: a consistent step now works.
+    std::fill(a.begin(), a.end(), static_cast<float>(rank));
+    sync.ready(0, fc::span<float>(a));
+    sync.ready(1, fc::span<float>(b));
+    sync.finish();
+    BOOST_TEST(fc::testing::all_ranks(a[0] == static_cast<float>(size - 1) / 2.0f && b[19] == 2.0f));
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(different_sizes_at_the_first_step_are_an_error_on_every_rank, Sync, adapters) {
+  const int rank = world().rank(), size = world().size();
+  Sync sync(world(), fc::sync_options{});
+  std::vector<double> a(10), b(rank == size - 1 ? 21 : 20);
+  sync.ready(0, fc::span<double>(a));
+  sync.ready(1, fc::span<double>(b));
+  std::string cause;
+  BOOST_TEST(fc::testing::all_ranks(threw_on_finish(sync, cause) == (size > 1)), cause);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(misuse_after_the_plan_is_fixed_is_an_error_on_every_rank, Sync, adapters) {
+  const int rank = world().rank(), size = world().size();
+  fc::sync_options options;
+  options.bucket_bytes = 48;  // two gradients per bucket
+  Sync sync(world(), options);
+  std::vector<std::int32_t> g0(6), g1(6), g2(5), g3(7), wrong(8);
+  auto step = [&](auto&& hand_over) {
+    for (auto* g : {&g0, &g1, &g2, &g3}) std::fill(g->begin(), g->end(), rank);
+    hand_over();
+    std::string cause;
+    const bool threw = threw_on_finish(sync, cause);
+    return std::make_pair(threw, cause);
+  };
+  auto correct = [&] {
+    sync.ready(3, fc::span<std::int32_t>(g3));
+    sync.ready(2, fc::span<std::int32_t>(g2));
+    sync.ready(1, fc::span<std::int32_t>(g1));
+    sync.ready(0, fc::span<std::int32_t>(g0));
+  };
+  const std::int32_t avg = (size - 1) * size / 2 / size;
+  auto [threw, cause] = step(correct);  // the first step fixes the plan
+  BOOST_TEST(fc::testing::all_ranks(!threw && g0[5] == avg && g3[0] == avg), cause);
+
+  // One rank hands a gradient over with another size.
+  std::tie(threw, cause) = step([&] {
+    sync.ready(3, fc::span<std::int32_t>(g3));
+    sync.ready(2, rank == 0 ? fc::span<std::int32_t>(wrong) : fc::span<std::int32_t>(g2));
+    sync.ready(1, fc::span<std::int32_t>(g1));
+    sync.ready(0, fc::span<std::int32_t>(g0));
+  });
+  BOOST_TEST(fc::testing::all_ranks(threw), cause);
+  BOOST_TEST(fc::testing::all_ranks(rank != 0 || contains(cause, "gradient 2 is 8 x int32 but was 5 x int32")), cause);
+  BOOST_TEST(fc::testing::all_ranks(rank == 0 || contains(cause, "rank 0 of the member misused")), cause);
+
+  // One rank hands gradients over in another order.
+  std::tie(threw, cause) = step([&] {
+    if (rank == size - 1) {
+      sync.ready(0, fc::span<std::int32_t>(g0));
+      sync.ready(1, fc::span<std::int32_t>(g1));
+      sync.ready(2, fc::span<std::int32_t>(g2));
+      sync.ready(3, fc::span<std::int32_t>(g3));
+    } else {
+      correct();
+    }
+  });
+  BOOST_TEST(fc::testing::all_ranks(threw == (size > 1)), cause);
+
+  // The same gradient twice; an unknown one; one missing at finish(); a type that changed.
+  std::tie(threw, cause) = step([&] {
+    correct();
+    sync.ready(1, fc::span<std::int32_t>(g1));
+  });
+  BOOST_TEST(fc::testing::all_ranks(threw && contains(cause, "handed over twice")), cause);
+  std::tie(threw, cause) = step([&] {
+    correct();
+    sync.ready(9, fc::span<std::int32_t>(g1));
+  });
+  BOOST_TEST(fc::testing::all_ranks(threw && contains(cause, "gradient 9 is not in the bucket plan")), cause);
+  std::tie(threw, cause) = step([&] {
+    sync.ready(3, fc::span<std::int32_t>(g3));
+    sync.ready(2, fc::span<std::int32_t>(g2));
+    sync.ready(1, fc::span<std::int32_t>(g1));
+  });
+  BOOST_TEST(fc::testing::all_ranks(threw && contains(cause, "finish() after 3 of the plan's 4 gradients")), cause);
+  std::vector<float> as_float(6);
+  std::tie(threw, cause) = step([&] {
+    sync.ready(3, fc::span<std::int32_t>(g3));
+    sync.ready(2, fc::span<std::int32_t>(g2));
+    sync.ready(1, fc::span<std::int32_t>(g1));
+    sync.ready(0, fc::span<float>(as_float));
+  });
+  BOOST_TEST(fc::testing::all_ranks(threw && contains(cause, "gradient 0 is 6 x float but was 6 x int32")), cause);
+
+  // After all that, a correct step still averages.
+  std::tie(threw, cause) = step(correct);
+  BOOST_TEST(fc::testing::all_ranks(!threw && g0[0] == avg && g1[5] == avg && g2[4] == avg && g3[6] == avg), cause);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(bad_options_are_named_errors, Sync, adapters) {
+  fc::sync_options zero;
+  zero.bucket_bytes = 0;
+  BOOST_CHECK_EXCEPTION((Sync{world(), zero}), fc::error,
+                        [](const fc::error& e) { return contains(e.cause(), "bucket_bytes must be positive"); });
+  BOOST_TEST(fc::testing::all_ranks(true));
+}
+
+BOOST_AUTO_TEST_CASE(ring_options_and_byte_counts) {
+  fc::sync_options options;
+  options.segments_in_flight = 0;
+  BOOST_CHECK_THROW((fc::overlapped_ring<mpi>{world(), options}), fc::error);
+  BOOST_TEST(fc::parse_bytes("26214400", "x") == 26214400u);
+  BOOST_TEST(fc::parse_bytes("64K", "x") == 65536u);
+  BOOST_TEST(fc::parse_bytes("25M", "x") == fc::default_bucket_bytes);
+  BOOST_TEST(fc::parse_bytes("1GiB", "x") == std::size_t{1} << 30);
+  for (const char* bad : {"", "0", "-5", "12Q", "M", "1.5M"})
+    BOOST_CHECK_EXCEPTION(fc::parse_bytes(bad, "FLEXCOMM_BUCKET_BYTES"), fc::error,
+                          [](const fc::error& e) { return contains(e.cause(), "expected a positive byte count"); });
+  BOOST_TEST(fc::testing::all_ranks(true));
+}
