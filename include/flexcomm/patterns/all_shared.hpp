@@ -54,6 +54,7 @@ class all_shared {
     std::vector<request> requests;
     std::vector<std::vector<std::byte>> send, recv;  // per piece of this trainer
     std::shared_ptr<completion> done;
+    detail::wakeup wake;
     std::int64_t index = -1;
   };
 
@@ -143,14 +144,8 @@ void all_shared<B>::post_free_rounds() {
           span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(send.data()), bytes),
           span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(r.recv[i].data()), r.recv[i].size())));
     }
-    auto held = ring_[static_cast<std::size_t>(g % static_cast<std::int64_t>(ring_.size()))];
-    r.done = progress_engine::instance().submit(
-        [held] {
-          for (auto& q : held->requests)
-            if (!q.test()) return false;
-          return true;
-        },
-        cat("all_shared: allgather of round ", g));
+    r.done = detail::submit_requests(ring_[static_cast<std::size_t>(g % static_cast<std::int64_t>(ring_.size()))],
+                                     cat("all_shared: allgather of round ", g));
     ++next_round_;
   }
 }
@@ -167,7 +162,7 @@ std::optional<batch> all_shared<B>::next() {
   const std::int64_t step = next_step_, g = step / members_;
   round& r = round_of(g);
   check(r.index == g, "all_shared", cat("round ", g, " was never posted"));
-  r.done->wait(detail::engine_wait());
+  detail::await(*r.done, r.wake);
   std::size_t shard = 0;
   batch_.offsets[0] = 0;
   if (my_pieces_.size() > 1) batch_.bytes.clear();
@@ -205,7 +200,7 @@ void all_shared<B>::drain() noexcept {
       for (auto& r : ring_)
         if (r->index >= 0 && (!oldest || r->index < oldest->index)) oldest = r;
       if (!oldest) break;
-      oldest->done->wait(detail::engine_wait());
+      detail::await(*oldest->done, oldest->wake);
       oldest->index = -1;
     }
   } catch (const std::exception& e) {

@@ -3,6 +3,10 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +17,7 @@
 
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
+#include "../core/progress.hpp"
 #include "../core/span.hpp"
 #include "../core/wait.hpp"
 
@@ -75,6 +80,60 @@ namespace detail {
 inline wait_policy engine_wait() {
   wait_policy p = default_wait();
   return p.kind == wait_kind::spin ? wait_policy::backoff() : p;
+}
+
+// Fired by the progress engine when the requests of a step are done (or one failed), so that a
+// feed's thread waiting under a backoff policy sleeps until then instead of polling: on a node
+// with more ranks than cores, each poll is a wake-up that shows in the CPU time feeds save.
+struct wakeup {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool fired = false;
+  void fire() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      fired = true;
+    }
+    cv.notify_all();
+  }
+};
+
+// Hands owner->requests to the progress engine (the task keeps `owner` and its buffers alive)
+// and arms owner->wake.
+template <class Owner>
+std::shared_ptr<completion> submit_requests(const std::shared_ptr<Owner>& owner, std::string what) {
+  {
+    std::lock_guard<std::mutex> lock(owner->wake.mutex);
+    owner->wake.fired = false;
+  }
+  return progress_engine::instance().submit(
+      [owner] {
+        try {
+          for (auto& r : owner->requests)
+            if (!r.test()) return false;
+        } catch (...) {
+          owner->wake.fire();
+          throw;
+        }
+        owner->wake.fire();
+        return true;
+      },
+      std::move(what));
+}
+
+// Waits for a task of submit_requests; rethrows its failure; past default_timeout() it fails.
+inline void await(const completion& done, wakeup& wake) {
+  if (default_wait().kind == wait_kind::backoff) {
+    const auto timeout = default_timeout();
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(wake.mutex);
+    while (!wake.fired) {
+      wake.cv.wait_for(lock, std::chrono::milliseconds(50));
+      if (!wake.fired && timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout)
+        fail(done.what(), cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)"));
+    }
+  }
+  done.wait(engine_wait());  // fired: the engine marks it finished at once
 }
 
 // A run of consecutive shards received by the same trainer of every member: the unit a feed

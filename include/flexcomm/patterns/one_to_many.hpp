@@ -24,9 +24,11 @@ namespace flexcomm {
 // Wire protocol, per step s of producer p = s mod P: a one-int reduce to the producer on the
 // credit communicator of p = {producer p, every trainer} ("ready": a trainer posts it only once
 // it has a slot free for s, and p ships s only after it, which bounds buffering), and per piece
-// c, on the communicator of (p, c) = {producer p, the owner of c in every member}, a broadcast
-// of the piece (header + shard sizes + shards, a fixed-size message). Credits travel apart from
-// data, so a producer asks for the credits of its next `depth` steps ahead of time.
+// c, on the communicator of (p, c) = {producer p, the owner of c in every member}, the piece
+// (header + shard sizes + shards, a fixed-size message) sent by p to each owner. A flat fan-out
+// rather than MPI's broadcast: a tree or scatter-allgather broadcast would make trainers relay
+// data and need several progress rounds, each a sleep of the wait policy on a crowded node.
+// Credits travel apart from data, so a producer asks for those of its next `depth` steps early.
 // Trainers know the stream's length, so its end needs no message.
 template <class B>
 class one_to_many {
@@ -54,6 +56,7 @@ class one_to_many {
 
  private:
   using request = typename B::request;
+  static constexpr int piece_tag = 17;
 
   // The operations of one step in flight and the buffers they use; the progress engine tests
   // the requests, and this object outlives them because the engine's task holds it too.
@@ -62,6 +65,7 @@ class one_to_many {
     std::vector<std::vector<std::byte>> slots;  // one per piece
     int ready_send = 1, ready_recv = 0;
     std::shared_ptr<completion> done;
+    detail::wakeup wake;
     std::int64_t step = -1;
   };
 
@@ -154,13 +158,7 @@ one_to_many<B>::~one_to_many() {
 template <class B>
 std::shared_ptr<completion> one_to_many<B>::start(const std::shared_ptr<transfer>& t, const char* what,
                                                   std::int64_t step) {
-  return progress_engine::instance().submit(
-      [t] {
-        for (auto& r : t->requests)
-          if (!r.test()) return false;
-        return true;
-      },
-      cat("one_to_many: ", what, " of step ", step));
+  return detail::submit_requests(t, cat("one_to_many: ", what, " of step ", step));
 }
 
 template <class B>
@@ -185,8 +183,9 @@ void one_to_many<B>::post_free_slots() {
                                                   span<const int>(&t.ready_send, 1), span<int>(), op::sum, 0));
     for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
       auto& slot = t.slots[i];
-      t.requests.push_back(B::ibcast(comm_of(s, my_pieces_[i]),
-                                     span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0));
+      t.requests.push_back(B::irecv(comm_of(s, my_pieces_[i]),
+                                    span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0,
+                                    piece_tag));
     }
     t.done = start(ring_[static_cast<std::size_t>(s % static_cast<std::int64_t>(ring_.size()))], "receive", s);
     ++next_post_;
@@ -197,7 +196,7 @@ template <class B>
 void one_to_many<B>::wait_for(std::int64_t step) {
   transfer& t = slot_of(step);
   check(t.step == step, "one_to_many", cat("step ", step, " was never posted (ring holds step ", t.step, ")"));
-  t.done->wait(detail::engine_wait());
+  detail::await(*t.done, t.wake);
 }
 
 // Under skip_ahead, rank 0 of the member picks the step, so that all its ranks deliver the same.
@@ -291,7 +290,7 @@ void one_to_many<B>::produce() {
   std::size_t k = 0;
   for (std::int64_t s = me; s < options_.steps; s += P, ++k) {
     auto& t = ring[k % depth];
-    if (t->done) t->done->wait(detail::engine_wait());  // its broadcasts finished: the slot can be refilled
+    if (t->done) detail::await(*t->done, t->wake);  // its sends finished: the slot can be refilled
     // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
     // only its owners stop.
     for (std::size_t c = 0; c < pieces_.size(); ++c) {
@@ -301,19 +300,21 @@ void one_to_many<B>::produce() {
       if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
         failure.assign(slot.begin(), slot.end());
     }
-    ready[k % depth]->done->wait(detail::engine_wait());
+    detail::await(*ready[k % depth]->done, ready[k % depth]->wake);
     t->requests.clear();
     for (std::size_t c = 0; c < pieces_.size(); ++c) {
       auto& slot = t->slots[c];
       const std::size_t bytes = slot.size() - detail::guard_bytes;
-      t->requests.push_back(B::ibcast(comm_of(s, static_cast<int>(c)),
-                                      span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), bytes), 0));
+      const communicator& comm = comm_of(s, static_cast<int>(c));
+      for (int r = 1; r < comm.size(); ++r)
+        t->requests.push_back(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes),
+                                       r, piece_tag));
     }
-    t->done = start(t, "broadcast", s);
+    t->done = start(t, "send", s);
     if (s + static_cast<std::int64_t>(depth) * P < options_.steps) ask_credits(s + static_cast<std::int64_t>(depth) * P, k + depth);
   }
   for (auto& t : ring)
-    if (t->done) t->done->wait();
+    if (t->done) detail::await(*t->done, t->wake);
   if (!failure.empty()) detail::piece_failure("one_to_many", span<const std::byte>(failure.data(), failure.size()),
                                               options_.shard_capacity);
 }
@@ -331,7 +332,7 @@ void one_to_many<B>::drain() noexcept {
       for (auto& t : ring_)
         if (t->step >= 0 && (!oldest || t->step < oldest->step)) oldest = t;
       if (!oldest) break;
-      oldest->done->wait(detail::engine_wait());
+      detail::await(*oldest->done, oldest->wake);
       oldest->step = -1;
     }
   } catch (const std::exception& e) {
