@@ -101,9 +101,11 @@ inline void instant(const char* name, const char* category = "trainer", std::int
 // A collective as this rank saw it: begin() when the rank arrives (posts it), end() when it has
 // finished here, possibly on another thread. (comm, sequence) names the same collective on
 // every rank of the communicator, which is how the report measures arrival skew.
-// begin() returns 0 when tracing is off; end(0) does nothing.
-inline std::uint64_t collective_begin(const char* kind, const std::string& comm, std::uint64_t sequence) noexcept;
-inline void collective_end(const char* kind, std::uint64_t id) noexcept;
+// begin() returns 0 when tracing is off; end(0) does nothing. Another `category` (a ring's
+// segments) draws the same way but stays out of the report's arrival matching.
+inline std::uint64_t collective_begin(const char* kind, const std::string& comm, std::uint64_t sequence,
+                                      const char* category = "collective") noexcept;
+inline void collective_end(const char* kind, std::uint64_t id, const char* category = "collective") noexcept;
 
 namespace detail {
 
@@ -353,13 +355,14 @@ inline void instant(const char* name, const char* category, std::int64_t arg, co
   detail::record(e);
 }
 
-inline std::uint64_t collective_begin(const char* kind, const std::string& comm, std::uint64_t sequence) noexcept {
+inline std::uint64_t collective_begin(const char* kind, const std::string& comm, std::uint64_t sequence,
+                                      const char* category) noexcept {
   if (!enabled()) return 0;
   detail::event e;
   e.ts = now();
   e.phase = 'b';
   e.name = kind;
-  e.category = "collective";
+  e.category = category;
   e.arg = static_cast<std::int64_t>(sequence);
   // Unique across ranks, so merged files keep every rank's operations apart.
   e.id = (static_cast<std::uint64_t>(detail::global().rank.load(std::memory_order_relaxed)) << 40) |
@@ -369,13 +372,13 @@ inline std::uint64_t collective_begin(const char* kind, const std::string& comm,
   return e.id;
 }
 
-inline void collective_end(const char* kind, std::uint64_t id) noexcept {
+inline void collective_end(const char* kind, std::uint64_t id, const char* category) noexcept {
   if (id == 0 || !enabled()) return;
   detail::event e;
   e.ts = now();
   e.phase = 'e';
   e.name = kind;
-  e.category = "collective";
+  e.category = category;
   e.id = id;
   detail::record(e);
 }
