@@ -10,7 +10,7 @@ variant=${1:-plain}
 [ $# -gt 0 ] && shift
 
 packages=(mpich libmpich-dev libboost-test-dev libboost-program-options-dev meson ninja-build
-          pkg-config g++ zlib1g-dev libeigen3-dev dataset-fashion-mnist)
+          pkg-config g++ zlib1g-dev libeigen3-dev dataset-fashion-mnist nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

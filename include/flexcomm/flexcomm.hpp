@@ -4,15 +4,18 @@
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "core/gaps.hpp"
 #include "core/layout.hpp"
 #include "core/progress.hpp"
 #include "core/reduce.hpp"
 #include "core/span.hpp"
+#include "core/trace.hpp"
 #include "core/wait.hpp"
 #include "core/watchdog.hpp"
 
 #include "backend/mpi.hpp"
 #include "core/environment.hpp"
+#include "core/trace_mpi.hpp"
 
 #include "patterns/feed.hpp"
 #include "patterns/local_feed.hpp"

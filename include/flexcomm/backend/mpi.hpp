@@ -21,6 +21,7 @@
 #include "../core/error.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
+#include "../core/trace.hpp"
 #include "../core/wait.hpp"
 #include "../core/watchdog.hpp"
 #include "mpi_watchdog.hpp"
@@ -242,6 +243,10 @@ class mpi::communicator {
   // Watchdog bookkeeping shared with this communicator's requests (backend-internal).
   const std::shared_ptr<detail::mpi_comm_state>& watch_state() const noexcept { return state_; }
 
+  // Sequence number of the next collective only: equal on every rank for the same collective
+  // (point-to-point traffic differs by rank), so traces can be matched across ranks.
+  std::uint64_t next_collective() const noexcept { return ++collectives_; }
+
   // The world rank of rank `r` of this communicator.
   int world_rank_of(int r) const {
     MPI_Group mine, world;
@@ -262,6 +267,7 @@ class mpi::communicator {
     std::swap(size_, o.size_);
     std::swap(sequence_, o.sequence_);
     std::swap(state_, o.state_);
+    std::swap(collectives_, o.collectives_);
   }
   void release() noexcept {
     int finalized = 0;
@@ -276,6 +282,7 @@ class mpi::communicator {
   int size_ = 0;
   std::uint64_t sequence_ = 0;
   std::shared_ptr<detail::mpi_comm_state> state_;
+  mutable std::uint64_t collectives_ = 0;  // bookkeeping, like sequence_
 };
 
 // A nonblocking MPI operation. Waiting goes through a wait policy; completion runs the
@@ -317,6 +324,15 @@ class mpi::request {
   bool pending() const noexcept { return req_ != MPI_REQUEST_NULL || (check_ && check_->req != MPI_REQUEST_NULL); }
   const std::string& what() const noexcept { return what_; }
 
+  // Marks this request as collective `kind` on `comm` in the trace: arrival now, end when it
+  // completes (on whichever thread sees it complete).
+  void trace_collective(const char* kind, const communicator& comm) noexcept {
+    const std::uint64_t sequence = comm.next_collective();
+    if (!trace::enabled()) return;
+    trace_kind_ = kind;
+    trace_id_ = trace::collective_begin(kind, comm.name(), sequence);
+  }
+
   // True once the operation has finished (and its epilogue has run).
   bool test() {
     if (!pending()) return true;
@@ -336,12 +352,14 @@ class mpi::request {
           }
         }
         record(op_state::failed);
+        trace::collective_end(trace_kind_, std::exchange(trace_id_, 0));
         fail(what_, detail::mpi_error_text(rc));
       }
       if (!flag) return false;
     }
     if (check_ && check_->req != MPI_REQUEST_NULL) return false;
     record(op_state::completed);
+    trace::collective_end(trace_kind_, std::exchange(trace_id_, 0));
     if (then_) std::exchange(then_, {})();
     return true;
   }
@@ -419,6 +437,8 @@ class mpi::request {
     std::swap(state_, o.state_);
     std::swap(seq_, o.seq_);
     std::swap(check_, o.check_);
+    std::swap(trace_kind_, o.trace_kind_);
+    std::swap(trace_id_, o.trace_id_);
   }
 
   MPI_Request req_ = MPI_REQUEST_NULL;
@@ -427,6 +447,8 @@ class mpi::request {
   std::shared_ptr<detail::mpi_comm_state> state_;
   std::uint64_t seq_ = 0;
   std::unique_ptr<detail::mpi_signature_check> check_;
+  const char* trace_kind_ = nullptr;
+  std::uint64_t trace_id_ = 0;  // 0: not traced
 };
 
 // Waits for every request in turn (each under the policy and timeout).
@@ -436,6 +458,11 @@ void wait_all(Requests& requests, const wait_policy& policy = default_wait()) {
 }
 
 namespace detail {
+inline mpi::request traced(mpi::request r, const char* kind, const mpi::communicator& comm) {
+  r.trace_collective(kind, comm);
+  return r;
+}
+
 template <class T>
 std::string mpi_describe(mpi::communicator& comm, const char* name, std::size_t count, const char* extra = "") {
   return cat("mpi ", name, " on ", comm.name(), " #", comm.next_sequence(), " (", count, " x ",
@@ -567,7 +594,7 @@ mpi::request mpi::ibcast(const communicator& comm, span<T> buf, int root, stream
   start.check_collective(comm.size());
   MPI_Request r;
   check_mpi(MPI_Ibcast(buf.data(), n, detail::mpi_type(dtype_of<T>), root, comm.native(), &r), what);
-  return start.finish(r);
+  return detail::traced(start.finish(r), "ibcast", comm);
 }
 
 template <class T>
@@ -584,7 +611,7 @@ mpi::request mpi::iallreduce(const communicator& comm, span<const detail::identi
   check_mpi(MPI_Iallreduce(send.data() == recv.data() ? MPI_IN_PLACE : send.data(), recv.data(), n,
                            detail::mpi_type(dtype_of<T>), detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
             what);
-  return start.finish(r, detail::average_epilogue(o, recv, comm.size()));
+  return detail::traced(start.finish(r, detail::average_epilogue(o, recv, comm.size())), "iallreduce", comm);
 }
 
 template <class T>
@@ -611,7 +638,8 @@ mpi::request mpi::ireduce(const communicator& comm, span<const detail::identity_
   check_mpi(MPI_Ireduce(sendbuf, at_root ? recv.data() : nullptr, n, detail::mpi_type(dtype_of<T>),
                         detail::mpi_op(o, dtype_of<T>), root, comm.native(), &r),
             what);
-  return start.finish(r, at_root ? detail::average_epilogue(o, recv, comm.size()) : std::function<void()>{});
+  auto then = at_root ? detail::average_epilogue(o, recv, comm.size()) : std::function<void()>{};
+  return detail::traced(start.finish(r, std::move(then)), "ireduce", comm);
 }
 
 template <class T>
@@ -640,7 +668,7 @@ mpi::request mpi::igatherv(const communicator& comm, span<const detail::identity
             what);
   // MPI reads displs when the operation starts, but MPICH may keep the pointer: hold it.
   auto keep = std::make_shared<std::vector<int>>(std::move(displs));
-  return start.finish(r, [keep] {});
+  return detail::traced(start.finish(r, [keep] {}), "igatherv", comm);
 }
 
 template <class T>
@@ -655,7 +683,7 @@ mpi::request mpi::iallgather(const communicator& comm, span<const detail::identi
   start.check_collective(comm.size());
   MPI_Request r;
   check_mpi(MPI_Iallgather(send.data(), n, type, recv.data(), n, type, comm.native(), &r), what);
-  return start.finish(r);
+  return detail::traced(start.finish(r), "iallgather", comm);
 }
 
 template <class T>
@@ -676,7 +704,7 @@ mpi::request mpi::iallgatherv(const communicator& comm, span<const detail::ident
   const auto type = detail::mpi_type(dtype_of<T>);
   check_mpi(MPI_Iallgatherv(send.data(), n, type, recv.data(), counts.data(), displs->data(), type, comm.native(), &r),
             what);
-  return start.finish(r, [displs] {});
+  return detail::traced(start.finish(r, [displs] {}), "iallgatherv", comm);
 }
 
 template <class T>
@@ -697,7 +725,8 @@ mpi::request mpi::ireduce_scatter(const communicator& comm, span<const detail::i
   check_mpi(MPI_Ireduce_scatter(send.data(), recv.data(), counts.data(), detail::mpi_type(dtype_of<T>),
                                 detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
             what);
-  return start.finish(r, detail::average_epilogue(o, recv.subspan(0, mine), comm.size()));
+  auto then = detail::average_epilogue(o, recv.subspan(0, mine), comm.size());
+  return detail::traced(start.finish(r, std::move(then)), "ireduce_scatter", comm);
 }
 
 }  // namespace flexcomm

@@ -9,12 +9,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <thread>
 
 #include "../backend/mpi.hpp"
 #include "error.hpp"
 #include "progress.hpp"
+#include "trace_mpi.hpp"
 #include "wait.hpp"
 #include "watchdog.hpp"
 
@@ -44,6 +46,11 @@ class environment {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     progress_engine::instance().stop();
+    try {
+      trace::stop();  // writes this rank's trace file, when tracing
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
     world_.reset();
     if (node_) node_.reset();
     int finalized = 0;
@@ -89,6 +96,7 @@ class environment {
     wait_ = wait_policy::automatic(ranks_on_node_);
     set_default_wait(wait_);
     progress_engine::instance().restart();
+    if (trace::start_from_environment(*world_)) trace::name_thread("trainer");
     // A rank that calls exit() mid-step would otherwise leave its peers waiting, and Hydra may
     // even report success: end the job instead.
     alive().store(true);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "trace.hpp"
 #include "wait.hpp"
 #include "watchdog.hpp"
 
@@ -127,6 +128,7 @@ class progress_engine {
   }
 
   void loop() {
+    trace::name_thread("progress engine");
     std::list<task> active;  // touched by this thread only
     unsigned idle_rounds = 0;
     for (;;) {

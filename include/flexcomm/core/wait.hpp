@@ -33,6 +33,16 @@ inline void tighten_timer_slack() {
 
 enum class wait_kind { spin, yield, backoff };
 
+namespace detail {
+// Work a waiting thread does instead of pausing (run_in_gaps, gaps.hpp): runs one short chunk
+// and returns true, or returns false when there is none. Null while nothing is queued.
+using gap_work_fn = bool (*)();
+inline std::atomic<gap_work_fn>& gap_work() {
+  static std::atomic<gap_work_fn> work{nullptr};
+  return work;
+}
+}  // namespace detail
+
 struct wait_policy {
   wait_kind kind = wait_kind::backoff;
   // backoff: sleeps start at 1 us and double up to this bound.
@@ -82,6 +92,9 @@ struct wait_policy {
       if (timeout.count() > 0 && (round & 15u) == 15u &&
           std::chrono::steady_clock::now() - start > timeout)
         return done();
+      // The rank would only wait here: background work queued by run_in_gaps goes first.
+      const auto work = detail::gap_work().load(std::memory_order_acquire);
+      if (work && work()) continue;
       pause(round);
     }
   }

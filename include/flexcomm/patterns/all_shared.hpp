@@ -158,6 +158,7 @@ std::optional<batch> all_shared<B>::next() {
     lent_round_ = -1;
   }
   if (next_step_ >= options_.steps) return std::nullopt;
+  trace::span traced(trace::names::feed_wait, next_step_, "step", "feed");
   post_free_rounds();
   const std::int64_t step = next_step_, g = step / members_;
   round& r = round_of(g);

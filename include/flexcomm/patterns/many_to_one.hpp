@@ -165,6 +165,7 @@ many_to_one<B>::~many_to_one() {
 template <class B>
 template <class T>
 void many_to_one<B>::submit(span<T> tensor) {
+  trace::span traced(trace::names::collect, -1, "step", "collect");
   using E = std::remove_const_t<T>;
   static_assert(is_element_v<E>, "many_to_one::submit: the element type has no flexcomm dtype "
                                  "(use float, double, int32, int64, uint8, half or bfloat16)");
@@ -220,6 +221,7 @@ void many_to_one<B>::flush() {
 template <class B>
 template <class T>
 gathered<T> many_to_one<B>::gather() {
+  trace::span traced(trace::names::collect, -1, "step", "collect");
   static_assert(is_element_v<T>, "many_to_one::gather<T>: T has no flexcomm dtype "
                                  "(use float, double, int32, int64, uint8, half or bfloat16)");
   const auto round = collected_;

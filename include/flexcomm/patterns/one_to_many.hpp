@@ -194,6 +194,7 @@ void one_to_many<B>::post_free_slots() {
 
 template <class B>
 void one_to_many<B>::wait_for(std::int64_t step) {
+  trace::span traced(trace::names::feed_wait, step, "step", "feed");
   transfer& t = slot_of(step);
   check(t.step == step, "one_to_many", cat("step ", step, " was never posted (ring holds step ", t.step, ")"));
   detail::await(*t.done, t.wake);

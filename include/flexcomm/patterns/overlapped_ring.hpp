@@ -54,6 +54,7 @@ class overlapped_ring {
   typename B::communicator ring_;  // touched by the progress engine's thread only, once built
   sync_options options_;
   int next_tag_ = 0;
+  std::uint64_t buckets_launched_ = 0;  // tracing: the buckets' sequence numbers
   detail::bucket_sync<B> sync_;  // last: destroyed first, so buckets in flight end before ring_
 };
 
@@ -101,20 +102,27 @@ class ring_allreduce {
           l.active = true;
           l.segment = next_segment_++;
           l.step = 0;
+          l.trace_id = trace::collective_begin(trace::names::segment, comm_.name(), l.segment, "ring segment");
           post(l);
         }
         if (!l.recv.test() || !l.send.test()) break;
         complete(l);
         if (++l.step == 2 * (ranks_ - 1)) {
           l.active = false;
+          trace::collective_end(trace::names::segment, std::exchange(l.trace_id, 0), "ring segment");
           ++finished_;
           continue;
         }
         post(l);
       }
     }
-    return finished_ == segments_;
+    if (finished_ != segments_) return false;
+    trace::collective_end(trace::names::bucket_reduce, std::exchange(trace_id_, 0));  // tracing
+    return true;
   }
+
+  // Tracing: this bucket's collective marker, ended when the last segment is done.
+  void traced(std::uint64_t id) noexcept { trace_id_ = id; }
 
  private:
   struct lane {
@@ -123,6 +131,7 @@ class ring_allreduce {
     int step = 0;
     typename B::request send, recv;
     typename B::template buffer<T> scratch;  // where B's buffers live (device memory for nccl)
+    std::uint64_t trace_id = 0;               // tracing: this segment's slice
   };
 
   int wrap(int chunk) const { return ((chunk % ranks_) + ranks_) % ranks_; }
@@ -176,6 +185,7 @@ class ring_allreduce {
   std::size_t segment_ = 1, segments_ = 0;
   std::size_t next_segment_ = 0, finished_ = 0;
   std::vector<lane> lanes_;
+  std::uint64_t trace_id_ = 0;
   std::string what_;
 };
 
@@ -189,8 +199,11 @@ detail::flight<B> overlapped_ring<B>::launch(dtype type, void* data, std::size_t
     auto ring = std::make_shared<detail::ring_allreduce<B, T>>(ring_, static_cast<T*>(data), count, options_.op,
                                                                  segment, options_.segments_in_flight, next_tag_);
     next_tag_ = static_cast<int>((static_cast<std::size_t>(next_tag_) + ring->segments()) % detail::ring_tags);
+    // Tracing: one marker per bucket, numbered alike on every rank of the ring.
+    const std::uint64_t bucket = ++buckets_launched_;
     detail::flight<B> f;
     if (ring->segments() == 0) return f;  // one rank, or an empty bucket: nothing to move
+    ring->traced(trace::collective_begin(trace::names::bucket_reduce, ring_.name(), bucket));
     f.task = progress_engine::instance().submit([ring] { return ring->poll(); }, ring->what());
     return f;
   });

@@ -231,6 +231,7 @@ class bucket_sync {
 
   template <class Launch>
   void finish(Launch&& launch) {
+    trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
     signature_check<typename control_channel<B>::backend> agreement;
     if (planning_) {
@@ -291,6 +292,7 @@ class bucket_sync {
 
   template <class Launch>
   void launch_bucket(std::size_t b, Launch& launch) {
+    trace::instant(trace::names::bucket_ready, "sync", static_cast<std::int64_t>(b), "bucket");
     const auto& spec = plan_.buckets()[b];
     const std::size_t width = size_of(spec.type);
     void* data = nullptr;
