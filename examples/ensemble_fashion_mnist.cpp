@@ -38,7 +38,7 @@ constexpr int sample_stride = static_cast<int>(fm::sample_bytes / sizeof(float))
 
 struct settings {
   std::string layout, preset, sync;
-  int epochs = 2;
+  int epochs = 3;
   std::size_t batch = 64;
   std::size_t train_images = 0;  // 0: all
   int progress_every = 100;
@@ -53,7 +53,7 @@ struct member_config {
 };
 
 member_config config_of(int member) {
-  static const int hidden[] = {64, 96, 48, 128, 80, 112};
+  static const int hidden[] = {32, 48, 40, 64, 56, 24};
   static const float rates[] = {0.01f, 0.008f, 0.012f, 0.006f, 0.01f, 0.007f};
   return {hidden[member % 6], rates[member % 6], 1000u + static_cast<std::uint64_t>(member) * 7919u};
 }
@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
       "preset", po::value(&s.preset)->default_value("single_broadcast"),
       "baseline, single_broadcast, multi_broadcast or all_shared")(
       "sync", po::value(&s.sync)->default_value("allreduce"), "allreduce (subgroup_allreduce) or ring (overlapped_ring)")(
-      "epochs", po::value(&s.epochs)->default_value(2), "passes over the training set")(
+      "epochs", po::value(&s.epochs)->default_value(3), "passes over the training set")(
       "batch", po::value(&s.batch)->default_value(64), "images per step and member (split over its ranks)")(
       "train-images", po::value(&s.train_images)->default_value(0), "use only the first N training images (0: all)")(
       "progress-every", po::value(&s.progress_every)->default_value(150), "steps between progress lines")(
@@ -352,8 +352,11 @@ int main(int argc, char** argv) {
     auto data = load_data(world, layout, s, preprocesses);
     std::size_t train_count = s.train_images > 0 ? s.train_images : 60000;
     if (data.train) train_count = data.train->count();
-    train_count = static_cast<std::size_t>(
-        [&] { double v = static_cast<double>(train_count); fc::mpi::iallreduce(world, fc::span<double>(&v, 1), fc::op::max).wait(); return v; }());
+    {  // ranks without the training set learn its size from those that hold it
+      auto count = static_cast<std::int64_t>(data.train ? train_count : 0);
+      fc::mpi::iallreduce(world, fc::span<std::int64_t>(&count, 1), fc::op::max).wait();
+      train_count = static_cast<std::size_t>(count);
+    }
 
     if (world.rank() == layout.aggregator())
       std::printf("flexcomm ensemble on Fashion-MNIST: %d members, layout '%s', preset %s, sync %s, %d epochs, "
