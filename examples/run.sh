@@ -32,6 +32,6 @@ ranks=$(echo "$layout" | awk '{
   }
   print p + t }')
 ranks=${FLEXCOMM_RANKS:-$ranks}
-echo "+ mpiexec -n $ranks build/examples/ensemble_fashion_mnist ${args[*]}"
+echo "+ mpiexec -n $ranks build/examples/ensemble_fashion_mnist $(printf "%q " "${args[@]}")"
 # More ranks than cores is fine: flexcomm waits with backoff where ranks outnumber cores.
 exec mpiexec -n "$ranks" build/examples/ensemble_fashion_mnist "${args[@]}"
