@@ -383,8 +383,9 @@ int main(int argc, char** argv) {
       barrier(world);
       if (world.rank() == base_aggregator) {
         std::printf("baseline: %.1f s wall, %.1f s CPU summed over %d ranks\n", base.wall, base.cpu, trainers.size());
-        std::printf("CPU time: %s %.1f s vs baseline %.1f s: %.2fx less; wall %.2fx\n", s.preset.c_str(),
-                    streamlined.cpu, base.cpu, base.cpu / streamlined.cpu, base.wall / streamlined.wall);
+        std::printf("CPU time: %s %.1f s, baseline %.1f s: baseline / %s = %.2f (wall %.2f)\n", s.preset.c_str(),
+                    streamlined.cpu, base.cpu, s.preset.c_str(), base.cpu / streamlined.cpu,
+                    base.wall / streamlined.wall);
       }
     }
   } catch (const fc::error& e) {
