@@ -75,6 +75,9 @@ struct augment_options {
   int pad = 2;                       // random crop of a 28x28 window from the image padded by this
   bool flip = true;                  // random horizontal flip
   float max_rotation_degrees = 10;   // random rotation, bilinear
+  // Elastic distortion (Simard et al. 2003): a random displacement field smoothed by a Gaussian
+  // of this sigma and scaled by alpha pixels; alpha 0 turns it off. It is the costly part.
+  float elastic_alpha = 0, elastic_sigma = 4;
   float mean = 0.2860f, stddev = 0.3530f;  // Fashion-MNIST's pixel statistics
 };
 
@@ -102,6 +105,34 @@ inline float uniform(std::uint64_t& state) {
   state = splitmix64(state);
   return static_cast<float>(state >> 40) * (1.0f / 16777216.0f);
 }
+// A random field in [-1, 1] smoothed by a separable Gaussian, scaled to `alpha` at its peak.
+inline void elastic_field(std::uint64_t& state, float alpha, float sigma, float* field) {
+  const int radius = std::max(1, static_cast<int>(std::ceil(2 * sigma)));
+  std::vector<float> kernel(static_cast<std::size_t>(2 * radius + 1));
+  float sum = 0;
+  for (int i = -radius; i <= radius; ++i)
+    sum += kernel[static_cast<std::size_t>(i + radius)] = std::exp(-0.5f * i * i / (sigma * sigma));
+  for (auto& k : kernel) k /= sum;
+  float noise[pixels], rowpass[pixels];
+  for (float& v : noise) v = 2 * uniform(state) - 1;
+  auto clamp = [](int v) { return v < 0 ? 0 : v >= rows ? rows - 1 : v; };
+  for (int y = 0; y < rows; ++y)
+    for (int x = 0; x < cols; ++x) {
+      float acc = 0;
+      for (int i = -radius; i <= radius; ++i) acc += kernel[static_cast<std::size_t>(i + radius)] * noise[y * cols + clamp(x + i)];
+      rowpass[y * cols + x] = acc;
+    }
+  float peak = 1e-6f;
+  for (int y = 0; y < rows; ++y)
+    for (int x = 0; x < cols; ++x) {
+      float acc = 0;
+      for (int i = -radius; i <= radius; ++i) acc += kernel[static_cast<std::size_t>(i + radius)] * rowpass[clamp(y + i) * cols + x];
+      field[y * cols + x] = acc;
+      peak = std::max(peak, std::abs(acc));
+    }
+  for (int i = 0; i < pixels; ++i) field[i] *= alpha / peak;
+}
+
 inline std::uint32_t big_endian(const std::uint8_t* p) {
   return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
 }
@@ -195,6 +226,11 @@ inline void augment(const std::uint8_t* image, float* out, std::uint64_t seed, c
   const float angle = (2 * detail::uniform(state) - 1) * opt.max_rotation_degrees * 3.14159265f / 180.0f;
   const float c = std::cos(angle), s = std::sin(angle), centre = (cols - 1) * 0.5f;
   const float scale = 1.0f / (255.0f * opt.stddev), shift = opt.mean / opt.stddev;
+  float ex[pixels] = {}, ey[pixels] = {};
+  if (opt.elastic_alpha > 0) {
+    detail::elastic_field(state, opt.elastic_alpha, opt.elastic_sigma, ex);
+    detail::elastic_field(state, opt.elastic_alpha, opt.elastic_sigma, ey);
+  }
   // Each output pixel samples the source at its inverse-transformed position; outside is zero.
   auto at = [&](int y, int x) -> float {
     return y < 0 || y >= rows || x < 0 || x >= cols ? 0.0f : image[y * cols + x];
@@ -202,7 +238,8 @@ inline void augment(const std::uint8_t* image, float* out, std::uint64_t seed, c
   for (int y = 0; y < rows; ++y) {
     for (int x = 0; x < cols; ++x) {
       const float ox = (flip ? cols - 1 - x : x) - centre, oy = y - centre;
-      const float sx = c * ox + s * oy + centre + dx, sy = -s * ox + c * oy + centre + dy;
+      const float sx = c * ox + s * oy + centre + dx + ex[y * cols + x];
+      const float sy = -s * ox + c * oy + centre + dy + ey[y * cols + x];
       const float fx = std::floor(sx), fy = std::floor(sy);
       const int x0 = static_cast<int>(fx), y0 = static_cast<int>(fy);
       const float ax = sx - fx, ay = sy - fy;

@@ -84,3 +84,20 @@ BOOST_AUTO_TEST_CASE(samples_are_the_same_wherever_they_are_made_and_differ_betw
     BOOST_TEST(whole[j].label == int{test_split().labels[(5 * batch + j) % test_split().count]});
   BOOST_CHECK_THROW(fm::make_samples(p, 5, batch, 40, 16, whole.data()), flexcomm::error);
 }
+
+BOOST_AUTO_TEST_CASE(elastic_distortion_is_deterministic_per_seed_and_moves_pixels) {
+  const auto& d = test_split();
+  fm::augment_options plain, elastic;
+  plain.flip = false;
+  plain.max_rotation_degrees = 0;
+  plain.pad = 0;
+  elastic = plain;
+  elastic.elastic_alpha = 2;
+  std::vector<float> a(fm::pixels), b(fm::pixels), c(fm::pixels);
+  fm::augment(d.image(3), a.data(), 9, plain);
+  fm::augment(d.image(3), b.data(), 9, elastic);
+  fm::augment(d.image(3), c.data(), 9, elastic);
+  BOOST_TEST(a != b);
+  BOOST_TEST(b == c);
+  for (float v : b) BOOST_TEST(std::isfinite(v));
+}

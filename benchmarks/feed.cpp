@@ -1,0 +1,287 @@
+// benchmarks/feed: what the shared feeds save an ensemble. K members train on the same stream of
+// Fashion-MNIST batches; preprocessing (inflate + normalize + crop/flip/rotation/elastic
+// augmentation) is CPU-heavy, training is light. For each feed in one run: total CPU time over
+// all ranks (getrusage, all threads), wall time, batches/s, and both as ratios to local_feed.
+//
+//   mpiexec -n 5 build/benchmarks/feed -b 128 -e 128 -n 40 -w 4     # layout producers=1 members=4x1
+//
+// Flags follow nccl-tests where they mean something here: -b/-e/-f images per step (min, max,
+// factor), -n timed steps, -w warm-up steps, -c check (every feed's bytes against local_feed's).
+#include <sys/resource.h>
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <flexcomm/flexcomm.hpp>
+
+#include "../examples/common/fashion_mnist.hpp"
+
+namespace fc = flexcomm;
+namespace fm = fashion_mnist;
+namespace po = boost::program_options;
+
+namespace {
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// A barrier through the wait policy (MPI_Barrier would busy-poll the shared cores).
+void barrier(const fc::mpi::communicator& world) {
+  int x = 0;
+  fc::mpi::iallreduce(world, fc::span<int>(&x, 1), fc::op::sum).wait();
+}
+
+double reduce(const fc::mpi::communicator& world, double v, fc::op o) {
+  fc::mpi::iallreduce(world, fc::span<double>(&v, 1), o).wait();
+  return v;
+}
+
+// The light training step: one SGD step of a linear softmax classifier on the first few
+// samples of the batch (the model of a member whose real compute would run on a GPU).
+struct linear_model {
+  std::vector<float> w = std::vector<float>(fm::classes * fm::pixels, 0.0f);
+  float lr = 0.01f;
+  void train(fc::span<const std::byte> bytes, std::size_t images) {
+    const auto* samples = reinterpret_cast<const fm::sample*>(bytes.data());
+    const std::size_t n = std::min(images, bytes.size() / fm::sample_bytes);
+    for (std::size_t j = 0; j < n; ++j) {
+      float logits[fm::classes], peak = -1e30f, sum = 0;
+      for (int c = 0; c < fm::classes; ++c) {
+        float acc = 0;
+        for (int i = 0; i < fm::pixels; ++i) acc += w[c * fm::pixels + i] * samples[j].pixel[i];
+        logits[c] = acc;
+        peak = std::max(peak, acc);
+      }
+      for (float& l : logits) sum += l = std::exp(l - peak);
+      for (int c = 0; c < fm::classes; ++c) {
+        const float g = lr * (logits[c] / sum - (c == samples[j].label ? 1.0f : 0.0f));
+        for (int i = 0; i < fm::pixels; ++i) w[c * fm::pixels + i] -= g * samples[j].pixel[i];
+      }
+    }
+  }
+};
+
+// A cheap position-dependent checksum (Fletcher-style over 64-bit words), so that checking
+// costs the trainers little next to what the feeds save.
+std::uint64_t checksum(std::uint64_t h, fc::span<const std::byte> bytes) {
+  std::uint64_t a = h, b = bytes.size();
+  const std::size_t words = bytes.size() / 8;
+  for (std::size_t i = 0; i < words; ++i) {
+    std::uint64_t w;
+    std::memcpy(&w, bytes.data() + i * 8, 8);
+    a += w;
+    b += a;
+  }
+  for (std::size_t i = words * 8; i < bytes.size(); ++i) b += a += static_cast<std::uint64_t>(bytes[i]);
+  return a * 0x9E3779B97F4A7C15ull ^ b;
+}
+
+struct config {
+  std::int64_t steps = 40, warmup = 4;
+  std::size_t train_images = 8;
+  int depth = 2;
+  bool check = true;
+  fm::augment_options augment;
+};
+
+struct measurement {
+  double cpu = 0, wall = 0;
+  std::int64_t wrong = 0;
+  std::uint64_t sum = 0;
+};
+
+template <class Feed>
+measurement run(const fc::mpi::communicator& world, const fc::ensemble_layout& layout, const fm::packed_dataset& data,
+                std::size_t images, const config& cfg, std::uint64_t expected_sum) {
+  const int shards = layout.shards_per_step();
+  const std::size_t per_shard = images / static_cast<std::size_t>(shards);
+  fc::loader load = [&](std::int64_t step, int shard, fc::span<std::byte> out) -> std::size_t {
+    fc::check(out.size() >= per_shard * fm::sample_bytes, "feed benchmark", "slot too small");
+    return fm::make_samples(data, step, images, static_cast<std::size_t>(shard) * per_shard, per_shard,
+                            reinterpret_cast<fm::sample*>(out.data()), cfg.augment);
+  };
+  const auto role = layout.role_of(world.rank());
+  auto stream = [&](std::int64_t steps, measurement* m) {
+    fc::feed_options options;
+    options.steps = steps;
+    options.shard_capacity = per_shard * fm::sample_bytes;
+    options.depth = cfg.depth;
+    Feed feed(world, layout, load, options);
+    barrier(world);
+    const double cpu0 = cpu_seconds(), t0 = now();
+    std::uint64_t sum = 1469598103934665603ull;
+    if (role.kind == fc::role::producer) {
+      feed.produce();
+    } else {
+      linear_model model;
+      while (auto batch = feed.next()) {
+        model.train(batch->bytes(), cfg.train_images);
+        if (cfg.check) sum = checksum(sum, batch->bytes());
+      }
+    }
+    barrier(world);
+    if (!m) return;
+    if (std::getenv("FEED_BENCH_VERBOSE")) {
+      rusage u{};
+      getrusage(RUSAGE_SELF, &u);
+      std::fprintf(stderr, "rank %d: cpu %.3f s wall %.3f s, context switches so far: %ld voluntary %ld involuntary\n",
+                   world.rank(), cpu_seconds() - cpu0, now() - t0, u.ru_nvcsw, u.ru_nivcsw);
+    }
+    m->cpu = reduce(world, cpu_seconds() - cpu0, fc::op::sum);
+    m->wall = reduce(world, now() - t0, fc::op::max);
+    m->sum = sum;
+  };
+  if (cfg.warmup > 0) stream(cfg.warmup, nullptr);
+  measurement m;
+  stream(cfg.steps, &m);
+  // #wrong: trainers whose bytes differ from what local_feed delivered to them.
+  const bool wrong = cfg.check && role.kind == fc::role::trainer && m.sum != expected_sum;
+  m.wrong = static_cast<std::int64_t>(reduce(world, wrong ? 1.0 : 0.0, fc::op::sum));
+  return m;
+}
+
+// Per-step costs measured alone on one rank, so the reader sees the regime the ratios come from.
+std::pair<double, double> solo_costs(const fm::packed_dataset& data, std::size_t images, const config& cfg) {
+  std::vector<fm::sample> batch(images);
+  linear_model model;
+  const int reps = 3;
+  double t0 = cpu_seconds();
+  for (int r = 0; r < reps; ++r) fm::make_samples(data, r, images, 0, images, batch.data(), cfg.augment);
+  const double pre = (cpu_seconds() - t0) / reps;
+  t0 = cpu_seconds();
+  for (int r = 0; r < reps * 10; ++r)
+    model.train(fc::span<const std::byte>(reinterpret_cast<const std::byte*>(batch.data()), images * fm::sample_bytes),
+                cfg.train_images);
+  return {pre, (cpu_seconds() - t0) / (reps * 10)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fc::environment env(argc, argv);
+  const auto& world = env.world();
+  std::size_t min_images = 128, max_images = 128, factor = 2;
+  config cfg;
+  std::string layout_text, json_path, wait_text, feeds = "local_feed,one_to_many,all_shared";
+  int check = 1;
+  po::options_description flags("benchmarks/feed options");
+  flags.add_options()("help,h", "this text")
+      ("minimages,b", po::value(&min_images)->default_value(min_images), "images per step, smallest")
+      ("maximages,e", po::value(&max_images)->default_value(max_images), "images per step, largest")
+      ("stepfactor,f", po::value(&factor)->default_value(factor), "factor between sizes")
+      ("iters,n", po::value(&cfg.steps)->default_value(cfg.steps), "timed steps per feed")
+      ("warmup_iters,w", po::value(&cfg.warmup)->default_value(cfg.warmup), "warm-up steps per feed")
+      ("depth,d", po::value(&cfg.depth)->default_value(cfg.depth), "feed depth (batches in flight)")
+      ("check,c", po::value(&check)->default_value(check), "compare every feed's bytes with local_feed's")
+      ("train-images,t", po::value(&cfg.train_images)->default_value(cfg.train_images), "images per SGD step")
+      ("elastic", po::value(&cfg.augment.elastic_alpha)->default_value(2.0f), "elastic distortion alpha (0: off)")
+      ("sigma", po::value(&cfg.augment.elastic_sigma)->default_value(4.0f), "elastic distortion smoothing (cost grows with it)")
+      ("feeds", po::value(&feeds)->default_value(feeds), "feeds to run (ratios need local_feed)")
+      ("layout,L", po::value(&layout_text), "ensemble layout (default FLEXCOMM_LAYOUT, else producers=1 members=(n-1)x1)")
+      ("wait", po::value(&wait_text), "wait policy for this run (spin, yield, backoff, backoff:<us>); default: flexcomm's")
+      ("json,J", po::value(&json_path)->default_value("feed.json"), "JSON output file (rank 0)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, flags), vm);
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    if (world.rank() == 0) std::cerr << e.what() << "\n" << flags;
+    return 2;
+  }
+  if (vm.count("help")) {
+    if (world.rank() == 0) std::cout << flags;
+    return 0;
+  }
+  cfg.check = check != 0 && ("," + feeds + ",").find(",local_feed,") != std::string::npos;  // the reference
+  if (!wait_text.empty()) fc::set_default_wait(fc::wait_policy::parse(wait_text));
+  const auto layout = layout_text.empty()
+                          ? fc::ensemble_layout::from_env(fc::cat("producers=1 members=", std::max(1, world.size() - 1), "x1"))
+                          : fc::ensemble_layout::parse(layout_text);
+  layout.validate(world.size());
+
+  const fm::packed_dataset data(fm::load(fm::split::test), 64);
+  const int shards = layout.shards_per_step();
+  const auto wait = fc::default_wait();
+  if (world.rank() == 0) {
+    std::printf("# flexcomm feed benchmark: layout '%s' (%d members, %d ranks, %d shards/step), %lld steps + %lld warm-up\n",
+                layout.str().c_str(), layout.members(), world.size(), shards, static_cast<long long>(cfg.steps),
+                static_cast<long long>(cfg.warmup));
+    std::printf("# wait policy %s (max sleep %lld us), %u cores, Fashion-MNIST test split (%zu images), elastic alpha %.1f sigma %.1f, "
+                "train on %zu images/step\n",
+                fc::name_of(wait.kind), static_cast<long long>(wait.max_sleep.count()), std::thread::hardware_concurrency(),
+                data.count(), static_cast<double>(cfg.augment.elastic_alpha), static_cast<double>(cfg.augment.elastic_sigma), cfg.train_images);
+    std::printf("#\n# %10s %8s %6s %6s %5s %12s %10s %11s %11s %9s %9s %10s %9s %10s %7s\n", "size", "count", "type",
+                "redop", "root", "feed", "time(ms)", "algbw(GB/s)", "busbw(GB/s)", "cpu(s)", "wall(s)", "batches/s",
+                "cpu_ratio", "wall_ratio", "#wrong");
+  }
+  std::ostringstream json;
+  json << "{\"benchmark\":\"feed\",\"layout\":\"" << layout.str() << "\",\"ranks\":" << world.size()
+       << ",\"members\":" << layout.members() << ",\"steps\":" << cfg.steps << ",\"warmup\":" << cfg.warmup
+       << ",\"wait\":\"" << fc::name_of(wait.kind) << ":" << wait.max_sleep.count() << "\",\"results\":[";
+  bool first_row = true;
+  for (std::size_t images = min_images; images <= max_images; images *= std::max<std::size_t>(factor, 2)) {
+    fc::check(images % static_cast<std::size_t>(shards) == 0, "feed benchmark",
+              fc::cat(images, " images per step do not split into ", shards, " shards"));
+    double costs[2] = {0, 0};
+    if (world.rank() == 0) std::tie(costs[0], costs[1]) = solo_costs(data, images, cfg);
+    fc::mpi::ibcast(world, fc::span<double>(costs, 2), 0).wait();
+    const double pre = costs[0], train = costs[1];
+    if (world.rank() == 0)
+      std::printf("# %zu images/step: preprocessing %.2f ms, training %.3f ms (CPU, one rank alone)\n", images,
+                  pre * 1e3, train * 1e3);
+    auto wanted = [&](const char* name) { return ("," + feeds + ",").find(fc::cat(",", name, ",")) != std::string::npos; };
+    measurement base;
+    if (wanted("local_feed")) base = run<fc::local_feed>(world, layout, data, images, cfg, 0);
+    // local_feed's own checksums are the reference; its #wrong is 0 by definition.
+    struct row {
+      const char* name;
+      measurement m;
+      int root;
+    };
+    std::vector<row> rows;
+    if (wanted("local_feed")) {
+      rows.push_back({"local_feed", base, -1});
+      rows.back().m.wrong = 0;
+    }
+    if (layout.producers() > 0 && wanted("one_to_many")) rows.push_back({"one_to_many", run<fc::one_to_many<fc::mpi>>(world, layout, data, images, cfg, base.sum), 0});
+    if (wanted("all_shared")) rows.push_back({"all_shared", run<fc::all_shared<fc::mpi>>(world, layout, data, images, cfg, base.sum), -1});
+    const double bytes = static_cast<double>(images * fm::sample_bytes);
+    for (const auto& r : rows) {
+      const double per_step = r.m.wall / static_cast<double>(cfg.steps);
+      const double algbw = bytes / per_step / 1e9;
+      if (world.rank() == 0)
+        std::printf("  %10.0f %8zu %6s %6s %5d %12s %10.3f %11.3f %11.3f %9.3f %9.3f %10.1f %9.2f %10.2f %7lld\n", bytes,
+                    images, "float", "none", r.root, r.name, per_step * 1e3, algbw, algbw, r.m.cpu, r.m.wall,
+                    static_cast<double>(cfg.steps) / r.m.wall, base.cpu / r.m.cpu, base.wall / r.m.wall,
+                    static_cast<long long>(r.m.wrong));
+      json << (first_row ? "" : ",") << "{\"feed\":\"" << r.name << "\",\"size\":" << bytes << ",\"count\":" << images
+           << ",\"preprocess_ms\":" << pre * 1e3 << ",\"train_ms\":" << train * 1e3 << ",\"cpu_s\":" << r.m.cpu
+           << ",\"wall_s\":" << r.m.wall << ",\"batches_per_s\":" << static_cast<double>(cfg.steps) / r.m.wall
+           << ",\"cpu_ratio\":" << base.cpu / r.m.cpu << ",\"wall_ratio\":" << base.wall / r.m.wall
+           << ",\"wrong\":" << r.m.wrong << "}";
+      first_row = false;
+    }
+    if (images == max_images) break;
+  }
+  json << "]}\n";
+  if (world.rank() == 0 && !json_path.empty()) std::ofstream(json_path) << json.str();
+  return 0;
+}
