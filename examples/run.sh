@@ -32,6 +32,8 @@ ranks=$(echo "$layout" | awk '{
   }
   print p + t }')
 ranks=${FLEXCOMM_RANKS:-$ranks}
-echo "+ mpiexec -n $ranks build/examples/ensemble_fashion_mnist $(printf "%q " "${args[@]}")"
+shown=""
+for a in "${args[@]}"; do case "$a" in *" "*) shown+=" \"$a\"" ;; *) shown+=" $a" ;; esac; done
+echo "+ mpiexec -n $ranks build/examples/ensemble_fashion_mnist$shown"
 # More ranks than cores is fine: flexcomm waits with backoff where ranks outnumber cores.
 exec mpiexec -n "$ranks" build/examples/ensemble_fashion_mnist "${args[@]}"
