@@ -9,19 +9,7 @@ cd "$(dirname "$0")/.."
 variant=${1:-plain}
 [ $# -gt 0 ] && shift
 
-packages=(mpich libmpich-dev libboost-test-dev libboost-program-options-dev meson ninja-build
-          pkg-config g++ zlib1g-dev libeigen3-dev dataset-fashion-mnist nlohmann-json3-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+source tests/install-deps.sh
 
 case "$variant" in
   plain) options=() ;;

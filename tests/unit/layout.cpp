@@ -87,3 +87,16 @@ BOOST_AUTO_TEST_CASE(environment_variable_overrides_the_fallback) {
   ::unsetenv("FLEXCOMM_LAYOUT");
   BOOST_TEST(fc::ensemble_layout::from_env("members=1").world_size() == 1);
 }
+
+BOOST_AUTO_TEST_CASE(a_step_has_lcm_shards_and_each_trainer_a_contiguous_share) {
+  const auto l = fc::ensemble_layout::parse("producers=1 members=2,3");
+  BOOST_TEST(l.shards_per_step() == 6);
+  BOOST_TEST(l.shards_of(0, 1).first == 3);
+  BOOST_TEST(l.shards_of(0, 1).count == 3);
+  BOOST_TEST(l.shards_of(1, 2).first == 4);
+  BOOST_TEST(l.shards_of(1, 2).count == 2);
+  BOOST_TEST(l.owner_of(0, 2) == 0);
+  BOOST_TEST(l.owner_of(1, 2) == 1);
+  BOOST_TEST(fc::ensemble_layout::parse("members=4x1").shards_per_step() == 1);
+  BOOST_TEST(contains(error_of([&] { l.shards_of(1, 3); }), "member 1 has ranks 0..2"));
+}

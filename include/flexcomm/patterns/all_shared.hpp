@@ -53,8 +53,8 @@ class all_shared {
   struct round {
     std::vector<request> requests;
     std::vector<std::vector<std::byte>> send, recv;  // per piece of this trainer
-    std::shared_ptr<completion> done;
     detail::wakeup wake;
+    std::exception_ptr error;
     std::int64_t index = -1;
   };
 
@@ -73,6 +73,7 @@ class all_shared {
   int members_ = 1;
   std::int64_t rounds_ = 0;
 
+  detail::pump<round> pump_;
   std::vector<std::shared_ptr<round>> ring_;
   std::int64_t next_round_ = 0, next_step_ = 0, lent_round_ = -1;
   detail::batch_storage batch_;
@@ -144,8 +145,8 @@ void all_shared<B>::post_free_rounds() {
           span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(send.data()), bytes),
           span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(r.recv[i].data()), r.recv[i].size())));
     }
-    r.done = detail::submit_requests(ring_[static_cast<std::size_t>(g % static_cast<std::int64_t>(ring_.size()))],
-                                     cat("all_shared: allgather of round ", g));
+    pump_.add(ring_[static_cast<std::size_t>(g % static_cast<std::int64_t>(ring_.size()))],
+              cat("all_shared: allgather of round ", g));
     ++next_round_;
   }
 }
@@ -163,7 +164,7 @@ std::optional<batch> all_shared<B>::next() {
   const std::int64_t step = next_step_, g = step / members_;
   round& r = round_of(g);
   check(r.index == g, "all_shared", cat("round ", g, " was never posted"));
-  detail::await(*r.done, r.wake);
+  pump_.await(r, cat("all_shared: allgather of round ", g));
   std::size_t shard = 0;
   batch_.offsets[0] = 0;
   if (my_pieces_.size() > 1) batch_.bytes.clear();
@@ -201,7 +202,7 @@ void all_shared<B>::drain() noexcept {
       for (auto& r : ring_)
         if (r->index >= 0 && (!oldest || r->index < oldest->index)) oldest = r;
       if (!oldest) break;
-      detail::await(*oldest->done, oldest->wake);
+      pump_.await(*oldest, cat("all_shared: allgather of round ", oldest->index));
       oldest->index = -1;
     }
   } catch (const std::exception& e) {

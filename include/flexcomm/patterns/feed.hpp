@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -82,59 +83,115 @@ inline wait_policy engine_wait() {
   return p.kind == wait_kind::spin ? wait_policy::backoff() : p;
 }
 
-// Fired by the progress engine when the requests of a step are done (or one failed), so that a
-// feed's thread waiting under a backoff policy sleeps until then instead of polling: on a node
-// with more ranks than cores, each poll is a wake-up that shows in the CPU time feeds save.
+// Fired when the requests of a step are done (or one failed), so that a feed's thread waiting
+// under a backoff policy sleeps until then instead of polling: on a node with more ranks than
+// cores, each poll is a context switch charged to the CPU time that feeds are meant to save.
 struct wakeup {
   std::mutex mutex;
   std::condition_variable cv;
-  bool fired = false;
+  std::atomic<bool> fired{false};
   void fire() {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      fired = true;
+      fired.store(true, std::memory_order_release);
     }
     cv.notify_all();
   }
 };
 
-// Hands owner->requests to the progress engine (the task keeps `owner` and its buffers alive)
-// and arms owner->wake.
+// The operations in flight of one feed, polled by one progress-engine task for the feed's whole
+// life. (A task per step would restart the engine's backoff at every step, and each of its
+// short sleeps is a wake-up.) Owner has `requests`, `wake` and `error`; the pump keeps an owner
+// alive while its requests are pending.
 template <class Owner>
-std::shared_ptr<completion> submit_requests(const std::shared_ptr<Owner>& owner, std::string what) {
-  {
-    std::lock_guard<std::mutex> lock(owner->wake.mutex);
-    owner->wake.fired = false;
-  }
-  return progress_engine::instance().submit(
-      [owner] {
-        try {
-          for (auto& r : owner->requests)
-            if (!r.test()) return false;
-        } catch (...) {
-          owner->wake.fire();
-          throw;
-        }
-        owner->wake.fire();
-        return true;
-      },
-      std::move(what));
-}
+class pump {
+ public:
+  pump() = default;
+  pump(const pump&) = delete;
+  pump& operator=(const pump&) = delete;
+  ~pump() { close(); }
 
-// Waits for a task of submit_requests; rethrows its failure; past default_timeout() it fails.
-inline void await(const completion& done, wakeup& wake) {
-  if (default_wait().kind == wait_kind::backoff) {
+  // Starts watching owner->requests, already posted.
+  void add(const std::shared_ptr<Owner>& owner, const std::string& what) {
+    owner->wake.fired.store(false, std::memory_order_relaxed);
+    owner->error = nullptr;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->queue.push_back(owner);
+    if (!task_) task_ = progress_engine::instance().submit([s = state_] { return poll(*s); }, what);
+  }
+
+  // Waits until owner's requests are done and rethrows their failure; a backoff policy sleeps
+  // until the engine fires, spin and yield poll (never spinning: the engine needs the core);
+  // past default_timeout() it fails. Called by the thread that calls add().
+  void await(Owner& owner, const std::string& what) {
+    const wait_policy policy = default_wait();
     const auto timeout = default_timeout();
     const auto start = std::chrono::steady_clock::now();
-    std::unique_lock<std::mutex> lock(wake.mutex);
-    while (!wake.fired) {
-      wake.cv.wait_for(lock, std::chrono::milliseconds(50));
-      if (!wake.fired && timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout)
-        fail(done.what(), cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)"));
+    auto engine_gone = [&] { return task_ && task_->done(); };
+    if (policy.kind == wait_kind::backoff) {
+      std::unique_lock<std::mutex> lock(owner.wake.mutex);
+      while (!owner.wake.fired.load(std::memory_order_acquire)) {
+        owner.wake.cv.wait_for(lock, std::chrono::milliseconds(50));
+        if (owner.wake.fired.load(std::memory_order_acquire)) break;
+        lock.unlock();
+        const bool gone = engine_gone();
+        lock.lock();
+        if (gone) break;
+        if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout)
+          fail(what, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)"));
+      }
+    } else if (!engine_wait().until(
+                   [&] { return owner.wake.fired.load(std::memory_order_acquire) || engine_gone(); }, timeout)) {
+      fail(what, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)"));
     }
+    if (!owner.wake.fired.load(std::memory_order_acquire)) {
+      task_->wait();  // rethrows why the engine gave up
+      fail(what, "the progress engine stopped before the operation finished");
+    }
+    if (owner.error) std::rethrow_exception(owner.error);
   }
-  done.wait(engine_wait());  // fired: the engine marks it finished at once
-}
+
+  // No more operations: the engine's task ends once those in flight are done.
+  void close() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->closed = true;
+  }
+
+ private:
+  struct state {
+    std::mutex mutex;
+    std::vector<std::shared_ptr<Owner>> queue;
+    bool closed = false;
+  };
+
+  static bool poll(state& s) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (auto it = s.queue.begin(); it != s.queue.end();) {
+      Owner& owner = **it;
+      bool done = true;
+      try {
+        for (auto& r : owner.requests)
+          if (!r.test()) {
+            done = false;
+            break;
+          }
+      } catch (...) {
+        owner.error = std::current_exception();
+      }
+      if (done) {
+        const auto keep = *it;
+        it = s.queue.erase(it);
+        keep->wake.fire();
+      } else {
+        ++it;
+      }
+    }
+    return s.closed && s.queue.empty();
+  }
+
+  std::shared_ptr<state> state_ = std::make_shared<state>();
+  std::shared_ptr<completion> task_;  // the engine's task, once started
+};
 
 // A run of consecutive shards received by the same trainer of every member: the unit a feed
 // moves in one message. Owners are monotone in the shard, so equal owner sets are contiguous.

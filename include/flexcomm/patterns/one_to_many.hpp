@@ -21,9 +21,10 @@
 
 namespace flexcomm {
 
-// Wire protocol, per step s of producer p = s mod P: a one-int reduce to the producer on the
-// credit communicator of p = {producer p, every trainer} ("ready": a trainer posts it only once
-// it has a slot free for s, and p ships s only after it, which bounds buffering), and per piece
+// Wire protocol, per step s of producer p = s mod P: a one-int credit from every trainer to the
+// producer on the credit communicator of p = {producer p, every trainer} (a trainer sends it
+// only once it has a slot free for s, and p ships s only after all of them, which bounds
+// buffering), and per piece
 // c, on the communicator of (p, c) = {producer p, the owner of c in every member}, the piece
 // (header + shard sizes + shards, a fixed-size message) sent by p to each owner. A flat fan-out
 // rather than MPI's broadcast: a tree or scatter-allgather broadcast would make trainers relay
@@ -56,20 +57,23 @@ class one_to_many {
 
  private:
   using request = typename B::request;
-  static constexpr int piece_tag = 17;
+  static constexpr int piece_tag = 17, credit_tag = 18;
 
   // The operations of one step in flight and the buffers they use; the progress engine tests
   // the requests, and this object outlives them because the engine's task holds it too.
   struct transfer {
     std::vector<request> requests;
     std::vector<std::vector<std::byte>> slots;  // one per piece
-    int ready_send = 1, ready_recv = 0;
-    std::shared_ptr<completion> done;
+    int credit = 1;                 // trainer: what it sends
+    std::vector<int> credits_in;    // producer: one per trainer
     detail::wakeup wake;
+    std::exception_ptr error;
+    bool posted = false;     // its requests were handed to the pump
     std::int64_t step = -1;
   };
 
-  static std::shared_ptr<completion> start(const std::shared_ptr<transfer>& t, const char* what, std::int64_t step);
+  void start(const std::shared_ptr<transfer>& t, const char* what, std::int64_t step);
+  void await(transfer& t, const char* what) { pump_.await(t, cat("one_to_many: ", what, " of step ", t.step)); }
   const communicator& comm_of(std::int64_t step, int piece) const {
     return comms_[static_cast<std::size_t>((step % layout_.producers()) * static_cast<std::int64_t>(pieces_.size()) + piece)];
   }
@@ -94,6 +98,7 @@ class one_to_many {
   shard_range shards_;
   std::size_t piece_size_ = 0;
 
+  detail::pump<transfer> pump_;
   std::vector<std::shared_ptr<transfer>> ring_;
   std::int64_t next_post_ = 0, next_step_ = 0, lent_ = -1, skipped_ = 0;
   detail::batch_storage batch_;
@@ -156,9 +161,10 @@ one_to_many<B>::~one_to_many() {
 }
 
 template <class B>
-std::shared_ptr<completion> one_to_many<B>::start(const std::shared_ptr<transfer>& t, const char* what,
-                                                  std::int64_t step) {
-  return detail::submit_requests(t, cat("one_to_many: ", what, " of step ", step));
+void one_to_many<B>::start(const std::shared_ptr<transfer>& t, const char* what, std::int64_t step) {
+  t->step = step;
+  t->posted = true;
+  pump_.add(t, cat("one_to_many: ", what, " of step ", step));
 }
 
 template <class B>
@@ -179,15 +185,15 @@ void one_to_many<B>::post_free_slots() {
     if (t.step >= 0) return;  // still holds an earlier step
     t.step = s;
     t.requests.clear();
-    t.requests.push_back(B::template ireduce<int>(credit_comms_[static_cast<std::size_t>(s % layout_.producers())],
-                                                  span<const int>(&t.ready_send, 1), span<int>(), op::sum, 0));
+    t.requests.push_back(B::isend(credit_comms_[static_cast<std::size_t>(s % layout_.producers())],
+                                  span<const int>(&t.credit, 1), 0, credit_tag));
     for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
       auto& slot = t.slots[i];
       t.requests.push_back(B::irecv(comm_of(s, my_pieces_[i]),
                                     span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0,
                                     piece_tag));
     }
-    t.done = start(ring_[static_cast<std::size_t>(s % static_cast<std::int64_t>(ring_.size()))], "receive", s);
+    start(ring_[static_cast<std::size_t>(s % static_cast<std::int64_t>(ring_.size()))], "receive", s);
     ++next_post_;
   }
 }
@@ -197,7 +203,7 @@ void one_to_many<B>::wait_for(std::int64_t step) {
   trace::span traced(trace::names::feed_wait, step, "step", "feed");
   transfer& t = slot_of(step);
   check(t.step == step, "one_to_many", cat("step ", step, " was never posted (ring holds step ", t.step, ")"));
-  detail::await(*t.done, t.wake);
+  await(t, "receive");
 }
 
 // Under skip_ahead, rank 0 of the member picks the step, so that all its ranks deliver the same.
@@ -207,7 +213,7 @@ std::int64_t one_to_many<B>::choose_step() {
   if (options_.flow.kind != flow_control::policy::skip_ahead) return target;
   if (member_comm_.rank() == 0) {
     for (const auto& t : ring_)
-      if (t->step > target && t->done->done()) target = std::max(target, t->step);
+      if (t->step > target && t->wake.fired.load(std::memory_order_acquire)) target = std::max(target, t->step);
     if (target - next_step_ <= options_.flow.max_behind) target = next_step_;
   }
   if (member_comm_.size() > 1) B::ibcast(member_comm_, span<std::int64_t>(&target, 1), 0).wait();
@@ -275,15 +281,16 @@ void one_to_many<B>::produce() {
     for (const auto& piece : pieces_)
       ring[i]->slots.emplace_back(detail::piece_bytes(piece.shards, options_.shard_capacity) + detail::guard_bytes);
     ready[i] = std::make_shared<transfer>();
-    ready[i]->ready_send = 0;
+    ready[i]->credits_in.resize(static_cast<std::size_t>(credits.size()));
   }
   // The credits of step s (the k-th of this producer) are asked for `depth` steps ahead.
   auto ask_credits = [&](std::int64_t s, std::size_t k) {
     auto& r = ready[k % depth];
     r->requests.clear();
-    r->requests.push_back(B::template ireduce<int>(credits, span<const int>(&r->ready_send, 1),
-                                                   span<int>(&r->ready_recv, 1), op::sum, 0));
-    r->done = start(r, "credits", s);
+    for (int trainer = 1; trainer < credits.size(); ++trainer)
+      r->requests.push_back(B::irecv(credits, span<int>(&r->credits_in[static_cast<std::size_t>(trainer)], 1), trainer,
+                                     credit_tag));
+    start(r, "credits", s);
   };
   for (std::size_t k = 0; k < depth && me + static_cast<std::int64_t>(k) * P < options_.steps; ++k)
     ask_credits(me + static_cast<std::int64_t>(k) * P, k);
@@ -291,7 +298,7 @@ void one_to_many<B>::produce() {
   std::size_t k = 0;
   for (std::int64_t s = me; s < options_.steps; s += P, ++k) {
     auto& t = ring[k % depth];
-    if (t->done) detail::await(*t->done, t->wake);  // its sends finished: the slot can be refilled
+    if (t->posted) await(*t, "send");  // its sends finished: the slot can be refilled
     // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
     // only its owners stop.
     for (std::size_t c = 0; c < pieces_.size(); ++c) {
@@ -301,7 +308,7 @@ void one_to_many<B>::produce() {
       if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
         failure.assign(slot.begin(), slot.end());
     }
-    detail::await(*ready[k % depth]->done, ready[k % depth]->wake);
+    await(*ready[k % depth], "credits");
     t->requests.clear();
     for (std::size_t c = 0; c < pieces_.size(); ++c) {
       auto& slot = t->slots[c];
@@ -311,11 +318,11 @@ void one_to_many<B>::produce() {
         t->requests.push_back(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes),
                                        r, piece_tag));
     }
-    t->done = start(t, "send", s);
+    start(t, "send", s);
     if (s + static_cast<std::int64_t>(depth) * P < options_.steps) ask_credits(s + static_cast<std::int64_t>(depth) * P, k + depth);
   }
   for (auto& t : ring)
-    if (t->done) detail::await(*t->done, t->wake);
+    if (t->posted) await(*t, "send");
   if (!failure.empty()) detail::piece_failure("one_to_many", span<const std::byte>(failure.data(), failure.size()),
                                               options_.shard_capacity);
 }
@@ -333,7 +340,7 @@ void one_to_many<B>::drain() noexcept {
       for (auto& t : ring_)
         if (t->step >= 0 && (!oldest || t->step < oldest->step)) oldest = t;
       if (!oldest) break;
-      detail::await(*oldest->done, oldest->wake);
+      await(*oldest, "receive");
       oldest->step = -1;
     }
   } catch (const std::exception& e) {
