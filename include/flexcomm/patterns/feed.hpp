@@ -335,10 +335,10 @@ struct batch_storage {
 // Options every rank must agree on, as numbers a reduction can compare.
 inline std::vector<std::int64_t> agreement_key(const ensemble_layout& layout, const feed_options& o) {
   const std::string text = layout.str();
-  std::int64_t h = 1469598103934665603LL & 0x3fffffffffffffffLL;  // FNV-1a over the layout text
-  for (char c : text) h = ((h ^ static_cast<unsigned char>(c)) * 1099511628211LL) & 0x3fffffffffffffffLL;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the layout text
+  for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return {o.steps, static_cast<std::int64_t>(o.shard_capacity), o.depth, static_cast<std::int64_t>(o.flow.kind),
-          o.flow.max_behind, h};
+          o.flow.max_behind, static_cast<std::int64_t>(h >> 2)};  // >= 0, so that -h is exact
 }
 
 // What is wrong with these options on their own, or "" (the same answer on every rank).
