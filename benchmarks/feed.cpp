@@ -3,7 +3,7 @@
 // augmentation) is CPU-heavy, training is light. For each feed in one run: total CPU time over
 // all ranks (getrusage, all threads), wall time, batches/s, and both as ratios to local_feed.
 //
-//   mpiexec -n 5 build/benchmarks/feed -b 128 -e 128 -n 40 -w 4     # layout producers=1 members=4x1
+//   mpiexec -n 5 build/benchmarks/feed --wait backoff:20000     # layout producers=1 members=4x1
 //
 // Flags follow nccl-tests where they mean something here: -b/-e/-f images per step (min, max,
 // factor), -n timed steps, -w warm-up steps, -c check (every feed's bytes against local_feed's).
@@ -95,9 +95,9 @@ std::uint64_t checksum(std::uint64_t h, fc::span<const std::byte> bytes) {
 }
 
 struct config {
-  std::int64_t steps = 40, warmup = 4;
+  std::int64_t steps = 30, warmup = 2;
   std::size_t train_images = 8;
-  int depth = 2;
+  int depth = 4;
   bool check = true;
   fm::augment_options augment;
 };
@@ -178,7 +178,7 @@ std::pair<double, double> solo_costs(const fm::packed_dataset& data, std::size_t
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::size_t min_images = 128, max_images = 128, factor = 2;
+  std::size_t min_images = 256, max_images = 256, factor = 2;
   config cfg;
   std::string layout_text, json_path, wait_text, feeds = "local_feed,one_to_many,all_shared";
   int check = 1;

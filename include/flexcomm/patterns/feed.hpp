@@ -261,7 +261,6 @@ inline void fill_piece(const loader& load, std::int64_t step, int first_shard, i
   for (int i = 0; i < shards; ++i) {
     std::size_t written = 0;
     try {
-      trace::span traced(trace::names::loader, step, "step", "feed");
       written = load(step, first_shard + i, span<std::byte>(payload + offset, capacity));
     } catch (const std::exception& e) {
       const std::string what = e.what();
@@ -336,11 +335,10 @@ struct batch_storage {
 // Options every rank must agree on, as numbers a reduction can compare.
 inline std::vector<std::int64_t> agreement_key(const ensemble_layout& layout, const feed_options& o) {
   const std::string text = layout.str();
-  std::uint64_t u = 1469598103934665603ull;  // FNV-1a over the layout text, in unsigned arithmetic
-  for (char c : text) u = (u ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  const auto h = static_cast<std::int64_t>(u & 0x3fffffffffffffffull);
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the layout text
+  for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return {o.steps, static_cast<std::int64_t>(o.shard_capacity), o.depth, static_cast<std::int64_t>(o.flow.kind),
-          o.flow.max_behind, h};
+          o.flow.max_behind, static_cast<std::int64_t>(h >> 2)};  // >= 0, so that -h is exact
 }
 
 // What is wrong with these options on their own, or "" (the same answer on every rank).
