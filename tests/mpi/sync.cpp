@@ -326,6 +326,11 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(misuse_after_the_plan_is_fixed_is_an_error_on_ever
     sync.ready(1, fc::span<std::int32_t>(g1));
   });
   BOOST_TEST(fc::testing::all_ranks(threw && contains(cause, "finish() after 3 of the plan's 4 gradients")), cause);
+  // A gradient handed over after finish() belongs to the next step, which then lacks the rest.
+  std::tie(threw, cause) = step(correct);
+  BOOST_TEST(fc::testing::all_ranks(!threw), cause);
+  std::tie(threw, cause) = step([&] { sync.ready(0, fc::span<std::int32_t>(g0)); });
+  BOOST_TEST(fc::testing::all_ranks(threw && contains(cause, "finish() after 1 of the plan's 4 gradients")), cause);
   std::vector<float> as_float(6);
   std::tie(threw, cause) = step([&] {
     sync.ready(3, fc::span<std::int32_t>(g3));
