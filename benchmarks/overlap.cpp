@@ -8,6 +8,8 @@
 // Pure-Comm: on an oversubscribed node the isolated Pure-Comm loop is scheduled differently.
 // Each model runs twice: backward as CPU work on the trainer thread, and backward with the host
 // idle for as long (what a trainer whose accelerator computes looks like to the CPU).
+// With --trace-dir, overlapped_ring's row runs again with tracing on, between two runs with it
+// off, and the ratio says what FLEXCOMM_TRACE costs a step.
 #include <boost/program_options.hpp>
 
 #include <flexcomm/flexcomm.hpp>
@@ -116,7 +118,7 @@ double overlap_percent(double overall, double compute, double comm) {
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string models, json, bucket_text;
+  std::string models, json, bucket_text, trace_dir;
   double scale;
   int iters, warmup, work;
   po::options_description opts("overlap");
@@ -127,7 +129,8 @@ int main(int argc, char** argv) {
       ("work,k", po::value(&work)->default_value(16), "multiply-adds per parameter in backward")
       ("iters,n", po::value(&iters)->default_value(10), "timed steps")
       ("warmup_iters,w", po::value(&warmup)->default_value(3), "warmup steps (the first plans the buckets)")
-      ("json,j", po::value(&json), "write results as JSON here (rank 0)");
+      ("json,j", po::value(&json), "write results as JSON here (rank 0)")
+      ("trace-dir", po::value(&trace_dir), "also time overlapped_ring with tracing on, writing traces here");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -231,6 +234,29 @@ int main(int argc, char** argv) {
                            overlap_percent(r.overall, compute, exposed), "}");
       }
       std::fflush(stdout);
+    }
+    if (!trace_dir.empty()) {
+      // Off, on, off again in a row: the two off runs bound the drift of the machine meanwhile.
+      const auto ring_step = [&](int s) { backward(s, &ring); };
+      const double off_before = time_steps(world, warmup, iters, ring_step);
+      fc::trace::start(world, trace_dir);
+      const double on = time_steps(world, warmup, iters, ring_step);
+      fc::trace::stop();
+      const double off_after = time_steps(world, warmup, iters, ring_step);
+      const double off = (off_before + off_after) / 2;
+      if (root) {
+        std::printf("  %-42s %8zu %12.0f %12s %13s %11s %10s %13s\n", "overlapped_ring, tracing off (mean of 2)",
+                    ring.plan().buckets().size(), off, "", "", "", "", "");
+        std::printf("  %-42s %8zu %12.0f %12s %13s %11s %10s %13.3f\n", "overlapped_ring, tracing on",
+                    ring.plan().buckets().size(), on, "", "", "", "", on / off);
+        std::printf("# tracing on/off: %.3f (off %.0f and %.0f us around on %.0f us)\n", on / off, off_before,
+                    off_after, on);
+        records += fc::cat(",\n  {\"model\": \"", model, "\", \"backward\": \"", mode,
+                           "\", \"adapter\": \"overlapped_ring\", \"tracing\": true, \"ranks\": ", world.size(),
+                           ", \"overall_off_before_us\": ", off_before, ", \"overall_on_us\": ", on,
+                           ", \"overall_off_after_us\": ", off_after, ", \"on_over_off\": ", on / off, "}");
+        std::fflush(stdout);
+      }
     }
     }
   }

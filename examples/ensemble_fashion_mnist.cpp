@@ -20,6 +20,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fashion_mnist.hpp"
@@ -44,6 +45,8 @@ struct settings {
   int progress_every = 100;
   bool compare_baseline = true;
   float elastic_alpha = 1.5f;
+  int slow_rank = -1;  // a world rank made slower on purpose, to find it in a trace
+  int slow_ms = 0;
 };
 
 // Members differ in width, learning rate and seed, so their errors differ and averaging helps.
@@ -92,8 +95,10 @@ class mlp {
   template <class Ready>
   float forward_backward(const sample_pixels& x, const std::vector<int>& labels, Ready&& ready) {
     const auto n = x.cols();
+    std::optional<fc::trace::span> phase(std::in_place, fc::trace::names::forward);
     matrix h = ((w1_ * x).colwise() + b1_).cwiseMax(0.0f);
     matrix p = softmax((w2_ * h).colwise() + b2_);
+    phase.emplace(fc::trace::names::backward);
     float loss = 0.0f;
     for (Eigen::Index j = 0; j < n; ++j) {
       loss -= std::log(std::max(p(labels[static_cast<std::size_t>(j)], j), 1e-12f));
@@ -199,6 +204,7 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
   pipeline_type pipe(comm, layout, options);
 
   const auto augmentation = augmentation_of(s);
+  const bool slow = s.slow_ms > 0 && comm.world_rank_of(comm.rank()) == s.slow_rank;
   auto loader = [&](std::int64_t step, int shard, fc::span<std::byte> out) -> std::size_t {
     thread_local std::vector<fm::sample> samples;
     samples.resize(per_shard);
@@ -224,9 +230,16 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
       for (Eigen::Index j = 0; j < n; ++j)
         std::memcpy(&labels[static_cast<std::size_t>(j)], first + j * sample_stride + fm::pixels, sizeof(int));
       sample_pixels x(first, fm::pixels, n, Eigen::OuterStride<>(sample_stride));
+      if (slow) {  // --slow-rank: a rank that computes longer, as one on a slower node would
+        fc::trace::span delay("injected delay", batch->step());
+        std::this_thread::sleep_for(std::chrono::milliseconds(s.slow_ms));
+      }
       loss_sum += model.forward_backward(x, labels, [&](int i, fc::span<float> g) { ctx.sync().ready(i, g); });
       ctx.sync().finish();
-      model.step();
+      {
+        fc::trace::span update(fc::trace::names::update, batch->step());
+        model.step();
+      }
       ++loss_count;
       const std::int64_t step = batch->step() + 1;
       if (report && (step % s.progress_every == 0 || step == steps)) {
@@ -336,7 +349,10 @@ int main(int argc, char** argv) {
       "elastic-alpha", po::value(&s.elastic_alpha)->default_value(1.5f),
       "elastic distortion in pixels (0: off), the costly part of preprocessing")(
       "compare-baseline", po::value(&s.compare_baseline)->default_value(true),
-      "run the baseline preset afterwards on the same members and compare CPU time");
+      "run the baseline preset afterwards on the same members and compare CPU time")(
+      "slow-rank", po::value(&s.slow_rank)->default_value(-1),
+      "world rank that sleeps --slow-ms before each step's forward (a straggler for FLEXCOMM_TRACE to find)")(
+      "slow-ms", po::value(&s.slow_ms)->default_value(0), "milliseconds --slow-rank sleeps per step");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, flags), vm);

@@ -101,7 +101,9 @@ inline json events_of(const std::vector<std::string>& paths) {
 
 struct report_options {
   double min_skew_us = 100;       // collectives arriving closer together name no one last
-  double straggler_share = 0.5;   // last in at least this share of its skewed collectives
+  // Last in this share of its skewed collectives beyond what chance gives (1/ranks each): 0 is
+  // chance, 1 always last. Plain shares would name one rank of every two-rank group.
+  double straggler_share = 0.5;
   std::string update = "update";  // the weight-update span
   std::string backward = "backward";
   std::set<std::string> waits = {"feed wait", "finish", "collect"};  // idle, though inside a span
@@ -119,6 +121,7 @@ struct collective_arrival {
 struct rank_summary {
   int rank = 0;
   std::size_t collectives = 0, skewed = 0, last = 0;
+  double expected_last = 0;     // how often chance alone would make it last (sum of 1/ranks)
   double mean_lateness_us = 0;  // arrival after the first rank, averaged over its collectives
   bool straggler = false;
   // Between the end of one weight update and the start of the next backward:
@@ -203,7 +206,10 @@ inline report analyze(const json& events, const report_options& opt = {}) {
       auto& r = summary_of(rank);
       ++r.collectives;
       lateness_sum[rank] += t - first;
-      if (skewed) ++r.skewed;
+      if (skewed) {
+        ++r.skewed;
+        r.expected_last += 1.0 / static_cast<double>(c.arrival_us.size());
+      }
     }
     if (skewed) ++summary_of(c.last).last;
     out.collectives.push_back(c);
@@ -251,8 +257,9 @@ inline report analyze(const json& events, const report_options& opt = {}) {
 
   for (auto& [rank, r] : per_rank) {
     if (r.collectives) r.mean_lateness_us = lateness_sum[rank] / static_cast<double>(r.collectives);
-    r.straggler = r.skewed > 0 && r.last > 0 &&
-                  static_cast<double>(r.last) >= opt.straggler_share * static_cast<double>(r.skewed);
+    const double beyond = static_cast<double>(r.last) - r.expected_last;
+    const double room = static_cast<double>(r.skewed) - r.expected_last;
+    r.straggler = r.last > 0 && room > 0 && beyond >= opt.straggler_share * room;
     if (r.straggler) out.stragglers.push_back(rank);
     out.ranks.push_back(r);
   }
@@ -271,7 +278,7 @@ inline json to_json(const report& rep, const report_options& opt) {
   json ranks = json::array();
   for (const auto& r : rep.ranks)
     ranks.push_back({{"rank", r.rank}, {"collectives", r.collectives}, {"skewed", r.skewed}, {"last", r.last},
-                     {"mean_lateness_us", r.mean_lateness_us}, {"straggler", r.straggler}, {"steps", r.steps},
+                     {"expected_last", r.expected_last}, {"mean_lateness_us", r.mean_lateness_us}, {"straggler", r.straggler}, {"steps", r.steps},
                      {"step_us", r.step_us}, {"gap_us", r.gap_us}, {"idle_us", r.idle_us},
                      {"gap_work_us", r.gap_work_us}, {"idle_share", r.idle_share}});
   return {{"options",

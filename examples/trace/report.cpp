@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
       "min-skew-us", po::value(&opt.min_skew_us)->default_value(opt.min_skew_us),
       "arrival skew below which a collective names no rank last")(
       "straggler-share", po::value(&opt.straggler_share)->default_value(opt.straggler_share),
-      "a rank last in at least this share of its skewed collectives is a straggler")(
+      "a rank last in this share of its skewed collectives beyond chance (0: as chance has it, 1: always) is a straggler")(
       "update", po::value(&opt.update)->default_value(opt.update), "name of the weight-update span")(
       "backward", po::value(&opt.backward)->default_value(opt.backward), "name of the backward span")(
       "top", po::value(&top)->default_value(top), "collectives listed, most skewed first");

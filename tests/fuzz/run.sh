@@ -7,17 +7,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-${FUZZ_SECONDS:-20}}
 
-packages=(clang-14 libclang-rt-14-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+source tests/install-deps.sh
+flexcomm_install clang-14 libclang-rt-14-dev
 cxx=$(command -v clang++-14 || command -v clang++)
 
 out=build-fuzz

@@ -71,7 +71,7 @@ inline ncclRedOp_t nccl_op(op o, dtype t) {
 inline bool needs_divide(op o, dtype t) { return o == op::avg && !is_floating(t); }
 }  // namespace detail
 
-struct nccl {
+struct nccl : cuda::device_work {
   static constexpr memory_space memory = memory_space::device;
   // nullptr (the default) means the communicator's own stream, which is ordered with the
   // legacy default stream; pass the trainer's compute stream to order communication with it.
@@ -113,18 +113,7 @@ struct nccl {
   static request ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send,
                                  span<T> recv, span<const int> counts, op o, stream s = nullptr);
 
-  // Local work on device buffers, as kernels on the stream (the legacy default one if none).
-  template <class T>
-  static void combine(op o, T* inout, const T* in, std::size_t n, stream s = nullptr) {
-    cuda::combine(o, inout, in, n, s);
-  }
-  template <class T>
-  static void divide(T* buf, std::size_t n, int ranks, stream s = nullptr) {
-    cuda::divide(buf, n, ranks, s);
-  }
-  static void copy(void* dst, const void* src, std::size_t bytes, stream s = nullptr) {
-    cuda::copy(dst, src, bytes, s);
-  }
+  // Local work (combine, divide, copy): kernels on the stream, from cuda::device_work.
 };
 
 namespace detail {

@@ -50,7 +50,7 @@ inline bool mpi_is_cuda_aware() {
 // does with flexcomm's host operators, still go through host memory).
 // Completion is on the host: once test() says true, the result is on the device.
 template <bool Direct>
-struct basic_staged {
+struct basic_staged : cuda::device_work {
   static constexpr memory_space memory = memory_space::device;
   // nullptr (the default) means the communicator's own stream, ordered with the legacy default
   // stream; the data an operation reads is taken after the work already queued on that stream.
@@ -90,17 +90,7 @@ struct basic_staged {
   static request ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send,
                                  span<T> recv, span<const int> counts, op o, stream s = nullptr);
 
-  template <class T>
-  static void combine(op o, T* inout, const T* in, std::size_t n, stream s = nullptr) {
-    cuda::combine(o, inout, in, n, s);
-  }
-  template <class T>
-  static void divide(T* buf, std::size_t n, int ranks, stream s = nullptr) {
-    cuda::divide(buf, n, ranks, s);
-  }
-  static void copy(void* dst, const void* src, std::size_t bytes, stream s = nullptr) {
-    cuda::copy(dst, src, bytes, s);
-  }
+  // Local work (combine, divide, copy): kernels on the stream, from cuda::device_work.
 };
 
 using staged = basic_staged<false>;
@@ -432,6 +422,19 @@ bool bring_back(const T* from, T* to, const staged_chunk& c, cudaStream_t back) 
 // Reductions of 16-bit floats use flexcomm's host operators inside MPI: never direct.
 template <bool Direct, class T>
 constexpr bool direct_reduction = Direct && !is_f16_like<T>;
+
+// After a reduced chunk arrived: direct, MPI summed on the device and a kernel averages;
+// staged, MPI averaged on the host and the chunk is copied back. True when work was queued.
+template <bool Direct, class T>
+bool finish_reduced(const T* wire, T* device, op o, int ranks, const staged_chunk& c, cudaStream_t back) {
+  if constexpr (direct_reduction<Direct, T>) {
+    if (o != op::avg || c.count == 0) return false;
+    cuda::divide(device + c.offset, c.count, ranks, back);
+    return true;
+  } else {
+    return bring_back(wire, device, c, back);
+  }
+}
 }  // namespace detail
 
 template <bool Direct>
@@ -539,13 +542,7 @@ typename basic_staged<Direct>::request basic_staged<Direct>::iallreduce(const co
                                   span<T>(wire + c.offset, c.count), on_wire);
       },
       [wire, device, o, ranks](detail::staged_chunk& c, cudaStream_t back) {
-        if constexpr (direct) {
-          if (o != op::avg || c.count == 0) return false;
-          cuda::divide(device + c.offset, c.count, ranks, back);
-          return true;
-        } else {
-          return detail::bring_back(wire, device, c, back);
-        }
+        return detail::finish_reduced<Direct, T>(wire, device, o, ranks, c, back);
       });
 }
 
@@ -580,14 +577,7 @@ typename basic_staged<Direct>::request basic_staged<Direct>::ireduce(const commu
                                at_root ? span<T>(wire + c.offset, c.count) : span<T>(), on_wire, root);
       },
       [wire, device, o, ranks, at_root](detail::staged_chunk& c, cudaStream_t back) {
-        if (!at_root) return false;
-        if constexpr (direct) {
-          if (o != op::avg || c.count == 0) return false;
-          cuda::divide(device + c.offset, c.count, ranks, back);
-          return true;
-        } else {
-          return detail::bring_back(wire, device, c, back);
-        }
+        return at_root && detail::finish_reduced<Direct, T>(wire, device, o, ranks, c, back);
       });
 }
 

@@ -20,6 +20,7 @@
 #include "../core/layout.hpp"
 #include "../core/progress.hpp"
 #include "../core/span.hpp"
+#include "../core/trace.hpp"
 #include "../core/wait.hpp"
 
 namespace flexcomm {
@@ -261,6 +262,7 @@ inline void fill_piece(const loader& load, std::int64_t step, int first_shard, i
   for (int i = 0; i < shards; ++i) {
     std::size_t written = 0;
     try {
+      trace::span traced(trace::names::loader, step, "step", "feed");
       written = load(step, first_shard + i, span<std::byte>(payload + offset, capacity));
     } catch (const std::exception& e) {
       const std::string what = e.what();

@@ -121,4 +121,20 @@ void divide(T* buf, std::size_t n, int ranks, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), cat("cuda divide (", n, " x ", name_of(dtype_of<T>), " by ", ranks, ")"));
 }
 
+// The Backend contract's local work (combine, divide, copy) for backends whose buffers live in
+// device memory: kernels and copies on the operation's stream (the legacy default one if none).
+struct device_work {
+  template <class T>
+  static void combine(op o, T* inout, const T* in, std::size_t n, cudaStream_t s = nullptr) {
+    cuda::combine(o, inout, in, n, s);
+  }
+  template <class T>
+  static void divide(T* buf, std::size_t n, int ranks, cudaStream_t s = nullptr) {
+    cuda::divide(buf, n, ranks, s);
+  }
+  static void copy(void* dst, const void* src, std::size_t bytes, cudaStream_t s = nullptr) {
+    cuda::copy(dst, src, bytes, s);
+  }
+};
+
 }  // namespace flexcomm::cuda
