@@ -131,16 +131,25 @@ class progress_engine {
     trace::name_thread("progress engine");
     std::list<task> active;  // touched by this thread only
     unsigned idle_rounds = 0;
+    bool polling = false;  // counted in detail::background_pollers()
+    auto set_polling = [&](bool on) {
+      if (on != polling) detail::background_pollers().fetch_add(on ? 1 : -1, std::memory_order_relaxed);
+      polling = on;
+    };
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        if (active.empty())
+        if (active.empty()) {
+          set_polling(false);
           wake_.wait(lock, [&] { return stopping_ || !incoming_.empty(); });
+        }
         active.splice(active.end(), incoming_);
         if (stopping_) {
+          set_polling(false);
           for (auto& t : active) abandon(t);
           return;
         }
+        set_polling(true);
       }
       bool progressed = false;
       for (auto it = active.begin(); it != active.end();) {

@@ -41,6 +41,13 @@ inline std::atomic<gap_work_fn>& gap_work() {
   static std::atomic<gap_work_fn> work{nullptr};
   return work;
 }
+
+// Threads of this process that poll MPI in the background right now (the progress engine while
+// it has work); wait_policy::pause backs off while there are any.
+inline std::atomic<int>& background_pollers() {
+  static std::atomic<int> pollers{0};
+  return pollers;
+}
 }  // namespace detail
 
 struct wait_policy {
@@ -64,8 +71,12 @@ struct wait_policy {
   // Gives the CPU away (or not) between two polls; `round` counts the polls of one wait.
   // backoff first yields (a peer rank waiting for this core runs at once), then sleeps with
   // doubling length: a sleeping rank neither steals the core nor inflates CPU-time figures.
+  // While the progress engine has work, every wait backs off: spinning or yielding beside it
+  // keeps the core and MPICH's lock from the thread that does the work (measured: a 4 KiB
+  // ring allreduce at 2 ranks took 0.4-1.6 ms instead of about 50 us).
   void pause(unsigned round) const {
-    switch (kind) {
+    const bool beside_engine = detail::background_pollers().load(std::memory_order_relaxed) > 0;
+    switch (beside_engine ? wait_kind::backoff : kind) {
       case wait_kind::spin: return;
       case wait_kind::yield: std::this_thread::yield(); return;
       case wait_kind::backoff: {
@@ -76,8 +87,9 @@ struct wait_policy {
         }
         detail::tighten_timer_slack();
         const unsigned shift = round - yield_rounds < 16 ? round - yield_rounds : 16;
+        const auto bound = kind == wait_kind::backoff ? max_sleep : std::chrono::microseconds{100};
         auto sleep = std::chrono::microseconds{1u << shift};
-        std::this_thread::sleep_for(sleep < max_sleep ? sleep : max_sleep);
+        std::this_thread::sleep_for(sleep < bound ? sleep : bound);
         return;
       }
     }
