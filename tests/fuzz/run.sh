@@ -10,6 +10,8 @@ seconds=${1:-${FUZZ_SECONDS:-20}}
 source tests/install-deps.sh
 flexcomm_install clang-14 libclang-rt-14-dev
 cxx=$(command -v clang++-14 || command -v clang++)
+# Parsers live beside MPI-facing code (sync.hpp includes the MPI backend): MPICH's flags too.
+read -r -a mpi_flags <<< "$(pkg-config --cflags --libs mpich)"
 
 out=build-fuzz
 mkdir -p "$out"
@@ -18,7 +20,7 @@ for src in tests/fuzz/*.cpp; do
   name=$(basename "$src" .cpp)
   exe="$out/fuzz_$name"
   if ! "$cxx" -std=c++17 -g -O1 -Wall -Wextra -Werror -fsanitize=fuzzer,address,undefined \
-       -fno-sanitize-recover=all -Iinclude "$src" -o "$exe"; then
+       -fno-sanitize-recover=all -Iinclude "$src" "${mpi_flags[@]}" -o "$exe"; then
     echo "fuzz $name: FAIL (does not build)"; failed=$((failed + 1)); continue
   fi
   # A scratch copy of the seeds: libFuzzer adds what it finds to the corpus it is given.
