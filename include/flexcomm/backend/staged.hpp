@@ -378,6 +378,20 @@ class staged_builder {
     for (auto& c : op_->chunks) mark(c);
   }
 
+  // Gathers move whole buffers: staged, the send is copied to pinned host memory and the
+  // `received` elements land in another host buffer; direct, MPI uses the device buffers.
+  // Returns {where MPI sends from, where it receives into}.
+  std::pair<const T*, T*> gather_buffers(const T* send, std::size_t n, T* device, std::size_t received) {
+    if constexpr (!Direct) {
+      T* h = host(n);
+      stage(h, send);
+      return {h, received ? host(received) : nullptr};
+    } else {
+      mark_all();
+      return {send, device};
+    }
+  }
+
   template <class Start, class Finish>
   typename basic_staged<Direct>::request launch(Start start, Finish finish) {
     op_->issued = cuda::event::create(op_->what);
@@ -416,6 +430,14 @@ template <class T>
 bool bring_back(const T* from, T* to, const staged_chunk& c, cudaStream_t back) {
   if (c.count == 0) return false;
   cuda::copy(to + c.offset, from + c.offset, c.count * sizeof(T), back);
+  return true;
+}
+
+// A gather's elements from the host buffer to the device (staged only); true when queued.
+template <bool Direct, class T>
+bool copy_gathered_back(const T* into, T* device, std::size_t n, cudaStream_t back) {
+  if (Direct || n == 0) return false;
+  cuda::copy(device, into, n * sizeof(T), back);
   return true;
 }
 
@@ -600,26 +622,17 @@ typename basic_staged<Direct>::request basic_staged<Direct>::igatherv(const comm
     for (int c : counts) total += static_cast<std::size_t>(c);
   }
   b.chunks(send.size(), false);
-  const T* from = send.data();
   T* device = recv.data();
-  T* into = device;
-  if constexpr (!Direct) {
-    T* h = b.host(send.size());
-    b.stage(h, from);
-    from = h;
-    into = at_root ? b.host(total) : nullptr;
-  } else {
-    b.mark_all();
-  }
   const std::size_t n = send.size(), received = at_root ? total : 0;
+  const auto buffers = b.gather_buffers(send.data(), n, device, received);
+  const T* from = buffers.first;
+  T* into = buffers.second;
   return b.launch(
       [t = &comm.transport(), from, n, into, received, counts, root](detail::staged_chunk&) {
         return mpi::igatherv<T>(*t, span<const T>(from, n), span<T>(into, received), counts, root);
       },
       [into, device, received](detail::staged_chunk&, cudaStream_t back) {
-        if (Direct || received == 0) return false;
-        cuda::copy(device, into, received * sizeof(T), back);
-        return true;
+        return detail::copy_gathered_back<Direct>(into, device, received, back);
       });
 }
 
@@ -633,26 +646,17 @@ typename basic_staged<Direct>::request basic_staged<Direct>::iallgather(const co
   check(recv.size() == total, b.what(),
         cat("receive holds ", recv.size(), " elements, needs ", send.size(), " x ", comm.size(), " ranks"));
   b.chunks(send.size(), false);
-  const T* from = send.data();
   T* device = recv.data();
-  T* into = device;
-  if constexpr (!Direct) {
-    T* h = b.host(send.size());
-    b.stage(h, from);
-    from = h;
-    into = b.host(total);
-  } else {
-    b.mark_all();
-  }
   const std::size_t n = send.size();
+  const auto buffers = b.gather_buffers(send.data(), n, device, total);
+  const T* from = buffers.first;
+  T* into = buffers.second;
   return b.launch(
       [t = &comm.transport(), from, n, into, total](detail::staged_chunk&) {
         return mpi::iallgather<T>(*t, span<const T>(from, n), span<T>(into, total));
       },
       [into, device, total](detail::staged_chunk&, cudaStream_t back) {
-        if (Direct || total == 0) return false;
-        cuda::copy(device, into, total * sizeof(T), back);
-        return true;
+        return detail::copy_gathered_back<Direct>(into, device, total, back);
       });
 }
 
@@ -672,26 +676,17 @@ typename basic_staged<Direct>::request basic_staged<Direct>::iallgatherv(const c
   std::size_t total = 0;
   for (int c : counts) total += static_cast<std::size_t>(c);
   b.chunks(send.size(), false);
-  const T* from = send.data();
   T* device = recv.data();
-  T* into = device;
-  if constexpr (!Direct) {
-    T* h = b.host(send.size());
-    b.stage(h, from);
-    from = h;
-    into = b.host(total);
-  } else {
-    b.mark_all();
-  }
   const std::size_t n = send.size();
+  const auto buffers = b.gather_buffers(send.data(), n, device, total);
+  const T* from = buffers.first;
+  T* into = buffers.second;
   return b.launch(
       [t = &comm.transport(), from, n, into, total, counts](detail::staged_chunk&) {
         return mpi::iallgatherv<T>(*t, span<const T>(from, n), span<T>(into, total), counts);
       },
       [into, device, total](detail::staged_chunk&, cudaStream_t back) {
-        if (Direct || total == 0) return false;
-        cuda::copy(device, into, total * sizeof(T), back);
-        return true;
+        return detail::copy_gathered_back<Direct>(into, device, total, back);
       });
 }
 
