@@ -1,6 +1,7 @@
 // Brings flexcomm (and MPI) up once per test program; every MPI test binary includes this.
 #pragma once
 
+#include <boost/test/results_collector.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include <flexcomm/flexcomm.hpp>
@@ -10,7 +11,13 @@ namespace flexcomm::testing {
 struct mpi_fixture {
   mpi_fixture() { env = new flexcomm::environment(boost::unit_test::framework::master_test_suite().argc,
                                                   boost::unit_test::framework::master_test_suite().argv); }
-  ~mpi_fixture() { delete env; }
+  ~mpi_fixture() {
+    // Should shutdown have to end the process itself, it leaves with the status Boost.Test gives.
+    const auto& results = boost::unit_test::results_collector.results(
+        boost::unit_test::framework::master_test_suite().p_id);
+    env->set_exit_status(results.passed() ? 0 : 201);
+    delete env;
+  }
   static inline flexcomm::environment* env = nullptr;
 };
 

@@ -4,11 +4,18 @@
 #pragma once
 
 #include <mpi.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <thread>
@@ -22,6 +29,133 @@
 
 namespace flexcomm {
 
+namespace detail {
+// What shutdown calls to finalize MPI; the fault tests put a finalize that never returns here.
+inline void (*&finalize_call())() {
+  static void (*call)() = [] { MPI_Finalize(); };
+  return call;
+}
+
+// The rank whose MPI_Finalize hangs is still closing its UCX endpoints, while its peers already
+// wait in MPICH's PMI barrier for it (MPICH removed that barrier after 4.0.2). Under Hydra, whose
+// PMI-1 wire protocol is a line of text on the socket in PMI_FD, this rank can enter the barrier
+// and finalize PMI on its own behalf: the peers then finish, and mpiexec sees every rank leave
+// cleanly. Returns false where there is no such socket or Hydra does not answer in time.
+inline bool pmi_leave(std::chrono::milliseconds limit) {
+  const char* text = std::getenv("PMI_FD");
+  if (!text || !*text) return false;
+  const int fd = std::atoi(text);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  auto send_line = [&](const char* line) {
+    for (std::size_t done = 0, n = std::strlen(line); done < n;) {
+      const auto wrote = ::write(fd, line + done, n - done);
+      if (wrote <= 0) return false;
+      done += static_cast<std::size_t>(wrote);
+    }
+    return true;
+  };
+  auto await_line = [&](const char* expected) {
+    std::string line;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      char c = 0;
+      if (::read(fd, &c, 1) != 1) return false;
+      if (c != '\n') {
+        line += c;
+        continue;
+      }
+      if (line.find(expected) != std::string::npos) return true;
+      line.clear();
+    }
+    return false;
+  };
+  return send_line("cmd=barrier_in\n") && await_line("cmd=barrier_out") && send_line("cmd=finalize\n") &&
+         await_line("cmd=finalize_ack");
+}
+
+// True when thread `tid` of this process sits in read() on `fd` (sampled a few times): a rank
+// whose MPI_Finalize waits in the PMI barrier for a peer, rather than one that hangs itself.
+inline bool thread_reads(long tid, int fd, int samples = 1) {
+  for (int sample = 0; sample < samples; ++sample) {
+    std::FILE* f = std::fopen(cat("/proc/self/task/", tid, "/syscall").c_str(), "r");
+    if (!f) return false;
+    long number = -1;
+    unsigned long first = 0;
+    const int got = std::fscanf(f, "%ld %lx", &number, &first);
+    std::fclose(f);
+    if (got != 2 || number != SYS_read || static_cast<long>(first) != fd) return false;
+    if (sample + 1 < samples) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  return true;
+}
+
+// Calls MPI_Finalize on this (the main) thread, which must be the thread that finalizes: done
+// from another thread, the hang below was seen 8 times in 24 runs instead of 0. A guard thread
+// waits up to `limit` (zero: forever); if MPI_Finalize has not returned by then, the guard says
+// so and ends the process with `status`, the status the program leaves with.
+inline void finalize_within(std::chrono::milliseconds limit, int status) {
+  if (limit.count() == 0) {
+    finalize_call()();
+    return;
+  }
+  struct shared_state {
+    std::mutex mutex;
+    std::condition_variable returned;
+    bool done = false;
+  };
+  auto state = std::make_shared<shared_state>();
+  std::thread guard([state, limit, status, rank = process_rank(), tid = static_cast<long>(::syscall(SYS_gettid))] {
+    std::unique_lock<std::mutex> lock(state->mutex);
+    auto returned = [&](std::chrono::milliseconds t) {
+      return state->returned.wait_for(lock, t, [&] { return state->done; });
+    };
+    // Watch where the finalizing thread waits: once seen in the PMI barrier, this rank is not the
+    // one that hangs, and must not enter the barrier a second time.
+    const char* pmi_text = std::getenv("PMI_FD");
+    const int pmi_fd = pmi_text && *pmi_text ? std::atoi(pmi_text) : -1;
+    bool in_pmi_barrier = false;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (returned(std::chrono::milliseconds{100})) return;
+      if (pmi_fd >= 0 && !in_pmi_barrier) in_pmi_barrier = thread_reads(tid, pmi_fd);
+    }
+    // A peer's guard may have just let this rank out of the barrier: give it a moment to finish.
+    if (!in_pmi_barrier && pmi_fd >= 0) {
+      if (returned(std::chrono::seconds{1})) return;
+      in_pmi_barrier = thread_reads(tid, pmi_fd, 5);
+    }
+    if (in_pmi_barrier) {
+      // Waiting for a peer that hangs; that peer's guard lets this rank go.
+      if (returned(limit + std::chrono::seconds{5})) return;
+      std::fprintf(stderr, "flexcomm: rank %d: MPI_Finalize still waits in the launcher's PMI barrier well after "
+                   "every rank passed the shutdown barrier; all flexcomm work is done, leaving with status %d\n",
+                   rank, status);
+      std::fflush(stderr);
+      std::_Exit(status);
+    }
+    std::fprintf(stderr,
+                 "flexcomm: rank %d: MPI_Finalize has not returned %.1f s after every rank passed the shutdown "
+                 "barrier (FLEXCOMM_FINALIZE_TIMEOUT; MPICH 4.0.2 over UCX's TCP transport, see "
+                 "docs/reliability.md); all flexcomm work is done, leaving with status %d\n",
+                 rank, std::chrono::duration<double>(limit).count(), status);
+    std::fflush(stderr);
+    if (pmi_fd >= 0 && !pmi_leave(std::chrono::seconds{5}))
+      std::fprintf(stderr, "flexcomm: rank %d: could not leave the launcher's PMI barrier (PMI_FD); mpiexec may "
+                   "report this rank as failed\n", rank);
+    std::fflush(stderr);
+    std::_Exit(status);
+  });
+  finalize_call()();
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->done = true;
+  }
+  state->returned.notify_one();
+  guard.join();
+}
+}  // namespace detail
+
 class environment {
  public:
   environment() : environment(nullptr, nullptr) {}
@@ -30,32 +164,53 @@ class environment {
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
 
-  // After a timeout, or ranks that disagreed on a collective, MPI still holds operations that will
-  // never finish: MPI_Finalize would hang. The job ends with MPI_Abort instead, once the other
-  // surviving ranks had a grace period to print their own reports (core/watchdog.hpp).
+  // Leaving must not hang (see docs/reliability.md, "Shutdown"):
+  //   1. after a timeout or a disagreement between ranks, MPI holds operations that cannot
+  //      finish: the job ends with MPI_Abort once the surviving ranks have reported;
+  //   2. the progress engine finishes what it was handed, then stops; an operation still in
+  //      flight after that is a request outliving the environment: reported, and the job ends;
+  //   3. a world barrier, bounded by FLEXCOMM_TIMEOUT and named by the watchdog if a rank
+  //      never arrives, proves every rank done with flexcomm;
+  //   4. MPI_Finalize, on a thread of its own: MPICH 4.0.2 over UCX's TCP transport sometimes
+  //      never returns from it. If it has not returned FLEXCOMM_FINALIZE_TIMEOUT seconds after
+  //      the barrier, this rank says so and leaves with the exit status the program gives.
   ~environment() {
     alive().store(false);
-    auto& dog = watchdog::instance();
-    if (dog.job_must_end()) {
-      std::fprintf(stderr, "flexcomm: rank %d: ending the job with MPI_Abort(1): a timeout or a disagreement "
-                   "between ranks left operations that cannot finish (%zu abandoned)\n", process_rank(),
-                   dog.abandoned());
-      std::fflush(stderr);
-      // Two grace periods: ranks whose waits started a little later still time out and report.
-      std::this_thread::sleep_for(2 * watchdog::grace(default_timeout()));
-      MPI_Abort(MPI_COMM_WORLD, 1);
+    if (!owns_mpi_) {
+      release_without_finalize();
+      return;
     }
-    progress_engine::instance().stop();
+    const auto limit = default_timeout();
+    std::string why;
+    if (!watchdog::instance().job_must_end()) why = quiesce(limit);
+    if (!why.empty() || watchdog::instance().job_must_end()) end_job(why);
+    stop_tracing_and_engine();
     try {
-      trace::stop();  // writes this rank's trace file, when tracing
+      int token = 0;
+      auto done = mpi::iallreduce(*world_, span<int>(&token, 1), op::max);
+      done.wait(default_wait(), limit);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
+      end_job(cat("shutdown barrier: ", e.what()));
     }
     world_.reset();
-    if (node_) node_.reset();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owns_mpi_ && !finalized) MPI_Finalize();
+    node_.reset();
+    detail::finalize_within(finalize_timeout(), exit_status());
+  }
+
+  // The status this process will leave with, for the one case where shutdown must end it itself
+  // (MPI_Finalize never returning). By default 0, or 1 when an exception is unwinding the stack;
+  // a program that ends main with another status says so first (the test fixture does).
+  void set_exit_status(int status) noexcept { exit_status_ = status; }
+  int exit_status() const noexcept {
+    return exit_status_ >= 0 ? exit_status_ : std::uncaught_exceptions() > 0 ? 1 : 0;
+  }
+
+  // How long MPI_Finalize may take once every rank is known to be done: FLEXCOMM_FINALIZE_TIMEOUT
+  // seconds, 10 by default; 0 waits forever.
+  static std::chrono::milliseconds finalize_timeout() {
+    const char* text = std::getenv("FLEXCOMM_FINALIZE_TIMEOUT");
+    if (!text || !*text) return std::chrono::seconds{10};
+    return parse_seconds("FLEXCOMM_FINALIZE_TIMEOUT", text);
   }
 
   // flexcomm's private duplicate of MPI_COMM_WORLD.
@@ -69,6 +224,12 @@ class environment {
     MPI_Initialized(&initialized);
     int provided = MPI_THREAD_SINGLE;
     if (!initialized) {
+      // UCX (MPICH's transport) stops progressing a TCP interface as soon as this process has
+      // closed its last endpoint on it, while a peer may still be closing its own endpoint to
+      // us: inside MPI_Finalize that peer then waits for ever (UCX issue 8738; MPICH 4.0.2 also
+      // holds every rank in a PMI barrier there). Keeping progress on ends the hang (measured in
+      // docs/reliability.md); a value the user set wins.
+      setenv("UCX_ADAPTIVE_PROGRESS", "n", 0);
       check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "environment: MPI_Init_thread");
       owns_mpi_ = true;
       // MPICH reports a failed MPI_Test (a truncated receive, say) through MPI_COMM_WORLD's handler:
@@ -104,6 +265,46 @@ class environment {
     static_cast<void>(hooked);
   }
 
+  // Steps 1-2 of shutdown; returns why the job must end instead, or "".
+  std::string quiesce(std::chrono::milliseconds limit) {
+    std::string left;
+    if (!progress_engine::instance().quiesce(limit, &left))
+      return cat("shutdown: the progress engine did not finish within ", limit.count(),
+                 " ms (FLEXCOMM_TIMEOUT): ", left);
+    if (const auto report = watchdog::instance().in_flight_report(); !report.empty())
+      return cat("shutdown: operations still in flight (a request outlives the environment):\n", report);
+    return {};
+  }
+
+  [[noreturn]] void end_job(const std::string& why) {
+    std::fprintf(stderr, "flexcomm: rank %d: ending the job with MPI_Abort(1): %s (%zu abandoned)\n",
+                 process_rank(), why.empty() ? "a timeout or a disagreement between ranks left operations "
+                                               "that cannot finish" : why.c_str(),
+                 watchdog::instance().abandoned());
+    std::fflush(stderr);
+    // Two grace periods: ranks whose waits started a little later still time out and report.
+    std::this_thread::sleep_for(2 * watchdog::grace(default_timeout()));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+
+  void stop_tracing_and_engine() noexcept {
+    progress_engine::instance().stop();
+    try {
+      trace::stop();  // writes this rank's trace file, when tracing
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+
+  // The trainer brought MPI up and will finalize it: flexcomm only lets go of its own state.
+  void release_without_finalize() noexcept {
+    if (watchdog::instance().job_must_end()) end_job("");
+    stop_tracing_and_engine();
+    world_.reset();
+    node_.reset();
+  }
+
   static std::atomic<bool>& alive() {
     static std::atomic<bool> flag{false};
     return flag;
@@ -121,6 +322,7 @@ class environment {
   }
 
   bool owns_mpi_ = false;
+  int exit_status_ = -1;
   std::optional<mpi::communicator> world_;
   std::optional<mpi::communicator> node_;
   int ranks_on_node_ = 1;

@@ -9,6 +9,7 @@
 #include <exception>
 #include <functional>
 #include <list>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -86,6 +87,7 @@ class progress_engine {
       std::lock_guard<std::mutex> lock(mutex_);
       check(!stopping_, "progress engine", cat("cannot accept '", done->what(), "': engine is stopped"));
       incoming_.push_back({std::move(poll), done});
+      pending_names_.insert(done->what());
       ++outstanding_;
       if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     }
@@ -95,6 +97,18 @@ class progress_engine {
 
   // Tasks submitted and not yet finished.
   std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
+
+  // Shutdown's first step: lets the tasks already handed over finish (each is someone's pending
+  // operation) and reports, on false, what is still outstanding after `limit` (zero: no limit).
+  bool quiesce(std::chrono::milliseconds limit, std::string* left = nullptr) const {
+    const bool drained = default_wait().until([&] { return outstanding() == 0; }, limit);
+    if (!drained && left) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      *left = cat(outstanding(), " task(s) of the progress engine still outstanding:");
+      for (const auto& name : pending_names_) *left += cat(" '", name, "'");
+    }
+    return drained;
+  }
 
   // Ends the thread; tasks still outstanding end with an error. Called before MPI_Finalize.
   void stop() {
@@ -121,7 +135,15 @@ class progress_engine {
     std::shared_ptr<completion> done;
   };
 
-  void abandon(task& t) {
+  void forget(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = pending_names_.find(what);
+    if (it != pending_names_.end()) pending_names_.erase(it);
+  }
+
+  void abandon(task& t) {  // with mutex_ held
+    const auto it = pending_names_.find(t.done->what());
+    if (it != pending_names_.end()) pending_names_.erase(it);
     t.done->finish(std::make_exception_ptr(
         error(process_rank(), t.done->what(), "progress engine stopped before the operation finished")));
     outstanding_.fetch_sub(1, std::memory_order_acq_rel);
@@ -168,6 +190,7 @@ class progress_engine {
         // Count it out before the waiter can see it done, so outstanding() never lags.
         auto done = std::move(it->done);
         it = active.erase(it);
+        forget(done->what());
         outstanding_.fetch_sub(1, std::memory_order_acq_rel);
         if (thrown) done->finish(std::move(thrown));
         else done->finish();
@@ -186,6 +209,7 @@ class progress_engine {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::list<task> incoming_;
+  std::multiset<std::string> pending_names_;  // what each outstanding task is, for shutdown's report
   std::atomic<std::size_t> outstanding_{0};
   bool stopping_ = false;
   std::thread thread_;

@@ -167,15 +167,17 @@ inline void set_default_wait(const wait_policy& p) {
   d.max_sleep_us.store(static_cast<long>(p.max_sleep.count()), std::memory_order_relaxed);
 }
 
-// Seconds (may be fractional) from FLEXCOMM_TIMEOUT; zero or unset means wait forever.
-inline std::chrono::milliseconds parse_timeout(const char* text) {
+// Seconds (may be fractional) from the variable `name`; zero or unset means no limit.
+inline std::chrono::milliseconds parse_seconds(const char* name, const char* text) {
   if (!text || !*text) return std::chrono::milliseconds{0};
   char* end = nullptr;
   const double seconds = std::strtod(text, &end);
   if (!end || *end != '\0' || !(seconds >= 0) || seconds > 1e7)
-    fail("FLEXCOMM_TIMEOUT", cat("cannot parse '", text, "': expected seconds, e.g. 300 or 0.5"));
+    fail(name, cat("cannot parse '", text, "': expected seconds, e.g. 300 or 0.5"));
   return std::chrono::milliseconds{static_cast<long long>(seconds * 1000.0 + 0.5)};
 }
+
+inline std::chrono::milliseconds parse_timeout(const char* text) { return parse_seconds("FLEXCOMM_TIMEOUT", text); }
 
 // How long a single flexcomm wait may take before it becomes a flexcomm::error.
 inline std::chrono::milliseconds default_timeout() {

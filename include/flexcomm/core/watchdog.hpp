@@ -147,6 +147,8 @@ class watchdog {
 
   // Operations in flight over every live communicator (the soak test watches it).
   std::size_t in_flight() const;
+  // The flight recorders of the communicators with operations in flight; "" when none.
+  std::string in_flight_report() const;
 
   // How long a report waits for the peers' answers: long enough for ranks whose waits started a
   // little later to time out as well, short against the timeout.
@@ -335,6 +337,16 @@ inline std::size_t watchdog::in_flight() const {
   std::size_t n = 0;
   for (const auto& c : live()) n += c->recorder().in_flight();
   return n;
+}
+
+inline std::string watchdog::in_flight_report() const {
+  std::string report;
+  for (const auto& c : live()) {
+    if (c->recorder().in_flight() == 0) continue;
+    if (!report.empty()) report += "\n";
+    report += c->recorder().dump(cat("'", c->name(), "'"));
+  }
+  return report;
 }
 
 inline std::string watchdog::timed_out(watched* focus, std::uint64_t seq, std::chrono::milliseconds timeout) {

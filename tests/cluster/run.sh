@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Runs one MPI program across simulated hosts, repeatedly; a run that does not exit in time is a
+# hang: the hung ranks' stacks are printed (gdb), then the run is killed and counted as failed.
+#   run.sh [options] -- PROGRAM [ARGS...]
+#     --hosts 2x2 | 2+1+2   ranks per host (default 2x2)
+#     --repeat N            runs (default 1)
+#     --rate RATE           tc rate limit of every host link, e.g. 10gbit (default: none)
+#     --limit S             seconds one run may take before it counts as a hang (default 120)
+#     --id ID               cluster id, keeps concurrent clusters apart (default 7)
+#     --expect-status S     exit status every run must end with (default 0)
+# Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --hosts) hosts=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --limit) limit=$2; shift 2 ;;
+    --id) id=$2; shift 2 ;;
+    --expect-status) expect=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ $# -gt 0 ] || { echo "usage: run.sh [options] -- PROGRAM [ARGS...]" >&2; exit 2; }
+"$here/hosts.sh" check || exit 77
+
+# Ranks per host: "2x2" is two hosts of two, "2+1+2" three hosts of 2, 1 and 2.
+if [[ "$hosts" == *x* ]]; then
+  counts=(); for ((i = 0; i < ${hosts%x*}; i++)); do counts+=("${hosts#*x}"); done
+else
+  IFS=+ read -r -a counts <<<"$hosts"
+fi
+n=0; hostfile=$(mktemp); for ((i = 0; i < ${#counts[@]}; i++)); do
+  echo "10.213.$id.$((i + 1)):${counts[$i]}" >>"$hostfile"; n=$((n + counts[i])); done
+cleanup() { "$here/hosts.sh" down "$id"; rm -f "$hostfile"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+"$here/hosts.sh" up "$id" "${#counts[@]}" "$rate" || { echo "cluster: could not make the hosts" >&2; exit 1; }
+echo "cluster: ${#counts[@]} hosts (${hosts} ranks), link ${rate:-unshaped}, $repeat run(s) of: $*"
+
+prog=$(command -v "$1" || echo "$1"); shift
+comm=$(basename "$prog" | cut -c1-15)  # the kernel keeps 15 characters of a process name
+ranks() { pgrep -x "$comm"; }
+failed=0 hung=0 fallback=0
+for ((run = 1; run <= repeat; run++)); do
+  log=$(mktemp)
+  # Hydra runs in host 0; every rank's host is reached through launch.sh. UCX's TCP transport
+  # between hosts; MPICH's shared memory inside one.
+  ip netns exec "fc${id}h0" env UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_LAUNCHER_EXTRA_ARGS= \
+    mpiexec -f "$hostfile" -n "$n" -launcher ssh -launcher-exec "$here/launch.sh" -iface eth0 \
+    "$prog" "$@" >"$log" 2>&1 &
+  pid=$!
+  start=$SECONDS
+  while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 0.2; done
+  if kill -0 "$pid" 2>/dev/null; then
+    hung=$((hung + 1)); failed=$((failed + 1))
+    echo "run $run: HUNG after ${limit}s; stacks of the ranks still alive:"
+    for p in $(ranks); do
+      echo "--- pid $p ($(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null | cut -c1-80))"
+      timeout 20 gdb -p "$p" -batch -ex "thread apply all bt 15" 2>/dev/null | grep -E '^#|^Thread' | head -40
+    done
+    tail -20 "$log"
+    pkill -9 -P "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
+    for p in $(ranks); do kill -9 "$p" 2>/dev/null; done
+    wait "$pid" 2>/dev/null
+  else
+    wait "$pid"; status=$?
+    grep -q "MPI_Finalize has not returned" "$log" && fallback=$((fallback + 1))
+    if [ "$status" != "$expect" ]; then
+      failed=$((failed + 1))
+      echo "run $run: exit status $status (expected $expect)"; tail -40 "$log"
+    fi
+  fi
+  rm -f "$log"
+done
+echo "cluster: $repeat runs, $failed failed, $hung hung, $fallback left MPI_Finalize by its time limit"
+[ "$failed" = 0 ]
