@@ -14,6 +14,7 @@ flexcomm_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 flexcomm_install mpich libmpich-dev libboost-test-dev libboost-program-options-dev meson ninja-build \
-                 pkg-config g++ zlib1g-dev libeigen3-dev nlohmann-json3-dev dataset-fashion-mnist
+                 pkg-config g++ zlib1g-dev libeigen3-dev nlohmann-json3-dev dataset-fashion-mnist \
+                 iproute2 gdb
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 true

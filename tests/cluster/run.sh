@@ -8,10 +8,13 @@
 #     --limit S             seconds one run may take before it counts as a hang (default 120)
 #     --id ID               cluster id, keeps concurrent clusters apart (default 7)
 #     --expect-status S     exit status every run must end with (default 0)
+#     --no-stacks           do not print a hung run's stacks (hang-rate measurements)
+#     --quick "ARGS"        arguments added to every run after the first (e.g. a Boost.Test
+#                           filter that leaves out the slowest cases of a repeated binary)
 # Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0
+hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -20,6 +23,8 @@ while [ $# -gt 0 ]; do
     --limit) limit=$2; shift 2 ;;
     --id) id=$2; shift 2 ;;
     --expect-status) expect=$2; shift 2 ;;
+    --quick) quick=$2; shift 2 ;;
+    --no-stacks) stacks=0; shift ;;
     --) shift; break ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -39,7 +44,8 @@ cleanup() { "$here/hosts.sh" down "$id"; rm -f "$hostfile"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 "$here/hosts.sh" up "$id" "${#counts[@]}" "$rate" || { echo "cluster: could not make the hosts" >&2; exit 1; }
-echo "cluster: ${#counts[@]} hosts (${hosts} ranks), link ${rate:-unshaped}, $repeat run(s) of: $*"
+echo "cluster: ${#counts[@]} hosts (${hosts} ranks), link ${rate:-unshaped (no tc rate limit)}, no added delay" \
+     "(this kernel has no netem), $repeat run(s) of: $*${quick:+ (runs after the first add: $quick)}"
 
 prog=$(command -v "$1" || echo "$1"); shift
 comm=$(basename "$prog" | cut -c1-15)  # the kernel keeps 15 characters of a process name
@@ -47,22 +53,23 @@ ranks() { pgrep -x "$comm"; }
 failed=0 hung=0 fallback=0
 for ((run = 1; run <= repeat; run++)); do
   log=$(mktemp)
+  extra=(); [ "$run" -gt 1 ] && [ -n "$quick" ] && read -r -a extra <<<"$quick"
   # Hydra runs in host 0; every rank's host is reached through launch.sh. UCX's TCP transport
   # between hosts; MPICH's shared memory inside one.
   ip netns exec "fc${id}h0" env UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_LAUNCHER_EXTRA_ARGS= \
     mpiexec -f "$hostfile" -n "$n" -launcher ssh -launcher-exec "$here/launch.sh" -iface eth0 \
-    "$prog" "$@" >"$log" 2>&1 &
+    "$prog" "$@" "${extra[@]}" >"$log" 2>&1 &
   pid=$!
   start=$SECONDS
   while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 0.2; done
   if kill -0 "$pid" 2>/dev/null; then
     hung=$((hung + 1)); failed=$((failed + 1))
     echo "run $run: HUNG after ${limit}s; stacks of the ranks still alive:"
-    for p in $(ranks); do
+    for p in $( [ "$stacks" = 1 ] && ranks); do
       echo "--- pid $p ($(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null | cut -c1-80))"
       timeout 20 gdb -p "$p" -batch -ex "thread apply all bt 15" 2>/dev/null | grep -E '^#|^Thread' | head -40
     done
-    tail -20 "$log"
+    [ "$stacks" = 1 ] && tail -20 "$log"
     pkill -9 -P "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
     for p in $(ranks); do kill -9 "$p" 2>/dev/null; done
     wait "$pid" 2>/dev/null

@@ -82,6 +82,18 @@ FAULTS = {
         expect=[r'ranks disagree: .*rank {f}: ibcast 1 x int32 root 0',
                 r'{others_ranks}: iallreduce 1000 x float sum'],
         reports='ranks disagree: rank {f}: ibcast 1 x int32 root 0; {others_ranks}: iallreduce 1000 x float sum'),
+    'finalize-hang': dict(
+        what="rank {f}'s MPI_Finalize never returns (FLEXCOMM_FINALIZE_TIMEOUT=1)",
+        mpiexec=[], survivors='all', kind='none', succeeds=True,
+        expect=[r'finished every step', r'guards intact'],
+        faulty_expect=r'rank {f}: MPI_Finalize has not returned 1\.0 s after every rank passed the shutdown barrier',
+        reports="every rank finishes; rank {f}'s guard enters the PMI barrier for it and leaves with status 0"),
+    'finalize-hang-status': dict(
+        what="as finalize-hang, the program leaving with status 3",
+        mpiexec=[], survivors='all', kind='none', succeeds=True, status=3,
+        expect=[r'finished every step', r'guards intact'],
+        faulty_expect=r'rank {f}: MPI_Finalize has not returned 1\.0 s .*leaving with status 3',
+        reports='as finalize-hang; mpiexec exits with the program\'s status 3'),
     'layout': dict(
         what="layout 'producers=1 members=2x2' (5 ranks) on a world of {n}",
         mpiexec=[], survivors='all', kind='local',
@@ -167,16 +179,16 @@ def run(mpiexec, drivers, fault, n):
             by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
     problems = []
     if spec.get('succeeds'):
-        if proc.returncode != 0:
-            problems.append(f'mpiexec exited with status {proc.returncode}')
+        if proc.returncode != spec.get('status', 0):
+            problems.append(f"mpiexec exited with status {proc.returncode}, expected {spec.get('status', 0)}")
     elif proc.returncode == 0:
         problems.append('mpiexec exited with status 0')
     if 'GUARD BROKEN' in out:
         problems.append('a rank wrote past a buffer')
     f = fields(n)
     survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'none': [], 'faulty': []}[spec['survivors']]
-    if 'faulty_expect' in spec and not re.search(spec['faulty_expect'], out):
-        problems.append(f"no match for /{spec['faulty_expect']}/")
+    if 'faulty_expect' in spec and not re.search(spec['faulty_expect'].format(**f), out):
+        problems.append(f"no match for /{spec['faulty_expect'].format(**f)}/")
     times = []
     for r in survivors:
         text = '\n'.join(by_rank.get(r, []))

@@ -5,6 +5,8 @@
 
 #include <mpi.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -41,7 +43,7 @@ inline void (*&finalize_call())() {
 // PMI-1 wire protocol is a line of text on the socket in PMI_FD, this rank can enter the barrier
 // and finalize PMI on its own behalf: the peers then finish, and mpiexec sees every rank leave
 // cleanly. Returns false where there is no such socket or Hydra does not answer in time.
-inline bool pmi_leave(std::chrono::milliseconds limit) {
+inline bool pmi_leave(std::chrono::milliseconds limit, bool barrier = true) {
   const char* text = std::getenv("PMI_FD");
   if (!text || !*text) return false;
   const int fd = std::atoi(text);
@@ -70,8 +72,8 @@ inline bool pmi_leave(std::chrono::milliseconds limit) {
     }
     return false;
   };
-  return send_line("cmd=barrier_in\n") && await_line("cmd=barrier_out") && send_line("cmd=finalize\n") &&
-         await_line("cmd=finalize_ack");
+  if (barrier && !(send_line("cmd=barrier_in\n") && await_line("cmd=barrier_out"))) return false;
+  return send_line("cmd=finalize\n") && await_line("cmd=finalize_ack");
 }
 
 // True when thread `tid` of this process sits in read() on `fd` (sampled a few times): a rank
@@ -105,7 +107,8 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
     bool done = false;
   };
   auto state = std::make_shared<shared_state>();
-  std::thread guard([state, limit, status, rank = process_rank(), tid = static_cast<long>(::syscall(SYS_gettid))] {
+  std::thread guard([state, limit, status, rank = process_rank(), tid = static_cast<long>(::syscall(SYS_gettid)),
+                     finalizer = ::pthread_self()] {
     std::unique_lock<std::mutex> lock(state->mutex);
     auto returned = [&](std::chrono::milliseconds t) {
       return state->returned.wait_for(lock, t, [&] { return state->done; });
@@ -120,29 +123,39 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
       if (returned(std::chrono::milliseconds{100})) return;
       if (pmi_fd >= 0 && !in_pmi_barrier) in_pmi_barrier = thread_reads(tid, pmi_fd);
     }
-    // A peer's guard may have just let this rank out of the barrier: give it a moment to finish.
-    if (!in_pmi_barrier && pmi_fd >= 0) {
-      if (returned(std::chrono::seconds{1})) return;
-      in_pmi_barrier = thread_reads(tid, pmi_fd, 5);
-    }
+    if (pmi_fd >= 0 && !in_pmi_barrier) in_pmi_barrier = thread_reads(tid, pmi_fd);
+    bool barrier_needed = !in_pmi_barrier;
     if (in_pmi_barrier) {
       // Waiting for a peer that hangs; that peer's guard lets this rank go.
-      if (returned(limit + std::chrono::seconds{5})) return;
-      std::fprintf(stderr, "flexcomm: rank %d: MPI_Finalize still waits in the launcher's PMI barrier well after "
-                   "every rank passed the shutdown barrier; all flexcomm work is done, leaving with status %d\n",
-                   rank, status);
-      std::fflush(stderr);
-      std::_Exit(status);
+      if (returned(limit)) return;
+      if (pmi_fd >= 0 && thread_reads(tid, pmi_fd, 5)) {
+        std::fprintf(stderr, "flexcomm: rank %d: MPI_Finalize still waits in the launcher's PMI barrier %.1f s after "
+                     "every rank passed the shutdown barrier; all flexcomm work is done, leaving with status %d\n",
+                     rank, std::chrono::duration<double>(2 * limit).count(), status);
+        std::fflush(stderr);
+        std::_Exit(status);
+      }
+      // Let out of the barrier, it hangs further on (closing UCX): PMI needs only its finalize.
     }
     std::fprintf(stderr,
                  "flexcomm: rank %d: MPI_Finalize has not returned %.1f s after every rank passed the shutdown "
                  "barrier (FLEXCOMM_FINALIZE_TIMEOUT; MPICH 4.0.2 over UCX's TCP transport, see "
                  "docs/reliability.md); all flexcomm work is done, leaving with status %d\n",
-                 rank, std::chrono::duration<double>(limit).count(), status);
+                 rank, std::chrono::duration<double>(barrier_needed ? limit : 2 * limit).count(), status);
     std::fflush(stderr);
-    if (pmi_fd >= 0 && !pmi_leave(std::chrono::seconds{5}))
-      std::fprintf(stderr, "flexcomm: rank %d: could not leave the launcher's PMI barrier (PMI_FD); mpiexec may "
-                   "report this rank as failed\n", rank);
+    if (pmi_fd >= 0) {
+      // Park the finalizing thread first, so that it cannot talk to the launcher while the guard
+      // stands in for it.
+      struct sigaction park{};
+      park.sa_handler = [](int) {
+        for (;;) ::pause();
+      };
+      sigemptyset(&park.sa_mask);
+      if (::sigaction(SIGRTMIN + 3, &park, nullptr) == 0) ::pthread_kill(finalizer, SIGRTMIN + 3);
+      if (!pmi_leave(std::chrono::seconds{5}, barrier_needed))
+        std::fprintf(stderr, "flexcomm: rank %d: could not leave the launcher's PMI barrier (PMI_FD); mpiexec may "
+                     "report this rank as failed\n", rank);
+    }
     std::fflush(stderr);
     std::_Exit(status);
   });
@@ -254,10 +267,23 @@ class environment {
               "environment: split by node");
     node_.emplace(node, "node");
     ranks_on_node_ = node_->size();
-    wait_ = wait_policy::automatic(ranks_on_node_);
-    set_default_wait(wait_);
-    progress_engine::instance().restart();
-    if (trace::start_from_environment(*world_)) trace::name_thread("trainer");
+    // Every FLEXCOMM_ setting is read here, once, so that a bad value ends the job at start with
+    // the same message on every rank, never an uncaught exception later.
+    try {
+      wait_ = wait_policy::automatic(ranks_on_node_);
+      set_default_wait(wait_);
+      static_cast<void>(default_timeout());
+      static_cast<void>(finalize_timeout());
+      static_cast<void>(checks_enabled());
+      progress_engine::instance().restart();
+      if (trace::start_from_environment(*world_)) trace::name_thread("trainer");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(1): bad setting at start\n",
+                   e.what(), rank);
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::milliseconds{200});  // lets the other ranks print theirs
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     // A rank that calls exit() mid-step would otherwise leave its peers waiting, and Hydra may
     // even report success: end the job instead.
     alive().store(true);
