@@ -5,6 +5,7 @@
 #include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "core/gaps.hpp"
+#include "core/hosts.hpp"
 #include "core/layout.hpp"
 #include "core/progress.hpp"
 #include "core/reduce.hpp"
@@ -14,6 +15,7 @@
 #include "core/watchdog.hpp"
 
 #include "backend/mpi.hpp"
+#include "backend/mpi_hosts.hpp"
 #include "core/environment.hpp"
 #include "core/trace_mpi.hpp"
 

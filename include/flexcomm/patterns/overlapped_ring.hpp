@@ -11,6 +11,7 @@
 #include "../core/datatype.hpp"
 #include "../core/progress.hpp"
 #include "../core/reduce.hpp"
+#include "hierarchical.hpp"
 #include "sync.hpp"
 
 namespace flexcomm {
@@ -29,6 +30,7 @@ class overlapped_ring {
   explicit overlapped_ring(const typename B::communicator& member, sync_options options = {})
       : ring_(member.dup(cat(member.name(), " overlapped_ring"))),
         options_(options),
+        tiers_(ring_, options_.hierarchical, "overlapped_ring"),
         sync_(member, options_, "overlapped_ring", true) {
     check(options_.segment_bytes > 0, "overlapped_ring", "sync_options.segment_bytes must be positive");
     check(options_.segments_in_flight > 0, "overlapped_ring",
@@ -43,6 +45,9 @@ class overlapped_ring {
 
   const bucket_plan& plan() const noexcept { return sync_.plan(); }
   const sync_options& options() const noexcept { return options_; }
+  // True when buckets are averaged hierarchically across hosts (decided at construction).
+  bool hierarchical() const noexcept { return tiers_.enabled(); }
+  const host_map& hosts() const noexcept { return tiers_.hosts(); }
 
  private:
   auto launcher() {
@@ -50,11 +55,14 @@ class overlapped_ring {
   }
 
   detail::flight<B> launch(dtype type, void* data, std::size_t count);
+  template <class T>
+  detail::flight<B> launch_hierarchical(T* data, std::size_t count);
 
   typename B::communicator ring_;  // touched by the progress engine's thread only, once built
   sync_options options_;
   int next_tag_ = 0;
   std::uint64_t buckets_launched_ = 0;  // tracing: the buckets' sequence numbers
+  detail::host_tiers<B> tiers_;  // the ring runs across host leaders when enabled
   detail::bucket_sync<B> sync_;  // last: destroyed first, so buckets in flight end before ring_
 };
 
@@ -195,6 +203,7 @@ template <class B>
 detail::flight<B> overlapped_ring<B>::launch(dtype type, void* data, std::size_t count) {
   return visit_dtype(type, [&](auto element) {
     using T = decltype(element);
+    if (tiers_.enabled()) return launch_hierarchical(static_cast<T*>(data), count);
     const std::size_t segment = std::max<std::size_t>(1, options_.segment_bytes / sizeof(T));
     auto ring = std::make_shared<detail::ring_allreduce<B, T>>(ring_, static_cast<T*>(data), count, options_.op,
                                                                  segment, options_.segments_in_flight, next_tag_);
@@ -206,6 +215,27 @@ detail::flight<B> overlapped_ring<B>::launch(dtype type, void* data, std::size_t
     ring->traced(trace::collective_begin(trace::names::bucket_reduce, ring_.name(), bucket));
     f.task = progress_engine::instance().submit([ring] { return ring->poll(); }, ring->what());
     return f;
+  });
+}
+
+// The ring runs across the host leaders only; it is built here, on the trainer's thread, so that
+// its tags are taken in bucket order like the flat ring's, and started by the engine once this
+// host's reduction has arrived.
+template <class B>
+template <class T>
+detail::flight<B> overlapped_ring<B>::launch_hierarchical(T* data, std::size_t count) {
+  std::shared_ptr<detail::ring_allreduce<B, T>> ring;
+  const std::uint64_t bucket = ++buckets_launched_;
+  if (tiers_.leader() && tiers_.leaders().size() > 1 && count > 0) {
+    const std::size_t segment = std::max<std::size_t>(1, options_.segment_bytes / sizeof(T));
+    const op across = options_.op == op::avg ? op::sum : options_.op;  // averaged once, after the ring
+    ring = std::make_shared<detail::ring_allreduce<B, T>>(tiers_.leaders(), data, count, across, segment,
+                                                          options_.segments_in_flight, next_tag_);
+    next_tag_ = static_cast<int>((static_cast<std::size_t>(next_tag_) + ring->segments()) % detail::ring_tags);
+    ring->traced(trace::collective_begin(trace::names::bucket_reduce, tiers_.leaders().name(), bucket));
+  }
+  return tiers_.launch(data, count, options_.op, ring_.size(), [ring](T*, std::size_t, op) {
+    return std::function<bool()>([ring] { return ring->poll(); });
   });
 }
 

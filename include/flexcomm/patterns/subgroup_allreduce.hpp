@@ -8,6 +8,7 @@
 
 #include "../core/datatype.hpp"
 #include "../core/progress.hpp"
+#include "hierarchical.hpp"
 #include "sync.hpp"
 
 namespace flexcomm {
@@ -24,6 +25,7 @@ class subgroup_allreduce {
   explicit subgroup_allreduce(const typename B::communicator& member, sync_options options = {})
       : comm_(member.dup(cat(member.name(), " subgroup_allreduce"))),
         options_(options),
+        tiers_(comm_, options_.hierarchical, "subgroup_allreduce"),
         sync_(member, options_, "subgroup_allreduce", options_.launch_when_full) {}
 
   // Gradient `index` is final: it joins its bucket (the average lands here by finish()).
@@ -37,6 +39,9 @@ class subgroup_allreduce {
 
   const bucket_plan& plan() const noexcept { return sync_.plan(); }
   const sync_options& options() const noexcept { return options_; }
+  // True when buckets are averaged hierarchically across hosts (decided at construction).
+  bool hierarchical() const noexcept { return tiers_.enabled(); }
+  const host_map& hosts() const noexcept { return tiers_.hosts(); }
 
  private:
   auto launcher() {
@@ -46,6 +51,16 @@ class subgroup_allreduce {
   detail::flight<B> launch(dtype type, void* data, std::size_t count) {
     return visit_dtype(type, [&](auto element) {
       using T = decltype(element);
+      if (tiers_.enabled()) {
+        // The backend's allreduce across the host leaders; the stages are chained by the engine,
+        // whether the bucket was launched when full or in finish().
+        const auto* leaders = &tiers_.leaders();
+        return tiers_.launch(static_cast<T*>(data), count, options_.op, comm_.size(),
+                             [leaders](T* d, std::size_t n, op o) {
+                               auto across = std::make_shared<typename B::request>(B::iallreduce(*leaders, span<T>(d, n), o));
+                               return std::function<bool()>([across] { return across->test(); });
+                             });
+      }
       detail::flight<B> f;
       auto request = B::iallreduce(comm_, span<T>(static_cast<T*>(data), count), options_.op);
       if (options_.launch_when_full) {
@@ -60,6 +75,7 @@ class subgroup_allreduce {
 
   typename B::communicator comm_;
   sync_options options_;
+  detail::host_tiers<B> tiers_;  // the allreduce runs across host leaders when enabled
   detail::bucket_sync<B> sync_;  // last: destroyed first, so buckets in flight end before comm_
 };
 

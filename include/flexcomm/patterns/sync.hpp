@@ -18,6 +18,7 @@
 
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
+#include "../core/hosts.hpp"
 #include "../core/progress.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
@@ -52,6 +53,11 @@ struct sync_options {
   // subgroup_allreduce: launch each bucket's allreduce as soon as it fills (driven by the
   // progress engine) instead of all of them in finish(), i.e. after backward.
   bool launch_when_full = false;
+  // A member whose ranks span hosts averages hierarchically (reduce within each host, allreduce
+  // across the host leaders, broadcast within each host): automatic (when the member spans hosts
+  // and some host holds more than one of its ranks), on, or off. FLEXCOMM_HIERARCHICAL=auto|on|off.
+  // Host backends only; device backends stay flat.
+  hierarchy hierarchical = hierarchy_from_env();
 };
 
 // Which gradients share which bucket. Formed at a member's first step from the order in which

@@ -1,0 +1,59 @@
+#define BOOST_TEST_MODULE hosts
+#include <boost/test/unit_test.hpp>
+
+#include <flexcomm/core/hosts.hpp>
+
+namespace fc = flexcomm;
+
+namespace {
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const fc::error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(blocks_of_consecutive_ranks) {
+  const auto m = fc::host_map::parse("2+1+2");
+  BOOST_TEST(m.ranks() == 5);
+  BOOST_TEST(m.hosts() == 3);
+  BOOST_TEST(m.host_of(0) == 0);
+  BOOST_TEST(m.host_of(2) == 1);
+  BOOST_TEST(m.host_of(4) == 2);
+  BOOST_TEST(m.ranks_on(2) == (std::vector<int>{3, 4}));
+  BOOST_TEST(m.leader_of(2) == 3);
+  BOOST_TEST(m.most_ranks_on_a_host() == 2);
+  BOOST_TEST(m.str() == "2+1+2");
+  BOOST_TEST(fc::host_map::single(4).str() == "4");
+}
+
+BOOST_AUTO_TEST_CASE(keys_number_hosts_by_their_first_rank) {
+  const auto m = fc::host_map::from_keys({40, 7, 40, 7, 9});
+  BOOST_TEST(m.hosts() == 3);
+  BOOST_TEST(m.str() == "0,1,0,1,2");
+  BOOST_TEST(m.ranks_on(1) == (std::vector<int>{1, 3}));
+  // A member of world ranks 1, 3, 4 of "2+2+1": two hosts, ranks {0, 1} and {2} of the member.
+  const auto member = fc::host_map::parse("2+2+1").subset({1, 3, 4});
+  BOOST_TEST(member.str() == "1+1+1");
+  BOOST_TEST(fc::host_map::parse("2+2+1").subset({2, 3, 4}).str() == "2+1");
+}
+
+BOOST_AUTO_TEST_CASE(automatic_hierarchy_needs_hosts_with_several_ranks) {
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::single(4)));
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("1+1+1")));
+  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("2+1")));
+  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::on, fc::host_map::single(4)));
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::off, fc::host_map::parse("2+2")));
+}
+
+BOOST_AUTO_TEST_CASE(bad_host_maps_are_named) {
+  BOOST_TEST(contains(error_of([] { fc::host_map::parse("2++1"); }), "host 1 has no rank count"));
+  BOOST_TEST(contains(error_of([] { fc::host_map::parse("2+0"); }), "host 1 has no ranks"));
+  BOOST_TEST(contains(error_of([] { fc::host_map::parse("2+x"); }), "'x' is not a rank count"));
+  BOOST_TEST(contains(error_of([] { fc::host_map({1, 0}); }), "rank 0 is on host 1"));
+}
