@@ -9,12 +9,13 @@
 #     --id ID               cluster id, keeps concurrent clusters apart (default 7)
 #     --expect-status S     exit status every run must end with (default 0)
 #     --no-stacks           do not print a hung run's stacks (hang-rate measurements)
+#     --net-stats           print the bytes each host sent and received over all runs (eth0)
 #     --quick "ARGS"        arguments added to every run after the first (e.g. a Boost.Test
 #                           filter that leaves out the slowest cases of a repeated binary)
 # Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1
+hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1 net_stats=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -25,6 +26,7 @@ while [ $# -gt 0 ]; do
     --expect-status) expect=$2; shift 2 ;;
     --quick) quick=$2; shift 2 ;;
     --no-stacks) stacks=0; shift ;;
+    --net-stats) net_stats=1; shift ;;
     --) shift; break ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -56,7 +58,9 @@ for ((run = 1; run <= repeat; run++)); do
   extra=(); [ "$run" -gt 1 ] && [ -n "$quick" ] && read -r -a extra <<<"$quick"
   # Hydra runs in host 0; every rank's host is reached through launch.sh. UCX's TCP transport
   # between hosts; MPICH's shared memory inside one.
+  # FLEXCOMM_TEST_HOSTS tells the tests which host map they must find for themselves.
   ip netns exec "fc${id}h0" env UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_LAUNCHER_EXTRA_ARGS= \
+    FLEXCOMM_TEST_HOSTS="$(IFS=+; echo "${counts[*]}")" \
     mpiexec -f "$hostfile" -n "$n" -launcher ssh -launcher-exec "$here/launch.sh" -iface eth0 \
     "$prog" "$@" "${extra[@]}" >"$log" 2>&1 &
   pid=$!
@@ -83,5 +87,11 @@ for ((run = 1; run <= repeat; run++)); do
   fi
   rm -f "$log"
 done
+if [ "$net_stats" = 1 ]; then
+  for ((i = 0; i < ${#counts[@]}; i++)); do
+    stat() { ip netns exec "fc${id}h$i" cat "/sys/class/net/eth0/statistics/$1"; }
+    echo "cluster: host $i (${counts[$i]} ranks): sent $(stat tx_bytes) bytes, received $(stat rx_bytes) bytes"
+  done
+fi
 echo "cluster: $repeat runs, $failed failed, $hung hung, $fallback left MPI_Finalize by its time limit"
 [ "$failed" = 0 ]

@@ -214,6 +214,30 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(random_reals_have_the_same_bits_everywhere, Sync, 
   }
 }
 
+// Across the cluster suite's simulated hosts (tests/cluster/run.sh sets FLEXCOMM_TEST_HOSTS),
+// nothing pretends: MPI's shared split must find the hosts the launcher used, automatic choice
+// must average hierarchically, and the results must equal MPI_Allreduce's. On one machine the
+// world is one host and both adapters stay flat.
+BOOST_AUTO_TEST_CASE_TEMPLATE(real_hosts_are_found_and_used, Sync, adapters) {
+  const char* expected = std::getenv("FLEXCOMM_TEST_HOSTS");
+  const auto map = fc::hosts_of(world());
+  const auto want = expected && *expected ? fc::host_map::parse(expected) : fc::host_map::single(world().size());
+  BOOST_TEST(all_ranks(map == want), "found hosts " << map.str() << ", launched on " << want.str());
+  fc::sync_options options;
+  options.hierarchical = fc::hierarchy::automatic;
+  options.bucket_bytes = 4096;
+  options.segment_bytes = 512;
+  {
+    Sync sync(world(), options);
+    BOOST_TEST(all_ranks(sync.hierarchical() == fc::use_hierarchy(fc::hierarchy::automatic, want)), want.str());
+  }
+  for (fc::op o : {fc::op::sum, fc::op::avg}) {
+    options.op = o;
+    std::string detail;
+    BOOST_TEST(all_ranks(equals_mpi_allreduce<Sync, float>(world(), options, detail)), want.str() << " " << detail);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(host_maps_and_settings_are_checked) {
   const int n = world().size();
   {
