@@ -1,6 +1,8 @@
 // allreduce: an nccl-tests style sweep of flexcomm's two Sync adapters (one gradient, one bucket,
 // reduced in place) against MPI_Allreduce on the same buffers, in the same run.
 //   mpiexec -n 4 build/benchmarks/allreduce -b 4K -e 64M -f 2 -n 20 -w 5 -c 1 -j allreduce.json
+// --hierarchical 1 adds both adapters averaging hierarchically (reduce in each host, across the
+// host leaders, broadcast in each host) beside the flat ones: the comparison across hosts.
 // busbw = algbw * 2(n-1)/n (nccl-tests' allreduce factor).
 #include <boost/program_options.hpp>
 
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,7 +102,7 @@ int main(int argc, char** argv) {
   const auto& world = env.world();
   std::string begin, end, type_name, op_name, json, segment;
   double factor;
-  int iters, warmup, check, lanes;
+  int iters, warmup, check, lanes, tiers;
   po::options_description opts("allreduce (nccl-tests flags)");
   opts.add_options()("help,h", "this help")
       ("minbytes,b", po::value(&begin)->default_value("4K"), "smallest size")
@@ -112,6 +115,8 @@ int main(int argc, char** argv) {
       ("op,o", po::value(&op_name)->default_value("sum"), "sum prod min max avg")
       ("segment,s", po::value(&segment)->default_value("1M"), "overlapped_ring segment bytes")
       ("lanes,l", po::value(&lanes)->default_value(2), "overlapped_ring segments in flight")
+      ("hierarchical,H", po::value(&tiers)->default_value(0),
+       "1: also both adapters forced hierarchical (the flat ones forced flat)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)");
   po::variables_map vm;
   try {
@@ -130,19 +135,24 @@ int main(int argc, char** argv) {
   const std::size_t lo = fc::parse_bytes(begin, "-b"), hi = fc::parse_bytes(end, "-e");
   fc::check(factor > 1, "allreduce", "-f must be > 1");
   const bool root = world.rank() == 0;
-  const char* names[] = {"MPI_Allreduce", "subgroup_allreduce", "overlapped_ring"};
+  std::vector<std::string> names{"MPI_Allreduce", "subgroup_allreduce", "overlapped_ring"};
+  if (tiers) names.insert(names.end(), {"subgroup_allreduce hier", "overlapped_ring hier"});
+  const std::size_t impls = names.size();
+  const auto hosts = fc::hosts_of(world);  // collective
   if (root) {
-    std::printf("# flexcomm allreduce: %d ranks, %d per node, wait %s, in place, segment %s x %d in flight\n",
-                world.size(), env.ranks_on_node(), fc::name_of(env.wait().kind), segment.c_str(), lanes);
+    std::printf("# flexcomm allreduce: %d ranks on %d host(s) (%s), %d per node, wait %s, in place, segment %s x %d in flight\n",
+                world.size(), hosts.hosts(), hosts.str().c_str(), env.ranks_on_node(), fc::name_of(env.wait().kind),
+                segment.c_str(), lanes);
     std::printf("# %10s %12s %8s %6s %5s |", "size", "count", "type", "redop", "root");
-    for (const char* n : names) std::printf(" %-39s |", n);
+    for (const auto& n : names) std::printf(" %-39s |", n.c_str());
     std::printf(" busbw ratio vs MPI\n");
     std::printf("# %10s %12s %8s %6s %5s |", "(B)", "(elements)", "", "", "");
-    for (int i = 0; i < 3; ++i) std::printf(" %9s %8s %8s %7s  |", "time(us)", "algbw", "busbw", "#wrong");
-    std::printf(" %9s %9s\n", "subgroup", "ring");
+    for (std::size_t i = 0; i < impls; ++i) std::printf(" %9s %8s %8s %7s  |", "time(us)", "algbw", "busbw", "#wrong");
+    for (std::size_t i = 1; i < impls; ++i) std::printf(" %9s", i == 1 ? "subgroup" : i == 2 ? "ring" : i == 3 ? "sub-hier" : "ring-hier");
+    std::printf("\n");
   }
   std::string records;
-  double sum_busbw[3] = {0, 0, 0};
+  std::vector<double> sum_busbw(impls, 0.0);
   int rows = 0;
   fc::visit_dtype(type, [&](auto element) {
     using T = decltype(element);
@@ -155,29 +165,44 @@ int main(int argc, char** argv) {
       options.bucket_bytes = bytes;
       options.segment_bytes = fc::parse_bytes(segment, "-s");
       options.segments_in_flight = lanes;
+      // Without -H the adapters choose as a user's would (FLEXCOMM_HIERARCHICAL, else automatic).
+      if (tiers) options.hierarchical = fc::hierarchy::off;
       fc::subgroup_allreduce<mpi> subgroup(world, options);
       fc::overlapped_ring<mpi> ring(world, options);
+      std::optional<fc::subgroup_allreduce<mpi>> subgroup_tiers;
+      std::optional<fc::overlapped_ring<mpi>> ring_tiers;
+      if (tiers) {
+        options.hierarchical = fc::hierarchy::on;
+        subgroup_tiers.emplace(world, options);
+        ring_tiers.emplace(world, options);
+      }
       const MPI_Datatype mt = fc::detail::mpi_type(fc::dtype_of<T>);
       const MPI_Op mo = fc::detail::mpi_op(o, fc::dtype_of<T>);
-      result r[3];
-      r[0] = measure(world, buf, o, warmup, iters, check, [&] {
-        MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), mt, mo, world.native());
-        if (o == fc::op::avg) fc::divide_by(buf.data(), count, world.size());
-      });
-      r[1] = measure(world, buf, o, warmup, iters, check, [&] {
-        subgroup.ready(0, fc::span<T>(buf));
-        subgroup.finish();
-      });
-      r[2] = measure(world, buf, o, warmup, iters, check, [&] {
-        ring.ready(0, fc::span<T>(buf));
-        ring.finish();
-      });
+      auto through = [&](auto& sync) {
+        return [&] {
+          sync.ready(0, fc::span<T>(buf));
+          sync.finish();
+        };
+      };
+      std::vector<std::function<void()>> once{
+          [&] {
+            MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), mt, mo, world.native());
+            if (o == fc::op::avg) fc::divide_by(buf.data(), count, world.size());
+          },
+          through(subgroup), through(ring)};
+      if (tiers) {
+        once.push_back(through(*subgroup_tiers));
+        once.push_back(through(*ring_tiers));
+      }
+      std::vector<result> r;
+      for (const auto& f : once) r.push_back(measure(world, buf, o, warmup, iters, check, f));
       if (root) {
         std::printf("  %10zu %12zu %8s %6s %5s |", bytes, count, fc::name_of(type), fc::name_of(o), "-1");
         for (auto& x : r) std::printf(" %9.1f %8.3f %8.3f %7ld  |", x.time_us, x.algbw, x.busbw, x.wrong);
-        std::printf(" %9.2f %9.2f\n", r[1].busbw / r[0].busbw, r[2].busbw / r[0].busbw);
+        for (std::size_t i = 1; i < impls; ++i) std::printf(" %9.2f", r[i].busbw / r[0].busbw);
+        std::printf("\n");
         std::fflush(stdout);
-        for (int i = 0; i < 3; ++i) {
+        for (std::size_t i = 0; i < impls; ++i) {
           sum_busbw[i] += r[i].busbw;
           records += fc::cat(records.empty() ? "" : ",\n", "  {\"impl\": \"", names[i], "\", \"size\": ", bytes,
                              ", \"count\": ", count, ", \"type\": \"", fc::name_of(type), "\", \"redop\": \"",
@@ -192,7 +217,7 @@ int main(int argc, char** argv) {
   });
   if (root) {
     std::printf("# Avg bus bandwidth:");
-    for (int i = 0; i < 3; ++i) std::printf(" %s %.3f GB/s;", names[i], sum_busbw[i] / std::max(rows, 1));
+    for (std::size_t i = 0; i < impls; ++i) std::printf(" %s %.3f GB/s;", names[i].c_str(), sum_busbw[i] / std::max(rows, 1));
     std::printf("\n");
     if (!json.empty()) {
       std::ofstream out(json);
