@@ -61,10 +61,12 @@ inline ensemble_layout placed_on_hosts(const mpi::communicator& comm, const ense
 }
 
 namespace detail {
-// What the adapters call with their world: placement needs the MPI world's host map.
+// What the adapters call with their world: placement needs the MPI world's host map. What can be
+// checked without it is checked first, on every rank alike.
 template <class Communicator>
 ensemble_layout placed_for(const Communicator& world, const ensemble_layout& layout, const char* who) {
   if (layout.is_placed()) return layout;
+  layout.validate(world.size());
   if constexpr (std::is_same_v<Communicator, mpi::communicator>) {
     return placed_on_hosts(world, layout);
   } else {

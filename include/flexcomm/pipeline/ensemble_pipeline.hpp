@@ -155,7 +155,6 @@ class ensemble_pipeline {
   // A per-host layout is placed on the world's hosts first (collective, before any other split).
   static ensemble_layout validated(const communicator& world, const ensemble_layout& layout) {
     check(static_cast<bool>(world), "ensemble_pipeline", "needs a communicator, got an empty one");
-    if (!layout.is_placed()) layout.validate(world.size());
     auto placed = detail::placed_for(world, layout, "ensemble_pipeline");
     placed.validate(world.size());
     if (Feed::needs_producers) placed.require_producers("ensemble_pipeline");
