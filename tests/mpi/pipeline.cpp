@@ -272,6 +272,16 @@ BOOST_AUTO_TEST_CASE(with_producers_keeps_the_aggregator_on_its_trainer) {
   const auto none = fc::with_producers(fc::ensemble_layout(2, {1}, 1), 0);  // a producer aggregated
   BOOST_TEST((l.producers() == 3 && r.member == 0 && r.rank_in_member == 1));
   BOOST_TEST((none.producers() == 0 && none.aggregator() == 0));
+  // From a producer per host: the aggregator's trainer, wherever the placement put it.
+  const auto placed = fc::ensemble_layout::parse("producers=per-host members=2,1 aggregator=1")
+                          .placed_on(fc::host_map::parse("2+3"));  // member 1 on rank 1, member 0 on 3, 4
+  const auto classic = fc::with_producers(placed, 1);
+  BOOST_TEST((classic.aggregator() == 3 && classic.role_of(3).member == 1));
+  BOOST_TEST(fc::with_producers(fc::ensemble_layout::parse("producers=per-host members=2"), 0).aggregator() == 0);
+  using single = fc::presets::single_broadcast<>;
+  BOOST_TEST(single::layout_for(placed).per_host());
+  BOOST_CHECK_NO_THROW(single::check_layout(placed, "single_broadcast"));
+  BOOST_CHECK_THROW(fc::presets::baseline<>::check_layout(placed, "baseline"), fc::error);
 }
 
 BOOST_AUTO_TEST_CASE(run_happens_once) {
