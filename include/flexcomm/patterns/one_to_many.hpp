@@ -49,7 +49,8 @@ class one_to_many {
   one_to_many(const one_to_many&) = delete;
   one_to_many& operator=(const one_to_many&) = delete;
 
-  // On producer ranks: preprocesses and ships every step dealt to this producer, then returns.
+  // On producer ranks: preprocesses and ships every step dealt to this producer (a per-host
+  // producer: every step, the pieces of its host's trainers; none at all without any), then returns.
   // A loader failure travels to the trainers of that piece as that step; once the rest of the
   // stream is shipped, produce() throws it.
   void produce();
