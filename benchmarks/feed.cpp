@@ -212,10 +212,11 @@ int main(int argc, char** argv) {
   }
   cfg.check = check != 0 && ("," + feeds + ",").find(",local_feed,") != std::string::npos;  // the reference
   if (!wait_text.empty()) fc::set_default_wait(fc::wait_policy::parse(wait_text));
-  const auto layout = layout_text.empty()
+  const auto parsed = layout_text.empty()
                           ? fc::ensemble_layout::from_env(fc::cat("producers=1 members=", std::max(1, world.size() - 1), "x1"))
                           : fc::ensemble_layout::parse(layout_text);
-  layout.validate(world.size());
+  parsed.validate(world.size());
+  const auto layout = fc::placed_on_hosts(world, parsed);  // producers=per-host: on this job's hosts
 
   const fm::packed_dataset data(fm::load(fm::split::test), 64);
   const int shards = layout.shards_per_step();

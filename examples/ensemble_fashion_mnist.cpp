@@ -367,7 +367,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    const auto layout = fc::ensemble_layout::from_env(s.layout);
+    const auto parsed = fc::ensemble_layout::from_env(s.layout);
+    parsed.validate(world.size());
+    const auto layout = fc::placed_on_hosts(world, parsed);  // producers=per-host: on this job's hosts
     layout.validate(world.size());
     fc::check(s.epochs > 0 && s.batch > 0 && s.progress_every > 0, "ensemble_fashion_mnist",
               "epochs, batch and progress-every must be positive");

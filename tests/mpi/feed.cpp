@@ -18,25 +18,56 @@ namespace {
 
 using feeds = boost::mpl::list<fc::local_feed, fc::one_to_many<fc::mpi>, fc::all_shared<fc::mpi>>;
 
-// Layouts for this world size: homogeneous and heterogeneous members, none to several producers.
+// Layouts for this world size: homogeneous and heterogeneous members, none to several producers,
+// a producer per host on pretend hosts ("... @2+2": FLEXCOMM_HOSTS=2+2 while it is placed).
 std::vector<std::string> layouts_for(int n) {
   switch (n) {
     case 1: return {"members=1"};
-    case 2: return {"producers=1 members=1", "members=2", "members=1,1"};
-    case 3: return {"producers=1 members=2x1", "producers=1 members=2", "producers=2 members=1", "members=1,2"};
-    case 4: return {"producers=1 members=1,2", "producers=2 members=2x1", "members=2x2", "producers=1 members=3x1"};
-    case 5: return {"producers=1 members=2x2", "producers=2 members=1,2", "producers=1 members=1,3", "members=2,3"};
-    case 6: return {"producers=1 members=2,3", "producers=2 members=2x2", "producers=3 members=3x1", "members=1,2,3"};
+    case 2: return {"producers=1 members=1", "members=2", "members=1,1", "producers=per-host members=1 @2"};
+    case 3: return {"producers=1 members=2x1", "producers=1 members=2", "producers=2 members=1", "members=1,2",
+                    "producers=per-host members=1,1 @3", "producers=per-host members=1 @2+1"};
+    case 4: return {"producers=1 members=1,2", "producers=2 members=2x1", "members=2x2", "producers=1 members=3x1",
+                    "producers=per-host members=1,1 @2+2", "producers=per-host members=2 @2+2"};
+    case 5: return {"producers=1 members=2x2", "producers=2 members=1,2", "producers=1 members=1,3", "members=2,3",
+                    "producers=per-host members=2 @2+1+2", "producers=per-host members=2,1 @2+3"};
+    case 6: return {"producers=1 members=2,3", "producers=2 members=2x2", "producers=3 members=3x1", "members=1,2,3",
+                    "producers=per-host members=2,2 @3+3", "producers=per-host members=3,1 @2+4"};
     default: return {fc::cat("producers=1 members=", n - 1, "x1")};
   }
+}
+
+// While alive, every rank pretends its hosts are `blocks` (set identically on every rank).
+struct pretend_hosts {
+  explicit pretend_hosts(const std::string& blocks) { setenv("FLEXCOMM_HOSTS", blocks.c_str(), 1); }
+  ~pretend_hosts() { unsetenv("FLEXCOMM_HOSTS"); }
+  pretend_hosts(const pretend_hosts&) = delete;
+  pretend_hosts& operator=(const pretend_hosts&) = delete;
+};
+
+// The layout of an entry of layouts_for(), placed on its pretend hosts (collective when it has them).
+fc::ensemble_layout layout_of(const std::string& text) {
+  const auto at = text.find(" @");
+  if (at == std::string::npos) return fc::ensemble_layout::parse(text);
+  pretend_hosts pretend(text.substr(at + 2));
+  return fc::placed_on_hosts(world(), fc::ensemble_layout::parse(text.substr(0, at)));
 }
 
 template <class Feed>
 std::vector<std::string> usable_layouts(int n) {
   std::vector<std::string> out;
-  for (auto& text : layouts_for(n))
-    if (!Feed::needs_producers || fc::ensemble_layout::parse(text).producers() > 0) out.push_back(text);
+  for (auto& text : layouts_for(n)) {
+    const auto layout = fc::ensemble_layout::parse(text.substr(0, text.find(" @")));
+    if (!Feed::needs_producers || layout.per_host() || layout.producers() > 0) out.push_back(text);
+  }
   return out;
+}
+
+// Whether producer `p` calls the loader for `shard` of `step` (a feed that uses producers).
+bool producer_loads(const fc::ensemble_layout& layout, int p, std::int64_t step, int shard) {
+  if (!layout.produces(p, step)) return false;
+  for (int m = 0; m < layout.members(); ++m)
+    if (layout.feeds(p, m, layout.owner_of(m, shard))) return true;
+  return false;
 }
 
 std::uint64_t mix(std::uint64_t x) {
@@ -130,7 +161,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(every_trainer_gets_every_step_once_in_order_byte_exact, Feed, feeds) {
   for (const auto& text : usable_layouts<Feed>(world().size())) {
-    const auto layout = fc::ensemble_layout::parse(text);
+    const auto layout = layout_of(text);
     for (int depth : {1, 3}) {
       fc::feed_options options;
       options.steps = 37;  // not a multiple of the member count: all_shared's last round is partial
@@ -146,7 +177,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(every_trainer_gets_every_step_once_in_order_byte_e
 BOOST_AUTO_TEST_CASE_TEMPLATE(an_empty_stream_ends_at_once, Feed, feeds) {
   const auto text = usable_layouts<Feed>(world().size());
   if (text.empty()) return;
-  const auto layout = fc::ensemble_layout::parse(text.front());
+  const auto layout = layout_of(text.front());
   fc::feed_options options;
   options.steps = 0;
   options.shard_capacity = 8;
@@ -158,7 +189,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(an_empty_stream_ends_at_once, Feed, feeds) {
 BOOST_AUTO_TEST_CASE_TEMPLATE(stress_ten_thousand_small_batches_with_random_delays, Feed, feeds) {
   const auto text = usable_layouts<Feed>(world().size());
   if (text.empty()) return;
-  const auto layout = fc::ensemble_layout::parse(text.front());
+  const auto layout = layout_of(text.front());
   fc::feed_options options;
   options.steps = 10000;
   options.shard_capacity = 16;
@@ -180,7 +211,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(stress_ten_thousand_small_batches_with_random_dela
 // Lockstep: a member that trains slowly gets every step all the same.
 BOOST_AUTO_TEST_CASE_TEMPLATE(lockstep_delivers_every_step_to_a_slow_member, Feed, feeds) {
   for (const auto& text : usable_layouts<Feed>(world().size())) {
-    const auto layout = fc::ensemble_layout::parse(text);
+    const auto layout = layout_of(text);
     const auto role = layout.role_of(world().rank());
     fc::feed_options options;
     options.steps = 30;
@@ -199,7 +230,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(lockstep_delivers_every_step_to_a_slow_member, Fee
 // its ranks. Feeds without a shared producer stream never hold a member back, so never skip.
 BOOST_AUTO_TEST_CASE_TEMPLATE(skip_ahead_lets_a_slow_member_skip_and_counts_it, Feed, feeds) {
   for (const auto& text : usable_layouts<Feed>(world().size())) {
-    const auto layout = fc::ensemble_layout::parse(text);
+    const auto layout = layout_of(text);
     const auto role = layout.role_of(world().rank());
     const bool slow = role.kind == fc::role::trainer && role.member == layout.members() - 1;
     fc::feed_options options;
@@ -235,7 +266,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(skip_ahead_lets_a_slow_member_skip_and_counts_it, 
 // A trainer that leaves the loop early does not strand the others: its feed drains the stream.
 BOOST_AUTO_TEST_CASE_TEMPLATE(a_trainer_that_stops_early_does_not_block_the_others, Feed, feeds) {
   for (const auto& text : usable_layouts<Feed>(world().size())) {
-    const auto layout = fc::ensemble_layout::parse(text);
+    const auto layout = layout_of(text);
     const auto role = layout.role_of(world().rank());
     fc::feed_options options;
     options.steps = 20;
@@ -261,7 +292,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_trainer_that_stops_early_does_not_block_the_othe
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_overfills_is_an_error_naming_step_and_shard, Feed, feeds) {
   for (const auto& text : usable_layouts<Feed>(world().size())) {
-    const auto layout = fc::ensemble_layout::parse(text);
+    const auto layout = layout_of(text);
     fc::feed_options options;
     options.steps = 12;
     options.shard_capacity = 16;
@@ -283,8 +314,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_overfills_is_an_error_naming_step_an
     // Trainers that receive the bad shard fail at step 5 after steps 0..4; the others finish.
     const auto role = layout.role_of(world().rank());
     const bool receives = role.kind == fc::role::trainer && layout.owner_of(role.member, bad_shard) == role.rank_in_member;
-    const bool loads = role.kind == fc::role::producer ? Feed::needs_producers && 5 % layout.producers() == role.producer
-                                                       : !Feed::needs_producers;
+    const bool loads = role.kind == fc::role::producer
+                           ? Feed::needs_producers && producer_loads(layout, role.producer, 5, bad_shard)
+                           : !Feed::needs_producers;
     bool ok;
     if (receives || (loads && Feed::needs_producers)) {
       ok = contains(e, "step 5 shard " + std::to_string(bad_shard)) && contains(e, "wrote 17 bytes, slot holds 16");
@@ -299,7 +331,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_overfills_is_an_error_naming_step_an
 BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_throws_reaches_the_trainers, Feed, feeds) {
   const auto text = usable_layouts<Feed>(world().size());
   if (text.empty()) return;
-  const auto layout = fc::ensemble_layout::parse(text.front());
+  const auto layout = layout_of(text.front());
   fc::feed_options options;
   options.steps = 6;
   options.shard_capacity = 64;
@@ -314,7 +346,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_throws_reaches_the_trainers, Feed, f
     }
   });
   const auto role = layout.role_of(world().rank());
-  const bool idle = role.kind == fc::role::producer && (!Feed::needs_producers || 2 % layout.producers() != role.producer);
+  bool loads = false;
+  for (int k = 0; k < layout.shards_per_step(); ++k)
+    loads = loads || (role.kind == fc::role::producer && producer_loads(layout, role.producer, 2, k));
+  const bool idle = role.kind == fc::role::producer && (!Feed::needs_producers || !loads);
   BOOST_TEST(all_ranks(idle ? e.empty() : contains(e, "step 2") && contains(e, "corrupt record 2")), e);
 }
 
@@ -350,4 +385,113 @@ BOOST_AUTO_TEST_CASE(ranks_that_disagree_on_the_options_are_refused_on_every_ran
   options.shard_capacity = 0;
   const std::string bad = error_of([&] { fc::all_shared<fc::mpi> feed(world(), layout, test_loader(8), options); });
   BOOST_TEST(all_ranks(contains(bad, "shard_capacity must be > 0")), bad);
+}
+
+namespace {
+// Pretend host maps of this world size and, for each, member sizes that use every other rank.
+std::vector<std::pair<std::string, std::string>> per_host_cases(int n) {
+  std::vector<std::string> maps{std::to_string(n)};
+  if (n >= 2) maps.push_back(fc::cat("1+", n - 1));
+  if (n >= 3) maps.push_back(fc::cat(n - 1, "+1"));
+  if (n >= 4) {
+    std::string pairs;
+    for (int r = 0; r < n; r += 2) pairs += fc::cat(r ? "+" : "", std::min(2, n - r));
+    maps.push_back(pairs);
+  }
+  if (n == 5) maps.push_back("2+1+2");
+  if (n == 6) maps.push_back("2+4");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& map : maps) {
+    const int trainers = n - fc::host_map::parse(map).hosts();
+    if (trainers < 1) continue;
+    std::vector<std::string> members{fc::cat("members=", trainers)};
+    if (trainers >= 2) members.push_back(fc::cat("members=", trainers, "x1"));
+    if (trainers >= 3) members.push_back(fc::cat("members=1,", trainers - 1));
+    for (const auto& m : members) out.emplace_back(map, "producers=per-host " + m);
+  }
+  return out;
+}
+}  // namespace
+
+// With a producer per host, each host's producer loads every step, exactly the shards that its
+// own host's trainers own, and every byte a trainer receives was loaded on its own host: the
+// loader stamps the world rank that ran it into each shard's first byte. The layout is handed
+// to the feed unplaced: the feed places it on the (pretend) hosts itself.
+BOOST_AUTO_TEST_CASE(per_host_producers_load_and_send_only_for_their_own_host) {
+  const int n = world().size(), me = world().rank();
+  for (const auto& [map, text] : per_host_cases(n)) {
+    pretend_hosts pretend(map);
+    const auto hosts = fc::host_map::parse(map);
+    const auto layout = fc::placed_on_hosts(world(), fc::ensemble_layout::parse(text));
+    fc::feed_options options;
+    options.steps = 23;
+    options.shard_capacity = 40;
+    options.depth = 2;
+    std::vector<std::pair<std::int64_t, int>> loaded;
+    fc::loader load = [&](std::int64_t step, int shard, fc::span<std::byte> out) -> std::size_t {
+      loaded.emplace_back(step, shard);
+      const std::size_t size = 1 + expected_size(step, shard, options.shard_capacity - 1);
+      out[0] = static_cast<std::byte>(me);
+      for (std::size_t i = 1; i < size; ++i) out[i] = expected_byte(step, shard, i);
+      return size;
+    };
+    fc::one_to_many<fc::mpi> feed(world(), fc::ensemble_layout::parse(text), load, options);
+    const auto role = layout.role_of(me);
+    const int leader = hosts.leader_of(hosts.host_of(me));
+    bool ok = true;
+    if (role.kind == fc::role::producer) {
+      feed.produce();
+      ok = me == leader;
+      std::vector<int> shards;  // owned by a trainer on this host
+      for (int r : hosts.ranks_on(hosts.host_of(me))) {
+        if (r == me) continue;
+        const auto t = layout.role_of(r);
+        const auto range = layout.shards_of(t.member, t.rank_in_member);
+        for (int k = range.first; k < range.first + range.count; ++k) shards.push_back(k);
+      }
+      std::sort(shards.begin(), shards.end());
+      shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+      std::vector<std::pair<std::int64_t, int>> want;
+      for (std::int64_t s = 0; s < options.steps; ++s)
+        for (int k : shards) want.emplace_back(s, k);
+      ok = ok && loaded == want;
+    } else {
+      const auto range = layout.shards_of(role.member, role.rank_in_member);
+      std::int64_t next = 0;
+      while (auto b = feed.next()) {
+        ok = ok && b->step() == next++ && b->first_shard() == range.first && b->shards() == range.count;
+        for (int i = 0; i < b->shards() && ok; ++i) {
+          const auto bytes = b->shard(i);
+          const int shard = range.first + i;
+          ok = bytes.size() == 1 + expected_size(b->step(), shard, options.shard_capacity - 1) &&
+               bytes[0] == static_cast<std::byte>(leader);
+          for (std::size_t k = 1; k < bytes.size(); ++k) ok = ok && bytes[k] == expected_byte(b->step(), shard, k);
+        }
+      }
+      ok = ok && next == options.steps && loaded.empty();
+    }
+    BOOST_TEST(all_ranks(ok), "hosts " << map << " layout '" << text << "'");
+  }
+  BOOST_TEST(all_ranks(true));  // at 1 rank there is no per-host layout to run
+}
+
+// A per-host layout that the world's hosts cannot hold is refused on every rank, by every feed.
+BOOST_AUTO_TEST_CASE_TEMPLATE(a_per_host_layout_the_hosts_cannot_hold_is_refused_on_every_rank, Feed, feeds) {
+  const int n = world().size();
+  fc::feed_options options;
+  options.steps = 3;
+  options.shard_capacity = 8;
+  {  // as many trainers as ranks: no room for a producer on any host
+    pretend_hosts pretend(std::to_string(n));
+    const auto layout = fc::ensemble_layout::parse(fc::cat("producers=per-host members=", n));
+    const std::string e = error_of([&] { Feed feed(world(), layout, test_loader(8), options); });
+    BOOST_TEST(all_ranks(contains(e, fc::cat("needs ", n, " trainer ranks and a producer on each host, world has ", n))), e);
+  }
+  if (n >= 2) {  // room for one producer, but there are two hosts
+    pretend_hosts pretend(fc::cat("1+", n - 1));
+    const auto layout = fc::ensemble_layout::parse(fc::cat("producers=per-host members=", n - 1));
+    const std::string e = error_of([&] { Feed feed(world(), layout, test_loader(8), options); });
+    BOOST_TEST(all_ranks(contains(e, fc::cat("needs ", n + 1, " ranks, world has ", n, " (a producer on each of 2 hosts"))),
+               e);
+  }
 }

@@ -116,13 +116,27 @@ struct preset_result {
   bool batches_as_loaded = true;       // every batch equal to the loader's bytes for its shards
 };
 
+// While alive, every rank pretends its hosts are `blocks` (set identically on every rank).
+struct pretend_hosts {
+  explicit pretend_hosts(const std::string& blocks) {
+    if (!blocks.empty()) setenv("FLEXCOMM_HOSTS", blocks.c_str(), 1);
+  }
+  ~pretend_hosts() { unsetenv("FLEXCOMM_HOSTS"); }
+  pretend_hosts(const pretend_hosts&) = delete;
+  pretend_hosts& operator=(const pretend_hosts&) = delete;
+};
+
 // Runs the trainer under preset P on the first ranks of the world, the aggregator on world rank 0.
+// With `hosts` (pretend hosts of the whole world), the layout has a producer per host instead of
+// P's producers, and the pipeline places it.
 template <class P, class Sync = void>
-void run_preset(std::map<std::string, preset_result>& results, const std::string& name, int trainers, bool& ok) {
-  const int producers = P::min_producers;
+void run_preset(std::map<std::string, preset_result>& results, const std::string& name, int trainers, bool& ok,
+                const std::string& hosts = "") {
+  const int producers = hosts.empty() ? P::min_producers : fc::host_map::parse(hosts).hosts();
   const int used = producers + trainers;
   if (used > world().size()) return;
-  const fc::ensemble_layout layout(producers, member_sizes(trainers), 0);
+  const fc::ensemble_layout layout = hosts.empty() ? fc::ensemble_layout(producers, member_sizes(trainers), 0)
+                                                   : fc::ensemble_layout(fc::producers_per_host, member_sizes(trainers), 0);
   const auto comm = world().split(world().rank() < used ? 0 : mpi::communicator::undefined, world().rank(),
                                   "preset " + name);
   if (!comm) return;
@@ -130,7 +144,15 @@ void run_preset(std::map<std::string, preset_result>& results, const std::string
   options.feed.steps = steps;
   options.feed.shard_capacity = records_per_shard * record_bytes;
   options = P::configure(options);
+  pretend_hosts pretend(hosts);
   typename P::pipeline pipe(comm, layout, options);
+  if (!hosts.empty()) {  // every member's trainers where the placement puts them
+    const auto& placed = pipe.layout();
+    const auto me = placed.role_of(comm.rank());
+    ok = ok && placed.producers() == producers &&
+         (me.kind == fc::role::producer ? placed.producer_rank(me.producer) == comm.rank()
+                                        : placed.trainer_rank(me.member, me.rank_in_member) == comm.rank());
+  }
   bool fed_as_loaded = true;
   preset_result result;
   pipe.run(
@@ -174,7 +196,7 @@ void run_preset(std::map<std::string, preset_result>& results, const std::string
       const auto r = reference_model(layout, m);
       want.insert(want.end(), r.begin(), r.end());
     }
-    BOOST_TEST_INFO("preset " << name << " on layout " << layout.str());
+    BOOST_TEST_INFO("preset " << name << " on layout " << layout.str() << (hosts.empty() ? "" : " hosts " + hosts));
     BOOST_TEST(result.models == want, "the model matches the serial reference");
     ok = ok && result.models == want;
     results[name] = result;
@@ -196,6 +218,10 @@ BOOST_AUTO_TEST_CASE(every_preset_feeds_the_same_batches_and_trains_the_same_mod
   run_preset<p::multi_broadcast<fc::overlapped_ring>>(results, "multi_broadcast/ring", trainers, ok);
   run_preset<p::all_shared<fc::subgroup_allreduce>>(results, "all_shared/allreduce", trainers, ok);
   run_preset<p::all_shared<fc::overlapped_ring>>(results, "all_shared/ring", trainers, ok);
+  // A producer per host, on two pretend hosts (one from 2 ranks down): every rank of the world used.
+  const std::string hosts = n >= 3 ? fc::cat("2+", n - 2) : std::to_string(n);
+  run_preset<p::single_broadcast<fc::subgroup_allreduce>>(results, "per_host/allreduce", trainers, ok, hosts);
+  run_preset<p::single_broadcast<fc::overlapped_ring>>(results, "per_host/ring", trainers, ok, hosts);
   if (world().rank() == 0) {
     const auto& base = results.at("baseline");
     for (const auto& [name, r] : results) {
@@ -204,7 +230,7 @@ BOOST_AUTO_TEST_CASE(every_preset_feeds_the_same_batches_and_trains_the_same_mod
       ok = ok && r.digests == base.digests && r.models == base.models;
     }
     // At 1 rank only the presets without producers fit; from 3 ranks on, all of them.
-    BOOST_TEST(results.size() == (n >= 3 ? 7u : n == 2 ? 5u : 3u));
+    BOOST_TEST(results.size() == (n >= 3 ? 9u : n == 2 ? 7u : 3u));
   }
   BOOST_TEST(fc::testing::all_ranks(ok));
 }
@@ -246,6 +272,16 @@ BOOST_AUTO_TEST_CASE(with_producers_keeps_the_aggregator_on_its_trainer) {
   const auto none = fc::with_producers(fc::ensemble_layout(2, {1}, 1), 0);  // a producer aggregated
   BOOST_TEST((l.producers() == 3 && r.member == 0 && r.rank_in_member == 1));
   BOOST_TEST((none.producers() == 0 && none.aggregator() == 0));
+  // From a producer per host: the aggregator's trainer, wherever the placement put it.
+  const auto placed = fc::ensemble_layout::parse("producers=per-host members=2,1 aggregator=1")
+                          .placed_on(fc::host_map::parse("2+3"));  // member 1 on rank 1, member 0 on 3, 4
+  const auto classic = fc::with_producers(placed, 1);
+  BOOST_TEST((classic.aggregator() == 3 && classic.role_of(3).member == 1));
+  BOOST_TEST(fc::with_producers(fc::ensemble_layout::parse("producers=per-host members=2"), 0).aggregator() == 0);
+  using single = fc::presets::single_broadcast<>;
+  BOOST_TEST(single::layout_for(placed).per_host());
+  BOOST_CHECK_NO_THROW(single::check_layout(placed, "single_broadcast"));
+  BOOST_CHECK_THROW(fc::presets::baseline<>::check_layout(placed, "baseline"), fc::error);
 }
 
 BOOST_AUTO_TEST_CASE(run_happens_once) {

@@ -1,14 +1,20 @@
 // ensemble_layout: which world rank does what. Producers come first, then each member's
 // trainer ranks in member order; one rank (world rank 0 unless told) aggregates results.
+// Or one producer per host ("producers=per-host"): placed on a host_map, each host's lowest rank
+// produces for the trainers on that host, and each member sits on as few hosts as it can.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "error.hpp"
+#include "hosts.hpp"
 
 namespace flexcomm {
 
@@ -27,10 +33,16 @@ struct rank_role {
   int rank_in_member = -1;  // rank inside that member, for a trainer
 };
 
+// Tag of a layout with one producer on each host: ensemble_layout(producers_per_host, {2, 1}).
+struct per_host_tag {
+  explicit per_host_tag() = default;
+};
+inline constexpr per_host_tag producers_per_host{};
+
 class ensemble_layout {
  public:
-  // Text: "producers=1 members=4x2", "members=2,2,4 aggregator=3"; keys in any order,
-  // producers and aggregator optional (0).
+  // Text: "producers=1 members=4x2", "members=2,2,4 aggregator=3", "producers=per-host
+  // members=2,1"; keys in any order, producers and aggregator optional (0).
   static ensemble_layout parse(std::string_view text);
 
   // FLEXCOMM_LAYOUT when set, otherwise `fallback`; lets a job script change the layout.
@@ -39,40 +51,85 @@ class ensemble_layout {
   ensemble_layout(int producers, std::vector<int> member_sizes, int aggregator = 0)
       : producers_(producers), member_sizes_(std::move(member_sizes)), aggregator_(aggregator) {
     check(producers_ >= 0, "layout", cat("producers must be >= 0, got ", producers_));
-    check(!member_sizes_.empty(), "layout", "an ensemble needs at least one member, layout has zero");
-    for (std::size_t m = 0; m < member_sizes_.size(); ++m)
-      check(member_sizes_[m] > 0, "layout",
-            cat("member ", m, " has ", member_sizes_[m], " ranks; every member needs at least one"));
+    check_members();
     check(aggregator_ >= 0 && aggregator_ < world_size(), "layout",
           cat("aggregator is world rank ", aggregator_, " but the layout has ranks 0..", world_size() - 1));
   }
 
-  int producers() const noexcept { return producers_; }
+  // One producer per host, not yet placed: placed_on(hosts) says which rank does what. The
+  // aggregator is a world rank; whether it fits is known once the layout is placed.
+  ensemble_layout(per_host_tag, std::vector<int> member_sizes, int aggregator = 0)
+      : producers_(0), per_host_(true), member_sizes_(std::move(member_sizes)), aggregator_(aggregator) {
+    check_members();
+    check(aggregator_ >= 0, "layout", cat("aggregator must be a world rank >= 0, got ", aggregator_));
+  }
+
+  // The producer count; for a per-host layout, its hosts (known once placed).
+  int producers() const {
+    require_placed("its producer count");
+    return producers_;
+  }
   int members() const noexcept { return static_cast<int>(member_sizes_.size()); }
   int member_size(int member) const { return member_sizes_.at(static_cast<std::size_t>(member)); }
   const std::vector<int>& member_sizes() const noexcept { return member_sizes_; }
   int trainers() const noexcept { return std::accumulate(member_sizes_.begin(), member_sizes_.end(), 0); }
-  int world_size() const noexcept { return producers_ + trainers(); }
+  int world_size() const {
+    require_placed("its world size");
+    return producers_ + trainers();
+  }
   int aggregator() const noexcept { return aggregator_; }
   bool homogeneous() const noexcept {
     for (int s : member_sizes_) if (s != member_sizes_.front()) return false;
     return true;
   }
 
-  // Throws with what is wrong ("layout needs 9 ranks, world has 8").
+  // One producer per host ("producers=per-host"), placed or not.
+  bool per_host() const noexcept { return per_host_; }
+  // Whether every rank's role is known: always, except for a per-host layout before placed_on().
+  bool is_placed() const noexcept { return !per_host_ || placement_ != nullptr; }
+
+  // This layout on these hosts (the host_map of the world it will run on). A per-host layout
+  // gets one producer per host, the host's lowest rank, and its members' trainers on the other
+  // ranks, each member on as few hosts as it can: members largest first (ties in member order)
+  // take the host with the fewest free ranks that holds them all, or, when no host can, the
+  // hosts with the most free ranks, the last part again into the tightest host that holds it.
+  // Inside a host, its ranks go to members in member order; a member's ranks are in world-rank
+  // order. The same on every rank for the same map; on one host it is "producers=1". Other
+  // layouts are returned as they are.
+  ensemble_layout placed_on(const host_map& hosts) const;
+
+  // Throws with what is wrong ("layout needs 9 ranks, world has 8"). A per-host layout not
+  // yet placed checks only what no host map can change: a producer beside the trainers.
   void validate(int world) const {
+    if (!is_placed()) {
+      check(world > trainers(), "layout",
+            cat("layout '", str(), "' needs ", trainers(), " trainer ranks and a producer on each host, world has ",
+                world));
+      return;
+    }
     check(world == world_size(), "layout",
-          cat("layout '", str(), "' needs ", world_size(), " ranks, world has ", world));
+          cat("layout '", str(), "' needs ", world_size(), " ranks, world has ", world,
+              per_host_ ? cat(" (a producer on each of ", producers_, " hosts and ", trainers(), " trainers)") : ""));
   }
 
   // A feed that ships from producers cannot run on a layout without them.
   void require_producers(const char* feed) const {
-    check(producers_ > 0, feed, cat("this feed needs producer ranks but layout '", str(), "' has none"));
+    check(per_host_ || producers_ > 0, feed, cat("this feed needs producer ranks but layout '", str(), "' has none"));
+  }
+
+  // A per-host layout must be placed before anyone asks which rank does what.
+  void require_placed(const char* what) const {
+    check(is_placed(), "layout",
+          cat("layout '", str(), "' puts a producer on each host and is not placed yet: ", what,
+              " depends on the hosts (place it with placed_on(hosts); the feeds, the collect and the pipeline "
+              "place it on their world's hosts)"));
   }
 
   rank_role role_of(int world_rank) const {
+    require_placed("the role of a rank");
     check(world_rank >= 0 && world_rank < world_size(), "layout",
           cat("world rank ", world_rank, " is outside layout '", str(), "' (", world_size(), " ranks)"));
+    if (placement_) return placement_->roles[static_cast<std::size_t>(world_rank)];
     if (world_rank < producers_) return {role::producer, world_rank, -1, -1};
     int first = producers_;
     for (int m = 0; m < members(); ++m) {
@@ -82,7 +139,35 @@ class ensemble_layout {
     return {};  // unreachable: the range check above covers every rank
   }
 
-  int producer_rank(int producer) const { return producer; }
+  // The world rank of producer `producer`.
+  int producer_rank(int producer) const {
+    require_placed("the rank of a producer");
+    check(producer >= 0 && producer < producers_, "layout",
+          cat("layout '", str(), "' has producers 0..", producers_ - 1, ", not ", producer));
+    return placement_ ? placement_->producer_ranks[static_cast<std::size_t>(producer)] : producer;
+  }
+
+  // Whether producer `producer` ever ships to trainer `rank_in_member` of `member`: every
+  // producer to every trainer when producers take turns; a per-host producer to its host's.
+  bool feeds(int producer, int member, int rank_in_member) const {
+    require_placed("which producer feeds a trainer");
+    if (!per_host_) return true;
+    return producer_of_host(member, rank_in_member) == producer;
+  }
+
+  // Whether producer `producer` ships step `step`: s mod P when producers take turns; every
+  // step for a per-host producer (to its host's trainers only).
+  bool produces(int producer, std::int64_t step) const {
+    require_placed("which producer ships a step");
+    return per_host_ || step % producers_ == producer;
+  }
+
+  // The producer that ships step `step` to trainer `rank_in_member` of `member`.
+  int producer_for(int member, int rank_in_member, std::int64_t step) const {
+    require_placed("which producer feeds a trainer");
+    check(producers_ > 0, "layout", cat("layout '", str(), "' has no producers"));
+    return per_host_ ? producer_of_host(member, rank_in_member) : static_cast<int>(step % producers_);
+  }
 
   // A step is cut into lcm(member sizes) shards, so that every member divides it evenly.
   int shards_per_step() const {
@@ -107,14 +192,32 @@ class ensemble_layout {
   int owner_of(int member, int shard) const { return shard / (shards_per_step() / member_size(member)); }
 
   int trainer_rank(int member, int rank_in_member) const {
+    require_placed("the rank of a trainer");
+    if (placement_) {
+      check(member >= 0 && member < members() && rank_in_member >= 0 && rank_in_member < member_size(member),
+            "layout", cat("member ", member, " rank ", rank_in_member, " is not a trainer of layout '", str(), "'"));
+      return placement_->member_ranks[static_cast<std::size_t>(member)][static_cast<std::size_t>(rank_in_member)];
+    }
     int first = producers_;
     for (int m = 0; m < member; ++m) first += member_sizes_.at(static_cast<std::size_t>(m));
     return first + rank_in_member;
   }
 
+  // A member's world ranks, in member order.
+  std::vector<int> member_ranks(int member) const {
+    std::vector<int> ranks;
+    for (int r = 0; r < member_size(member); ++r) ranks.push_back(trainer_rank(member, r));
+    return ranks;
+  }
+
+  // Parses back to the same layout; a placed per-host layout prints as before placement.
   std::string str() const {
     std::string s;
-    if (producers_ > 0) s += cat("producers=", producers_, " ");
+    if (per_host_) {
+      s += "producers=per-host ";
+    } else if (producers_ > 0) {
+      s += cat("producers=", producers_, " ");
+    }
     s += "members=";
     if (homogeneous() && members() > 1) {
       s += cat(members(), "x", member_sizes_.front());
@@ -126,10 +229,97 @@ class ensemble_layout {
   }
 
  private:
+  // Who does what in a placed per-host layout, rank by rank (shared: adapters copy layouts).
+  struct placement {
+    std::vector<rank_role> roles;               // by world rank
+    std::vector<int> producer_ranks;            // by producer (= host)
+    std::vector<std::vector<int>> member_ranks;  // by member, in member order
+    std::vector<int> host_producer;             // by world rank: the producer of its host
+  };
+
+  void check_members() const {
+    check(!member_sizes_.empty(), "layout", "an ensemble needs at least one member, layout has zero");
+    for (std::size_t m = 0; m < member_sizes_.size(); ++m)
+      check(member_sizes_[m] > 0, "layout",
+            cat("member ", m, " has ", member_sizes_[m], " ranks; every member needs at least one"));
+  }
+
+  int producer_of_host(int member, int rank_in_member) const {
+    return placement_->host_producer[static_cast<std::size_t>(trainer_rank(member, rank_in_member))];
+  }
+
   int producers_;
+  bool per_host_ = false;
   std::vector<int> member_sizes_;
   int aggregator_;
+  std::shared_ptr<const placement> placement_;  // per-host layouts, once placed
 };
+
+inline ensemble_layout ensemble_layout::placed_on(const host_map& hosts) const {
+  if (!per_host_) return *this;
+  const int h = hosts.hosts(), n = hosts.ranks(), members_count = members();
+  check(n > 0, "layout", cat("layout '", str(), "' cannot be placed on an empty host map"));
+  check(n == h + trainers(), "layout",
+        cat("layout '", str(), "' needs ", h + trainers(), " ranks, world has ", n, " (a producer on each of ", h,
+            " hosts ", hosts.str(), " and ", trainers(), " trainers)"));
+  check(aggregator_ < n, "layout",
+        cat("aggregator is world rank ", aggregator_, " but layout '", str(), "' has ranks 0..", n - 1));
+  auto p = std::make_shared<placement>();
+  p->roles.resize(static_cast<std::size_t>(n));
+  p->host_producer.resize(static_cast<std::size_t>(n));
+  std::vector<int> free(static_cast<std::size_t>(h));
+  for (int host = 0; host < h; ++host) {  // hosts are numbered by their lowest rank: producers ascend
+    p->roles[static_cast<std::size_t>(hosts.leader_of(host))] = {role::producer, host, -1, -1};
+    p->producer_ranks.push_back(hosts.leader_of(host));
+    free[static_cast<std::size_t>(host)] = hosts.ranks_per_host(host) - 1;
+  }
+  for (int r = 0; r < n; ++r) p->host_producer[static_cast<std::size_t>(r)] = hosts.host_of(r);
+
+  // How many ranks of each member go on each host.
+  std::vector<int> order(static_cast<std::size_t>(members_count));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return member_size(a) > member_size(b); });
+  std::vector<std::vector<int>> share(static_cast<std::size_t>(members_count),
+                                      std::vector<int>(static_cast<std::size_t>(h), 0));
+  for (int m : order) {
+    for (int need = member_size(m); need > 0;) {
+      int best = -1;  // the tightest host that holds what is left ...
+      for (int host = 0; host < h; ++host) {
+        const int f = free[static_cast<std::size_t>(host)];
+        if (f >= need && (best < 0 || f < free[static_cast<std::size_t>(best)])) best = host;
+      }
+      if (best < 0)  // ... else the roomiest (there is room: free ranks = trainers)
+        for (int host = 0; host < h; ++host) {
+          const int f = free[static_cast<std::size_t>(host)];
+          if (f > 0 && (best < 0 || f > free[static_cast<std::size_t>(best)])) best = host;
+        }
+      const int take = std::min(need, free[static_cast<std::size_t>(best)]);
+      share[static_cast<std::size_t>(m)][static_cast<std::size_t>(best)] += take;
+      free[static_cast<std::size_t>(best)] -= take;
+      need -= take;
+    }
+  }
+
+  // Which ranks: a host's free ranks to members in member order.
+  p->member_ranks.resize(static_cast<std::size_t>(members_count));
+  for (int host = 0; host < h; ++host) {
+    const auto& on = hosts.ranks_on(host);
+    std::size_t next = 1;  // on[0] produces
+    for (int m = 0; m < members_count; ++m)
+      for (int k = 0; k < share[static_cast<std::size_t>(m)][static_cast<std::size_t>(host)]; ++k)
+        p->member_ranks[static_cast<std::size_t>(m)].push_back(on[next++]);
+  }
+  for (int m = 0; m < members_count; ++m) {
+    auto& ranks = p->member_ranks[static_cast<std::size_t>(m)];
+    std::sort(ranks.begin(), ranks.end());
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      p->roles[static_cast<std::size_t>(ranks[r])] = {role::trainer, -1, m, static_cast<int>(r)};
+  }
+  ensemble_layout out = *this;
+  out.producers_ = h;
+  out.placement_ = std::move(p);
+  return out;
+}
 
 namespace detail {
 // A count in a layout: digits only, small enough that sums cannot overflow.
@@ -150,6 +340,7 @@ inline int parse_layout_count(std::string_view digits, std::string_view text, co
 inline ensemble_layout ensemble_layout::parse(std::string_view text) {
   int producers = 0, aggregator = 0;
   std::vector<int> sizes;
+  bool per_host = false;
   bool seen_producers = false, seen_members = false, seen_aggregator = false;
   std::size_t pos = 0;
   while (pos < text.size()) {
@@ -165,7 +356,11 @@ inline ensemble_layout ensemble_layout::parse(std::string_view text) {
     if (key == "producers") {
       check(!seen_producers, "layout", cat("cannot parse '", text, "': producers given twice"));
       seen_producers = true;
-      producers = detail::parse_layout_count(value, text, "producers");
+      if (value == "per-host") {
+        per_host = true;
+      } else {
+        producers = detail::parse_layout_count(value, text, "producers (a count or per-host)");
+      }
     } else if (key == "aggregator") {
       check(!seen_aggregator, "layout", cat("cannot parse '", text, "': aggregator given twice"));
       seen_aggregator = true;
@@ -199,6 +394,7 @@ inline ensemble_layout ensemble_layout::parse(std::string_view text) {
   check(static_cast<long long>(producers) +
                 std::accumulate(sizes.begin(), sizes.end(), 0LL) <= (1 << 20),
         "layout", cat("cannot parse '", text, "': too many ranks"));
+  if (per_host) return ensemble_layout(producers_per_host, std::move(sizes), aggregator);
   return ensemble_layout(producers, std::move(sizes), aggregator);
 }
 

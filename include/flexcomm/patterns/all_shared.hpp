@@ -16,6 +16,7 @@
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/progress.hpp"
+#include "../backend/mpi_hosts.hpp"
 #include "feed.hpp"
 
 namespace flexcomm {
@@ -91,6 +92,7 @@ all_shared<B>::all_shared(const communicator& world, const ensemble_layout& layo
     problem = e.cause();
   }
   detail::agree<B>(world, layout_, options_, problem, "all_shared");
+  layout_ = detail::placed_for(world, layout_, "all_shared");  // per-host producers idle here, as any producers
 
   role_ = layout_.role_of(world.rank());
   pieces_ = detail::pieces_of(layout_);

@@ -337,8 +337,15 @@ struct batch_storage {
 // Options every rank must agree on, as numbers a reduction can compare.
 inline std::vector<std::int64_t> agreement_key(const ensemble_layout& layout, const feed_options& o) {
   const std::string text = layout.str();
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the layout text
-  for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the layout text, and a per-host layout's placement
+  auto fold = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (char c : text) fold(static_cast<unsigned char>(c));
+  if (layout.per_host()) {
+    fold(layout.is_placed() ? 1 : 2);
+    if (layout.is_placed())
+      for (int m = 0; m < layout.members(); ++m)
+        for (int r : layout.member_ranks(m)) fold(static_cast<std::uint64_t>(r));
+  }
   return {o.steps, static_cast<std::int64_t>(o.shard_capacity), o.depth, static_cast<std::int64_t>(o.flow.kind),
           o.flow.max_behind, static_cast<std::int64_t>(h >> 2)};  // >= 0, so that -h is exact
 }

@@ -10,6 +10,7 @@
 
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
+#include "../backend/mpi_hosts.hpp"
 #include "feed.hpp"
 
 namespace flexcomm {
@@ -18,10 +19,12 @@ class local_feed {
  public:
   static constexpr bool needs_producers = false;
 
-  // Takes any communicator (only its rank and size are read): nothing crosses ranks.
+  // Takes any communicator (only its rank and size are read): nothing crosses ranks, except
+  // that a per-host layout not yet placed is placed on the hosts of `world` (collective).
   template <class Communicator>
   local_feed(const Communicator& world, const ensemble_layout& layout, loader load, feed_options options)
-      : local_feed(world.rank(), world.size(), layout, std::move(load), options) {}
+      : local_feed(world.rank(), world.size(), detail::placed_for(world, layout, "local_feed"), std::move(load),
+                   options) {}
 
   // Producer ranks have nothing to do: the trainers preprocess for themselves.
   void produce() { check(!trainer_, "local_feed", "produce() is for producer ranks; this rank is a trainer"); }

@@ -29,6 +29,7 @@
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
 #include "../backend/mpi.hpp"  // memory_space
+#include "../backend/mpi_hosts.hpp"
 
 namespace flexcomm {
 
@@ -74,7 +75,7 @@ class many_to_one {
   using communicator = typename B::communicator;
 
   // Collective over `world` (every rank of the layout): builds the collect communicator, which
-  // holds every trainer and the aggregator, ordered by their rank in `world`.
+  // holds the aggregator (first, when it does not train) and every trainer in member order.
   many_to_one(const communicator& world, const ensemble_layout& layout);
 
   many_to_one(const many_to_one&) = delete;
@@ -133,23 +134,25 @@ class many_to_one {
 // ---------------------------------------------------------------------------------------------
 
 template <class B>
-many_to_one<B>::many_to_one(const communicator& world, const ensemble_layout& layout) : layout_(layout) {
+many_to_one<B>::many_to_one(const communicator& world, const ensemble_layout& layout)
+    : layout_(detail::placed_for(world, layout, "many_to_one")) {
   layout_.validate(world.size());
   const int me = world.rank();
   trainer_ = layout_.role_of(me).kind == role::trainer;
   aggregator_ = me == layout_.aggregator();
-  // Ranks of comm_ follow world order: the aggregator (when a producer) first, then members in
-  // order, each member's ranks in order.
-  int index = 0;
-  for (int r = 0; r < layout_.world_size(); ++r) {
-    const bool t = layout_.role_of(r).kind == role::trainer;
-    if (!t && r != layout_.aggregator()) continue;
-    if (r == layout_.aggregator()) root_ = index;
-    comm_rank_is_trainer_.push_back(t);
-    comm_world_rank_.push_back(r);
-    ++index;
+  // Ranks of comm_: the aggregator first when it is a producer, then members in order, each
+  // member's ranks in order (world order for round-robin layouts; a per-host placement need not be).
+  if (layout_.role_of(layout_.aggregator()).kind != role::trainer) comm_world_rank_.push_back(layout_.aggregator());
+  for (int m = 0; m < layout_.members(); ++m)
+    for (int r : layout_.member_ranks(m)) comm_world_rank_.push_back(r);
+  int key = 0;
+  for (std::size_t i = 0; i < comm_world_rank_.size(); ++i) {
+    const int r = comm_world_rank_[i];
+    if (r == layout_.aggregator()) root_ = static_cast<int>(i);
+    if (r == me) key = static_cast<int>(i);
+    comm_rank_is_trainer_.push_back(layout_.role_of(r).kind == role::trainer);
   }
-  comm_ = world.split(trainer_ || aggregator_ ? 0 : communicator::undefined, me, "collect");
+  comm_ = world.split(trainer_ || aggregator_ ? 0 : communicator::undefined, key, "collect");
 }
 
 template <class B>

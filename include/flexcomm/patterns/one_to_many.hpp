@@ -1,5 +1,6 @@
 // one_to_many: producers preprocess each step once and broadcast every piece of it to the
-// trainer of each member that owns it (Single-Broadcast; Multi-Broadcast deals steps round-robin).
+// trainer of each member that owns it (Single-Broadcast; Multi-Broadcast deals steps round-robin;
+// with a producer per host, each host's producer makes every step for its own host's trainers).
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "../core/layout.hpp"
 #include "../core/progress.hpp"
 #include "../core/wait.hpp"
+#include "../backend/mpi_hosts.hpp"
 #include "feed.hpp"
 
 namespace flexcomm {
@@ -26,7 +28,11 @@ namespace flexcomm {
 // only once it has a slot free for s, and p ships s only after all of them, which bounds
 // buffering), and per piece
 // c, on the communicator of (p, c) = {producer p, the owner of c in every member}, the piece
-// (header + shard sizes + shards, a fixed-size message) sent by p to each owner. A flat fan-out
+// (header + shard sizes + shards, a fixed-size message) sent by p to each owner.
+// With a producer per host (layout.per_host()) the same protocol runs once per host: producer p
+// ships every step, the trainers it feeds are its host's (the credit communicator of p and the
+// owners in (p, c) are those on p's host), and it loads only the pieces they own, so no batch
+// crosses hosts; a (p, c) with no owner on p's host is not made. A flat fan-out
 // rather than MPI's broadcast: a tree or scatter-allgather broadcast would make trainers relay
 // data and need several progress rounds, each a sleep of the wait policy on a crowded node.
 // Credits travel apart from data, so a producer asks for those of its next `depth` steps early.
@@ -43,7 +49,8 @@ class one_to_many {
   one_to_many(const one_to_many&) = delete;
   one_to_many& operator=(const one_to_many&) = delete;
 
-  // On producer ranks: preprocesses and ships every step dealt to this producer, then returns.
+  // On producer ranks: preprocesses and ships every step dealt to this producer (a per-host
+  // producer: every step, the pieces of its host's trainers; none at all without any), then returns.
   // A loader failure travels to the trainers of that piece as that step; once the rest of the
   // stream is shipped, produce() throws it.
   void produce();
@@ -74,9 +81,12 @@ class one_to_many {
 
   void start(const std::shared_ptr<transfer>& t, const char* what, std::int64_t step);
   void await(transfer& t, const char* what) { pump_.await(t, cat("one_to_many: ", what, " of step ", t.step)); }
-  const communicator& comm_of(std::int64_t step, int piece) const {
-    return comms_[static_cast<std::size_t>((step % layout_.producers()) * static_cast<std::int64_t>(pieces_.size()) + piece)];
+  std::size_t index_of(int producer, int piece) const {
+    return static_cast<std::size_t>(producer) * pieces_.size() + static_cast<std::size_t>(piece);
   }
+  const communicator& comm_of(int producer, int piece) const { return comms_[index_of(producer, piece)]; }
+  // The producer that ships step `step` to this trainer.
+  int producer_of(std::int64_t step) const { return layout_.producer_for(role_.member, role_.rank_in_member, step); }
 
   // Trainer side.
   std::size_t ring_size() const;
@@ -92,6 +102,7 @@ class one_to_many {
   rank_role role_;
   std::vector<detail::piece> pieces_;
   std::vector<communicator> comms_;  // [producer][piece]; empty where this rank takes no part
+  std::vector<bool> ships_;          // [producer][piece]: some trainer that producer feeds owns it
   std::vector<communicator> credit_comms_;  // [producer]
   communicator member_comm_;
   std::vector<int> my_pieces_;       // trainer: the pieces it receives, in shard order
@@ -118,16 +129,25 @@ one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& la
     problem = e.cause();
   }
   detail::agree<B>(world, layout_, options_, problem, "one_to_many");
+  layout_ = detail::placed_for(world, layout_, "one_to_many");  // the same on every rank, or the same error
 
   role_ = layout_.role_of(world.rank());
   pieces_ = detail::pieces_of(layout_);
+  const bool trainer = role_.kind == role::trainer;
   for (int p = 0; p < layout_.producers(); ++p) {
     for (std::size_t c = 0; c < pieces_.size(); ++c) {
+      bool ships = false;
+      for (int m = 0; m < layout_.members(); ++m) ships = ships || layout_.feeds(p, m, pieces_[c].owner[static_cast<std::size_t>(m)]);
+      ships_.push_back(ships);
+      if (!ships) {  // every rank knows: nobody takes part
+        comms_.emplace_back();
+        continue;
+      }
       int color = communicator::undefined, key = 0;
       if (role_.kind == role::producer && role_.producer == p) {
         color = 0;
-      } else if (role_.kind == role::trainer &&
-                 pieces_[c].owner[static_cast<std::size_t>(role_.member)] == role_.rank_in_member) {
+      } else if (trainer && pieces_[c].owner[static_cast<std::size_t>(role_.member)] == role_.rank_in_member &&
+                 layout_.feeds(p, role_.member, role_.rank_in_member)) {
         color = 0;
         key = 1 + role_.member;
       }
@@ -135,7 +155,7 @@ one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& la
     }
   }
   for (int p = 0; p < layout_.producers(); ++p) {
-    const bool mine = role_.kind == role::trainer || role_.producer == p;
+    const bool mine = (trainer && layout_.feeds(p, role_.member, role_.rank_in_member)) || role_.producer == p;
     credit_comms_.push_back(world.split(mine ? 0 : communicator::undefined, mine && role_.kind == role::trainer ? 1 : 0,
                                         cat("one_to_many credits of producer ", p)));
   }
@@ -185,11 +205,12 @@ void one_to_many<B>::post_free_slots() {
     if (t.step >= 0) return;  // still holds an earlier step
     t.step = s;
     t.requests.clear();
-    t.requests.push_back(B::isend(credit_comms_[static_cast<std::size_t>(s % layout_.producers())],
-                                  span<const int>(&t.credit, 1), 0, credit_tag));
+    const int producer = producer_of(s);
+    t.requests.push_back(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t.credit, 1), 0,
+                                  credit_tag));
     for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
       auto& slot = t.slots[i];
-      t.requests.push_back(B::irecv(comm_of(s, my_pieces_[i]),
+      t.requests.push_back(B::irecv(comm_of(producer, my_pieces_[i]),
                                     span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0,
                                     piece_tag));
     }
@@ -272,14 +293,21 @@ void one_to_many<B>::produce() {
   check(role_.kind == role::producer, "one_to_many", "produce() is for producer ranks; this rank is a trainer");
   check(!produced_, "one_to_many", "produce() runs once per feed");
   produced_ = true;
-  const int P = layout_.producers(), me = role_.producer;
+  const int me = role_.producer;
+  // Round-robin: steps me, me + P, ...; a per-host producer: every step.
+  const std::int64_t first = layout_.per_host() ? 0 : me, P = layout_.per_host() ? 1 : layout_.producers();
   const std::size_t depth = static_cast<std::size_t>(options_.depth);
   const communicator& credits = credit_comms_[static_cast<std::size_t>(me)];
+  if (credits.size() == 1) return;  // a host without trainers: nobody to feed
+  std::vector<int> mine;  // the pieces this producer loads and ships
+  for (std::size_t c = 0; c < pieces_.size(); ++c)
+    if (ships_[index_of(me, static_cast<int>(c))]) mine.push_back(static_cast<int>(c));
   std::vector<std::shared_ptr<transfer>> ring(depth), ready(depth);
   for (std::size_t i = 0; i < depth; ++i) {
     ring[i] = std::make_shared<transfer>();
-    for (const auto& piece : pieces_)
-      ring[i]->slots.emplace_back(detail::piece_bytes(piece.shards, options_.shard_capacity) + detail::guard_bytes);
+    for (int c : mine)
+      ring[i]->slots.emplace_back(detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity) +
+                                  detail::guard_bytes);
     ready[i] = std::make_shared<transfer>();
     ready[i]->credits_in.resize(static_cast<std::size_t>(credits.size()));
   }
@@ -292,28 +320,28 @@ void one_to_many<B>::produce() {
                                      credit_tag));
     start(r, "credits", s);
   };
-  for (std::size_t k = 0; k < depth && me + static_cast<std::int64_t>(k) * P < options_.steps; ++k)
-    ask_credits(me + static_cast<std::int64_t>(k) * P, k);
+  for (std::size_t k = 0; k < depth && first + static_cast<std::int64_t>(k) * P < options_.steps; ++k)
+    ask_credits(first + static_cast<std::int64_t>(k) * P, k);
   std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
   std::size_t k = 0;
-  for (std::int64_t s = me; s < options_.steps; s += P, ++k) {
+  for (std::int64_t s = first; s < options_.steps; s += P, ++k) {
     auto& t = ring[k % depth];
     if (t->posted) await(*t, "send");  // its sends finished: the slot can be refilled
     // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
     // only its owners stop.
-    for (std::size_t c = 0; c < pieces_.size(); ++c) {
-      auto& slot = t->slots[c];
-      detail::fill_piece(load_, s, pieces_[c].first_shard, pieces_[c].shards, options_.shard_capacity,
-                         span<std::byte>(slot));
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto& piece = pieces_[static_cast<std::size_t>(mine[i])];
+      auto& slot = t->slots[i];
+      detail::fill_piece(load_, s, piece.first_shard, piece.shards, options_.shard_capacity, span<std::byte>(slot));
       if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
         failure.assign(slot.begin(), slot.end());
     }
     await(*ready[k % depth], "credits");
     t->requests.clear();
-    for (std::size_t c = 0; c < pieces_.size(); ++c) {
-      auto& slot = t->slots[c];
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      auto& slot = t->slots[i];
       const std::size_t bytes = slot.size() - detail::guard_bytes;
-      const communicator& comm = comm_of(s, static_cast<int>(c));
+      const communicator& comm = comm_of(me, mine[i]);
       for (int r = 1; r < comm.size(); ++r)
         t->requests.push_back(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes),
                                        r, piece_tag));

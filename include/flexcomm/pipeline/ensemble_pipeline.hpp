@@ -13,6 +13,7 @@
 //
 // Every communicator is built in the constructor, collectively over `world`, in one fixed order
 // on every rank: the member communicators, the feed's, the collect's, then each member's sync.
+// A per-host layout ("producers=per-host") is placed on the world's hosts before all of them.
 #pragma once
 
 #include <functional>
@@ -25,6 +26,7 @@
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/span.hpp"
+#include "../backend/mpi_hosts.hpp"
 #include "../patterns/feed.hpp"
 
 namespace flexcomm {
@@ -150,11 +152,13 @@ class ensemble_pipeline {
  private:
   friend class pipeline_context<ensemble_pipeline>;
 
-  static const ensemble_layout& validated(const communicator& world, const ensemble_layout& layout) {
+  // A per-host layout is placed on the world's hosts first (collective, before any other split).
+  static ensemble_layout validated(const communicator& world, const ensemble_layout& layout) {
     check(static_cast<bool>(world), "ensemble_pipeline", "needs a communicator, got an empty one");
-    layout.validate(world.size());
-    if (Feed::needs_producers) layout.require_producers("ensemble_pipeline");
-    return layout;
+    auto placed = detail::placed_for(world, layout, "ensemble_pipeline");
+    placed.validate(world.size());
+    if (Feed::needs_producers) placed.require_producers("ensemble_pipeline");
+    return placed;
   }
 
   ensemble_layout layout_;

@@ -31,11 +31,13 @@ namespace flexcomm {
 
 // The same members and aggregator with `producers` producer ranks in front: the aggregator stays
 // on the same trainer, or, if it was a producer, becomes producer 0 (the first trainer if none).
+// A per-host layout must be placed unless its aggregator is world rank 0 (always a producer).
 inline ensemble_layout with_producers(const ensemble_layout& layout, int producers) {
-  int aggregator = 0;
-  if (layout.aggregator() >= layout.producers())
-    aggregator = layout.aggregator() - layout.producers() + producers;
-  return ensemble_layout(producers, layout.member_sizes(), aggregator);
+  const ensemble_layout out(producers, layout.member_sizes(), 0);
+  if (layout.aggregator() == 0 && !layout.is_placed()) return out;
+  const rank_role r = layout.role_of(layout.aggregator());
+  if (r.kind == role::producer) return out;
+  return ensemble_layout(producers, layout.member_sizes(), out.trainer_rank(r.member, r.rank_in_member));
 }
 
 namespace presets {
@@ -56,8 +58,14 @@ struct preset {
     return o;
   }
 
-  // Throws, naming the preset, when the layout has the wrong number of producers.
+  // Throws, naming the preset, when the layout has the wrong number of producers. A producer per
+  // host suits every preset that has producers, however many hosts there are.
   static void check_layout(const ensemble_layout& layout, const char* name) {
+    if (layout.per_host()) {
+      check(max_producers > 0, cat("preset ", name),
+            cat("layout '", layout.str(), "' puts a producer on each host; ", name, " takes none"));
+      return;
+    }
     const int p = layout.producers();
     check(p >= min_producers && p <= max_producers, cat("preset ", name),
           cat("layout '", layout.str(), "' has ", p, " producers; ", name, " takes ",
@@ -67,7 +75,8 @@ struct preset {
   }
   // The layout this preset runs on, from one that gives the members (and the aggregator).
   static ensemble_layout layout_for(const ensemble_layout& layout) {
-    const int p = layout.producers();
+    if (layout.per_host() && max_producers > 0) return layout;
+    const int p = layout.per_host() ? 0 : layout.producers();
     return with_producers(layout, p < min_producers ? min_producers : p > max_producers ? max_producers : p);
   }
 };
