@@ -10,12 +10,13 @@
 #     --expect-status S     exit status every run must end with (default 0)
 #     --no-stacks           do not print a hung run's stacks (hang-rate measurements)
 #     --net-stats           print the bytes each host sent and received over all runs (eth0)
+#     --show-output         print every run's output (benchmarks), not only a failed run's
 #     --quick "ARGS"        arguments added to every run after the first (e.g. a Boost.Test
 #                           filter that leaves out the slowest cases of a repeated binary)
 # Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1 net_stats=0
+hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1 net_stats=0 show=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=$2; shift 2 ;;
     --no-stacks) stacks=0; shift ;;
     --net-stats) net_stats=1; shift ;;
+    --show-output) show=1; shift ;;
     --) shift; break ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -83,6 +85,8 @@ for ((run = 1; run <= repeat; run++)); do
     if [ "$status" != "$expect" ]; then
       failed=$((failed + 1))
       echo "run $run: exit status $status (expected $expect)"; tail -40 "$log"
+    elif [ "$show" = 1 ]; then
+      cat "$log"
     fi
   fi
   rm -f "$log"

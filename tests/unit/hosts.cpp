@@ -44,11 +44,30 @@ BOOST_AUTO_TEST_CASE(keys_number_hosts_by_their_first_rank) {
 }
 
 BOOST_AUTO_TEST_CASE(automatic_hierarchy_needs_hosts_with_several_ranks) {
-  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::single(4)));
-  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("1+1+1")));
-  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("2+1")));
-  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::on, fc::host_map::single(4)));
-  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::off, fc::host_map::parse("2+2")));
+  const auto allreduce = fc::flat_algorithm::backend_allreduce;
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::single(4), allreduce));
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("1+1+1"), allreduce));
+  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("2+1"), allreduce));
+  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::on, fc::host_map::single(4), allreduce));
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::off, fc::host_map::parse("2+2"), allreduce));
+}
+
+// Against the ring, the tiers are chosen only where the ring would cross hosts more than once per
+// host: ranks in host blocks keep the flat ring; interleaved ranks get the tiers.
+BOOST_AUTO_TEST_CASE(automatic_hierarchy_against_the_ring_needs_a_ring_that_crosses_often) {
+  const auto ring = fc::flat_algorithm::ring;
+  BOOST_TEST(fc::ring_crossings(fc::host_map::single(4)) == 0);
+  BOOST_TEST(fc::ring_crossings(fc::host_map::parse("2+2")) == 2);
+  BOOST_TEST(fc::ring_crossings(fc::host_map::parse("2+1+2")) == 3);
+  BOOST_TEST(fc::ring_crossings(fc::host_map({0, 1, 0, 1})) == 4);
+  BOOST_TEST(fc::ring_crossings(fc::host_map({0, 0, 1, 0})) == 2);
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("2+2"), ring));
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("2+1+2"), ring));
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map::parse("1+1"), ring));
+  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map({0, 1, 0, 1}), ring));
+  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::automatic, fc::host_map({0, 1, 1, 0, 2, 0}), ring));
+  BOOST_TEST(fc::use_hierarchy(fc::hierarchy::on, fc::host_map::parse("2+2"), ring));
+  BOOST_TEST(!fc::use_hierarchy(fc::hierarchy::off, fc::host_map({0, 1, 0, 1}), ring));
 }
 
 BOOST_AUTO_TEST_CASE(bad_host_maps_are_named) {

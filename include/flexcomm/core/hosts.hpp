@@ -143,12 +143,33 @@ inline hierarchy hierarchy_from_env() {
   fail("FLEXCOMM_HIERARCHICAL", cat("cannot parse '", v, "': expected auto, on or off"));
 }
 
-// Automatic: hierarchical exactly when it saves network traffic, i.e. the member spans hosts and
-// some host holds more than one of its ranks (one rank per host is the flat ring already).
-inline bool use_hierarchy(hierarchy h, const host_map& member) {
+// How often a ring through the member's ranks in rank order steps from one host to another.
+// Ranks placed in host blocks (what Hydra does with a hostfile) cross once per host.
+inline int ring_crossings(const host_map& member) {
+  int crossings = 0;
+  for (int r = 0; r < member.ranks(); ++r)
+    crossings += member.host_of(r) != member.host_of((r + 1) % member.ranks());
+  return crossings;
+}
+
+// Which algorithm the automatic choice weighs the tiers against.
+enum class flat_algorithm {
+  backend_allreduce,  // the backend's own allreduce (subgroup_allreduce)
+  ring,               // flexcomm's segmented ring in rank order (overlapped_ring)
+};
+
+// Automatic: hierarchical where it saves network traffic, i.e. the member spans hosts and some
+// host holds more than one of its ranks (one rank per host is the flat algorithm already). Against
+// the ring, only where the ring would cross hosts more than once per host: a ring over ranks in
+// host blocks sends at most 2(n-1)/n of a bucket across each host's link, against the tiers'
+// 2(H-1)/H, and measured across simulated hosts (docs/benchmarks.md) the unpipelined tiers cost
+// more than that saves; against MPICH's allreduce they were 1.2-5x faster.
+inline bool use_hierarchy(hierarchy h, const host_map& member, flat_algorithm flat) {
   if (h == hierarchy::on) return true;
   if (h == hierarchy::off) return false;
-  return member.hosts() > 1 && member.most_ranks_on_a_host() > 1;
+  const bool saves = member.hosts() > 1 && member.most_ranks_on_a_host() > 1;
+  if (flat == flat_algorithm::ring) return saves && ring_crossings(member) > member.hosts();
+  return saves;
 }
 
 }  // namespace flexcomm

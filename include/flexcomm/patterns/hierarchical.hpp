@@ -29,7 +29,7 @@ template <class B>
 class host_tiers {
  public:
   // `member` is the adapter's private duplicate of the member: construction talks on it.
-  host_tiers(const typename B::communicator& member, hierarchy wanted, const std::string& who) {
+  host_tiers(const typename B::communicator& member, hierarchy wanted, flat_algorithm flat, const std::string& who) {
     if constexpr (B::memory == memory_space::host) {
       // Every rank of the member takes the same branch: `wanted` is checked equal across the
       // member below, and the host map is the same on every rank.
@@ -39,7 +39,7 @@ class host_tiers {
       check(agree[0] == -agree[1], who,
             cat("sync_options.hierarchical (FLEXCOMM_HIERARCHICAL) differs across the member's ranks; this rank has '",
                 name_of(wanted), "'"));
-      enabled_ = use_hierarchy(wanted, hosts_);
+      enabled_ = use_hierarchy(wanted, hosts_, flat);
       if (!enabled_) return;
       const int host = hosts_.host_of(member.rank());
       const std::string name = member.name();
@@ -54,6 +54,7 @@ class host_tiers {
     } else {
       static_cast<void>(member);
       static_cast<void>(wanted);
+      static_cast<void>(flat);
       static_cast<void>(who);
     }
   }

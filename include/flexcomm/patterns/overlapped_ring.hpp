@@ -30,7 +30,7 @@ class overlapped_ring {
   explicit overlapped_ring(const typename B::communicator& member, sync_options options = {})
       : ring_(member.dup(cat(member.name(), " overlapped_ring"))),
         options_(options),
-        tiers_(ring_, options_.hierarchical, "overlapped_ring"),
+        tiers_(ring_, options_.hierarchical, flat_algorithm::ring, "overlapped_ring"),
         sync_(member, options_, "overlapped_ring", true) {
     check(options_.segment_bytes > 0, "overlapped_ring", "sync_options.segment_bytes must be positive");
     check(options_.segments_in_flight > 0, "overlapped_ring",

@@ -25,7 +25,7 @@ class subgroup_allreduce {
   explicit subgroup_allreduce(const typename B::communicator& member, sync_options options = {})
       : comm_(member.dup(cat(member.name(), " subgroup_allreduce"))),
         options_(options),
-        tiers_(comm_, options_.hierarchical, "subgroup_allreduce"),
+        tiers_(comm_, options_.hierarchical, flat_algorithm::backend_allreduce, "subgroup_allreduce"),
         sync_(member, options_, "subgroup_allreduce", options_.launch_when_full) {}
 
   // Gradient `index` is final: it joins its bucket (the average lands here by finish()).

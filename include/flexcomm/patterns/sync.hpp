@@ -54,8 +54,10 @@ struct sync_options {
   // progress engine) instead of all of them in finish(), i.e. after backward.
   bool launch_when_full = false;
   // A member whose ranks span hosts averages hierarchically (reduce within each host, allreduce
-  // across the host leaders, broadcast within each host): automatic (when the member spans hosts
-  // and some host holds more than one of its ranks), on, or off. FLEXCOMM_HIERARCHICAL=auto|on|off.
+  // across the host leaders, broadcast within each host): automatic (subgroup_allreduce when the
+  // member spans hosts and some host holds more than one of its ranks; overlapped_ring only when,
+  // besides, its ranks are not in host blocks: see use_hierarchy), on, or off.
+  // FLEXCOMM_HIERARCHICAL=auto|on|off.
   // Host backends only; device backends stay flat.
   hierarchy hierarchical = hierarchy_from_env();
 };
