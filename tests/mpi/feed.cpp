@@ -1,5 +1,6 @@
 #define BOOST_TEST_MODULE mpi_feed
 #include "mpi_fixture.hpp"
+#include "errors.hpp"
 
 #include <boost/mpl/list.hpp>
 
@@ -15,6 +16,8 @@ using fc::testing::all_ranks;
 using fc::testing::world;
 
 namespace {
+using fc::testing::contains;
+using fc::testing::error_of;
 
 using feeds = boost::mpl::list<fc::local_feed, fc::one_to_many<fc::mpi>, fc::all_shared<fc::mpi>>;
 
@@ -145,17 +148,6 @@ bool every_step_once_in_order(const outcome& o, std::int64_t steps) {
 }
 
 bool is_trainer(const fc::ensemble_layout& layout) { return layout.role_of(world().rank()).kind == fc::role::trainer; }
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const fc::error& e) {
-    return e.what();
-  }
-  return "";
-}
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

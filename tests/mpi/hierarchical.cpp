@@ -1,5 +1,7 @@
 #define BOOST_TEST_MODULE mpi_hierarchical
 #include "mpi_fixture.hpp"
+#include "errors.hpp"
+#include "mpi/exact_gradients.hpp"
 
 #include <boost/mpl/list.hpp>
 
@@ -16,12 +18,14 @@ namespace fc = flexcomm;
 using fc::mpi;
 using fc::testing::all_ranks;
 using fc::testing::world;
+using fc::testing::all_ops;
+using fc::testing::contains;
+using fc::testing::element_types;
+using fc::testing::gradient;
 
 namespace {
 
-using element_types = boost::mpl::list<float, double, std::int32_t, std::int64_t, std::uint8_t, fc::half, fc::bfloat16>;
 using adapters = boost::mpl::list<fc::subgroup_allreduce<mpi>, fc::overlapped_ring<mpi>>;
-const fc::op all_ops[] = {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max, fc::op::avg};
 
 // Pretends the world's ranks sit on hosts (FLEXCOMM_HOSTS) while it lives; every rank sets the same.
 struct pretend_hosts {
@@ -42,22 +46,6 @@ std::vector<std::string> host_maps(int n) {
   if (n == 5) out.push_back("2+1+2");
   if (n >= 4) out.push_back(fc::cat(n - 1, "+1"));
   return out;
-}
-
-// Small values whose sums and products are exact in every element type at up to 6 ranks:
-// every order of reduction gives the reference's bits.
-template <class T>
-T value(int rank, int step, int index, std::size_t i) {
-  const int v = static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3 + static_cast<std::size_t>(step) * 5 +
-                                  static_cast<std::size_t>(index) * 11) % 5);
-  return T(static_cast<float>(std::is_unsigned_v<T> ? v : v - 2));
-}
-
-template <class T>
-std::vector<T> gradient(int rank, int step, int index, std::size_t n) {
-  std::vector<T> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = value<T>(rank, step, index, i);
-  return g;
 }
 
 // What MPI_Allreduce over `comm` gives (avg: MPI_SUM, then the same division the adapters do).
@@ -99,8 +87,6 @@ bool equals_mpi_allreduce(const mpi::communicator& member, fc::sync_options opti
   }
   return ok;
 }
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // What each adapter's automatic choice weighs the tiers against.
 template <class Sync>

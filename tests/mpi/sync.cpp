@@ -1,5 +1,7 @@
 #define BOOST_TEST_MODULE mpi_sync
 #include "mpi_fixture.hpp"
+#include "errors.hpp"
+#include "mpi/exact_gradients.hpp"
 
 #include <boost/mpl/list.hpp>
 
@@ -14,28 +16,14 @@
 namespace fc = flexcomm;
 using fc::mpi;
 using fc::testing::world;
+using fc::testing::all_ops;
+using fc::testing::contains;
+using fc::testing::element_types;
+using fc::testing::gradient;
 
 namespace {
 
-using element_types = boost::mpl::list<float, double, std::int32_t, std::int64_t, std::uint8_t, fc::half, fc::bfloat16>;
 using adapters = boost::mpl::list<fc::subgroup_allreduce<mpi>, fc::overlapped_ring<mpi>>;
-const fc::op all_ops[] = {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max, fc::op::avg};
-
-// Small values whose sums and products are exact in every element type at up to 6 ranks, so
-// integer and float results alike must equal the reference bit for bit.
-template <class T>
-T value(int rank, int step, int index, std::size_t i) {
-  const int v = static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3 + static_cast<std::size_t>(step) * 5 +
-                                  static_cast<std::size_t>(index) * 11) % 5);
-  return T(static_cast<float>(std::is_unsigned_v<T> ? v : v - 2));
-}
-
-template <class T>
-std::vector<T> gradient(int rank, int step, int index, std::size_t n) {
-  std::vector<T> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = value<T>(rank, step, index, i);
-  return g;
-}
 
 // The reduction over `ranks` (world ranks), computed locally from the same generator.
 template <class T>
@@ -117,8 +105,6 @@ bool threw_on_finish(Sync& sync, std::string& cause) {
   }
   return false;
 }
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -1,21 +1,15 @@
 #define BOOST_TEST_MODULE hosts
 #include <boost/test/unit_test.hpp>
 
+#include "errors.hpp"
+
 #include <flexcomm/core/hosts.hpp>
 
 namespace fc = flexcomm;
 
 namespace {
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const fc::error& e) {
-    return e.what();
-  }
-  return "";
-}
+using fc::testing::contains;
+using fc::testing::error_of;
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(blocks_of_consecutive_ranks) {

@@ -1,6 +1,8 @@
 #define BOOST_TEST_MODULE layout
 #include <boost/test/unit_test.hpp>
 
+#include "errors.hpp"
+
 #include <flexcomm/core/layout.hpp>
 
 #include <algorithm>
@@ -11,17 +13,8 @@
 namespace fc = flexcomm;
 
 namespace {
-// The message of the flexcomm::error that `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const fc::error& e) {
-    return e.what();
-  }
-  return "";
-}
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using fc::testing::contains;
+using fc::testing::error_of;
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(homogeneous_members_follow_producers) {
