@@ -248,15 +248,22 @@ BOOST_AUTO_TEST_CASE(a_layout_that_does_not_fit_is_refused_on_every_rank) {
 
 BOOST_AUTO_TEST_CASE(a_broadcast_feed_without_producers_is_refused) {
   const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(world().size()), 1), 0);
-  bool ok = false;
-  try {
-    fc::presets::single_broadcast<>::options options;
-    options.feed.steps = 1;
-    options.feed.shard_capacity = 8;
-    fc::presets::single_broadcast<>::pipeline pipe(world(), layout, options);
+  fc::presets::single_broadcast<>::options options;
+  options.feed.steps = 1;
+  options.feed.shard_capacity = 8;
+  bool ok = false, preset_named = false;
+  try {  // the pipeline itself, whatever preset would have named it
+    fc::ensemble_pipeline<fc::one_to_many<mpi>, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>> pipe(world(), layout,
+                                                                                                        options);
   } catch (const fc::error& e) {
     ok = std::string(e.what()).find("needs producer ranks") != std::string::npos;
   }
+  try {
+    fc::presets::single_broadcast<>::pipeline pipe(world(), layout, options);
+  } catch (const fc::error& e) {
+    preset_named = std::string(e.what()).find("has 0 producers; single_broadcast takes 1") != std::string::npos;
+  }
+  BOOST_TEST(fc::testing::all_ranks(preset_named));
   bool checked = false;
   try {
     fc::presets::multi_broadcast<>::check_layout(fc::ensemble_layout(1, {1}, 0), "multi_broadcast");
@@ -264,6 +271,28 @@ BOOST_AUTO_TEST_CASE(a_broadcast_feed_without_producers_is_refused) {
     checked = std::string(e.what()).find("multi_broadcast takes 2 or more") != std::string::npos;
   }
   BOOST_TEST(fc::testing::all_ranks(ok && checked));
+}
+
+// A baseline given a layout with a producer would train with that rank idle: refused, named.
+BOOST_AUTO_TEST_CASE(a_preset_refuses_a_layout_with_the_wrong_producers) {
+  if (world().size() < 2) return;
+  const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(world().size() - 1), 1), 0);
+  std::string what;
+  try {
+    fc::presets::baseline<>::pipeline pipe(world(), layout, {});
+  } catch (const fc::error& e) {
+    what = e.what();
+  }
+  BOOST_TEST(fc::testing::all_ranks(what.find("preset baseline") != std::string::npos &&
+                                    what.find("has 1 producers; baseline takes 0") != std::string::npos),
+             what);
+  what.clear();
+  try {
+    fc::presets::all_shared<>::pipeline pipe(world(), layout, {});
+  } catch (const fc::error& e) {
+    what = e.what();
+  }
+  BOOST_TEST(fc::testing::all_ranks(what.find("all_shared takes 0") != std::string::npos), what);
 }
 
 BOOST_AUTO_TEST_CASE(with_producers_keeps_the_aggregator_on_its_trainer) {

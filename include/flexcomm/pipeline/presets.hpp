@@ -42,13 +42,30 @@ inline ensemble_layout with_producers(const ensemble_layout& layout, int produce
 
 namespace presets {
 
-// A preset: its pipeline type, its name, and the producer counts its layout may have.
-template <class Feed, template <class> class Sync, class B, int MinProducers, int MaxProducers, bool Overlap>
+// A preset: its pipeline type, its name, and the producer counts its layout may have. Its
+// pipeline refuses a layout with the wrong producers (a baseline given a producer would otherwise
+// train with that rank idle), naming the preset.
+template <class Name, class Feed, template <class> class Sync, class B, int MinProducers, int MaxProducers, bool Overlap>
 struct preset {
-  using pipeline = ensemble_pipeline<Feed, Sync<B>, many_to_one<B>>;
-  using options = typename pipeline::options;
+  static constexpr const char* name = Name::value;
   static constexpr int min_producers = MinProducers;
   static constexpr int max_producers = MaxProducers;
+
+  class pipeline : public ensemble_pipeline<Feed, Sync<B>, many_to_one<B>> {
+    using base = ensemble_pipeline<Feed, Sync<B>, many_to_one<B>>;
+
+   public:
+    using typename base::options;
+    pipeline(const typename base::communicator& world, const ensemble_layout& layout, options opt)
+        : base(world, checked(layout), std::move(opt)) {}
+
+   private:
+    static const ensemble_layout& checked(const ensemble_layout& layout) {
+      check_layout(layout, name);
+      return layout;
+    }
+  };
+  using options = typename pipeline::options;
 
   // The options as this design runs: the baseline reduces every bucket after backward, the
   // streamlined designs launch a bucket as soon as backprop fills it (overlapped_ring always
@@ -83,22 +100,21 @@ struct preset {
 
 constexpr int many = std::numeric_limits<int>::max();
 
+namespace detail {
+struct baseline_name { static constexpr const char* value = "baseline"; };
+struct single_broadcast_name { static constexpr const char* value = "single_broadcast"; };
+struct multi_broadcast_name { static constexpr const char* value = "multi_broadcast"; };
+struct all_shared_name { static constexpr const char* value = "all_shared"; };
+}  // namespace detail
+
 template <class B = mpi>
-struct baseline : preset<local_feed, subgroup_allreduce, B, 0, 0, false> {
-  static constexpr const char* name = "baseline";
-};
+struct baseline : preset<detail::baseline_name, local_feed, subgroup_allreduce, B, 0, 0, false> {};
 template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct single_broadcast : preset<one_to_many<B>, Sync, B, 1, 1, true> {
-  static constexpr const char* name = "single_broadcast";
-};
+struct single_broadcast : preset<detail::single_broadcast_name, one_to_many<B>, Sync, B, 1, 1, true> {};
 template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct multi_broadcast : preset<one_to_many<B>, Sync, B, 2, many, true> {
-  static constexpr const char* name = "multi_broadcast";
-};
+struct multi_broadcast : preset<detail::multi_broadcast_name, one_to_many<B>, Sync, B, 2, many, true> {};
 template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct all_shared : preset<flexcomm::all_shared<B>, Sync, B, 0, 0, true> {
-  static constexpr const char* name = "all_shared";
-};
+struct all_shared : preset<detail::all_shared_name, flexcomm::all_shared<B>, Sync, B, 0, 0, true> {};
 
 // Names a trainer passes on the command line.
 inline constexpr const char* names[] = {"baseline", "single_broadcast", "multi_broadcast", "all_shared"};
