@@ -5,7 +5,7 @@
 // checks what each rank reports, the time to error and mpiexec's exit status.
 //
 //   mpiexec -n N fault <fault>     faults: none exit exit0 stall stall-engine stall-skew count dtype order layout
-//                                  finalize-hang finalize-hang-status
+//                                  finalize-hang finalize-hang-status bad-wait bad-trace
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -55,6 +55,9 @@ void report(int rank, const std::string& text) {
 
 int main(int argc, char** argv) {
   const std::string fault = argc > 1 ? argv[1] : "none";
+  // Bad settings are read once, at start, and end the job there on every rank.
+  if (fault == "bad-wait") setenv("FLEXCOMM_WAIT", "bogus", 1);
+  if (fault == "bad-trace") setenv("FLEXCOMM_TRACE", "/proc/flexcomm-trace", 1);
   // The hang MPICH 4.0.2 + UCX can show in MPI_Finalize, made certain: the guard must end it.
   if (fault.rfind("finalize-hang", 0) == 0) setenv("FLEXCOMM_FINALIZE_TIMEOUT", "1", 0);
   fc::environment env(argc, argv);

@@ -94,6 +94,18 @@ FAULTS = {
         expect=[r'finished every step', r'guards intact'],
         faulty_expect=r'rank {f}: MPI_Finalize has not returned 1\.0 s .*leaving with status 3',
         reports='as finalize-hang; mpiexec exits with the program\'s status 3'),
+    'bad-wait': dict(
+        what='FLEXCOMM_WAIT=bogus on every rank',
+        mpiexec=[], survivors='none', kind='local',
+        expect=[], every_rank_expect=r'flexcomm: rank {r}: wait policy: cannot parse .bogus.',
+        reports="each rank: `flexcomm: rank N: wait policy: cannot parse 'bogus': expected spin, yield, backoff or "
+                "backoff:<max microseconds 1..1000000>`, then MPI_Abort(1) at start"),
+    'bad-trace': dict(
+        what='FLEXCOMM_TRACE names a directory that cannot be made (/proc/flexcomm-trace)',
+        mpiexec=[], survivors='none', kind='local',
+        expect=[], every_rank_expect=r"flexcomm: rank {r}: trace: cannot create '/proc/flexcomm-trace'",
+        reports="each rank: `flexcomm: rank N: trace: cannot create '/proc/flexcomm-trace': ...`, then MPI_Abort(1) "
+                "at start"),
     'layout': dict(
         what="layout 'producers=1 members=2x2' (5 ranks) on a world of {n}",
         mpiexec=[], survivors='all', kind='local',
@@ -187,6 +199,9 @@ def run(mpiexec, drivers, fault, n):
         problems.append('a rank wrote past a buffer')
     f = fields(n)
     survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'none': [], 'faulty': []}[spec['survivors']]
+    for r in range(n) if 'every_rank_expect' in spec else []:
+        if not re.search(spec['every_rank_expect'].format(r=r, **f), out):
+            problems.append(f"rank {r}: no match for /{spec['every_rank_expect'].format(r=r, **f)}/")
     if 'faulty_expect' in spec and not re.search(spec['faulty_expect'].format(**f), out):
         problems.append(f"no match for /{spec['faulty_expect'].format(**f)}/")
     times = []
