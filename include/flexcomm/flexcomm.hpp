@@ -16,8 +16,8 @@
 
 #include "backend/mpi.hpp"
 #include "backend/mpi_hosts.hpp"
-#include "core/environment.hpp"
-#include "core/trace_mpi.hpp"
+#include "backend/mpi_environment.hpp"
+#include "backend/mpi_trace.hpp"
 
 #include "patterns/feed.hpp"
 #include "patterns/local_feed.hpp"

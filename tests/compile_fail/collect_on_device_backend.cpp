@@ -1,14 +1,8 @@
 // many_to_one hands the aggregator host vectors: a backend whose buffers live on the device
 // (as NCCL's do) cannot fill that slot, and that is known at compile time.
 #include <flexcomm/patterns/many_to_one.hpp>
+#include "device_backend.hpp"
 namespace fc = flexcomm;
-struct device_backend : fc::mpi {
-#ifdef FLEXCOMM_CONTROL
-  static constexpr fc::memory_space memory = fc::memory_space::host;
-#else
-  static constexpr fc::memory_space memory = fc::memory_space::device;
-#endif
-};
 fc::many_to_one<device_backend>* instantiate(const fc::mpi::communicator& world, const fc::ensemble_layout& layout) {
   return new fc::many_to_one<device_backend>(world, layout);
 }

@@ -4,7 +4,8 @@
 // words) for tests/fault/launch.py.
 //
 //   mpiexec -n N adapter_fault <fault>
-//   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed sync-none gradient-order
+//   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
+//           gradient-order
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fc = flexcomm;
@@ -54,12 +56,18 @@ bool run_feed(const mpi::communicator& world, const std::string& fault, std::chr
   fc::one_to_many<mpi> feed(world, layout, load, options);
   const auto role = layout.role_of(world.rank());
   if (role.kind == fc::role::producer) {
+    start = std::chrono::steady_clock::now();
     feed.produce();
     return true;
   }
   bool ok = true;
   while (auto b = feed.next()) {
     if (b->step() == fault_step - 1) start = std::chrono::steady_clock::now();
+    // A trainer stopped (as by SIGSTOP) while holding a batch: it takes no further steps.
+    if (fault == "trainer-stall" && world.rank() == n - 1 && b->step() == fault_step) {
+      report(world.rank(), "injected: stalling outside flexcomm");
+      std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
+    }
     for (auto byte : b->bytes()) ok = ok && byte == std::byte{static_cast<unsigned char>(b->step())};
   }
   return ok;
@@ -120,7 +128,8 @@ int main(int argc, char** argv) {
   }
   // The sync reduces in place in the trainer's gradients: their guard words must survive. (The
   // feed's slots carry guard words of their own, which one_to_many checks.)
-  if (!(fault.rfind("feed", 0) == 0 || fault.rfind("loader", 0) == 0 || fault == "layout-feed"))
+  if (!(fault.rfind("feed", 0) == 0 || fault.rfind("loader", 0) == 0 || fault == "layout-feed" ||
+        fault == "trainer-stall"))
     report(rank, guards_intact() ? "guards intact" : "GUARD BROKEN: an operation wrote past its buffer");
   return status;
 }

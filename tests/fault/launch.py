@@ -106,6 +106,14 @@ FAULTS = {
         expect=[], every_rank_expect=r"flexcomm: rank {r}: trace: cannot create '/proc/flexcomm-trace'",
         reports="each rank: `flexcomm: rank N: trace: cannot create '/proc/flexcomm-trace': ...`, then MPI_Abort(1) "
                 "at start"),
+    'typo-setting': dict(
+        what='FLEXCOMM_TIMOUT=2 (a misspelling of FLEXCOMM_TIMEOUT) on every rank',
+        mpiexec=[], survivors='all', kind='none', succeeds=True,
+        expect=[r'finished every step', r'guards intact'],
+        faulty_expect=r'flexcomm: rank 0: settings: FLEXCOMM_TIMOUT is not a flexcomm setting and is ignored '
+                      r'\(known: FLEXCOMM_WAIT, FLEXCOMM_TIMEOUT, ',
+        reports='rank 0: `settings: FLEXCOMM_TIMOUT is not a flexcomm setting and is ignored (known: ...)`; '
+                'the job runs and succeeds'),
     'layout': dict(
         what="layout 'producers=1 members=2x2' (5 ranks) on a world of {n}",
         mpiexec=[], survivors='all', kind='local',
@@ -137,6 +145,14 @@ FAULTS = {
         mpiexec=[], survivors='all', kind='local', guards=False,
         expect=[r"one_to_many: layout 'producers=1 members={n}x1' needs {n1} ranks, world has {n}"],
         reports="one_to_many: layout 'producers=1 members={n}x1' needs {n1} ranks, world has {n}"),
+    'trainer-stall': dict(
+        driver='adapter', what='trainer rank {f} stalls on step 3 for 4x the timeout, holding its batch (as under '
+                               'SIGSTOP)', min_ranks=2,
+        mpiexec=[], survivors='producer', kind='timeout', guards=False,
+        expect=[r'(?m)one_to_many: (credits|send) of step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); '
+                r'not answered by world rank {f}$'],
+        reports='the producer: `one_to_many: credits of step N: timed out after 2000 ms (FLEXCOMM_TIMEOUT); not '
+                'answered by world rank {f}`'),
     'sync-none': dict(
         driver='adapter', what='gradient sync, no fault (control)',
         mpiexec=[], survivors='all', kind='none', succeeds=True,
@@ -198,7 +214,8 @@ def run(mpiexec, drivers, fault, n):
     if 'GUARD BROKEN' in out:
         problems.append('a rank wrote past a buffer')
     f = fields(n)
-    survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'none': [], 'faulty': []}[spec['survivors']]
+    survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'producer': [0], 'none': [],
+                 'faulty': []}[spec['survivors']]
     for r in range(n) if 'every_rank_expect' in spec else []:
         if not re.search(spec['every_rank_expect'].format(r=r, **f), out):
             problems.append(f"rank {r}: no match for /{spec['every_rank_expect'].format(r=r, **f)}/")

@@ -1,10 +1,12 @@
 // The device backends' test cases, shared by nccl and staged: every operation, element type and
-// op against a host reference computed from the same generator (as tests/mpi/backend.cpp does),
+// op against the host reference of tests/exact_values.hpp (which tests/mpi/backend.cpp uses too),
 // on device buffers, on the communicator's own stream and on an explicit one.
 // Include after gpu_fixture.hpp with `using backend = <device backend>;` in scope.
 #pragma once
 
 #include <boost/mpl/list.hpp>
+
+#include "../exact_values.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -13,53 +15,17 @@
 #include <vector>
 
 namespace fc = flexcomm;
+using fc::testing::all_ops;
+using fc::testing::counts;
+using fc::testing::data;
+using fc::testing::element_types;
+using fc::testing::expected;
+using fc::testing::same;
 using fc::testing::world;
 
 namespace {
 
-using element_types = boost::mpl::list<float, double, std::int32_t, std::int64_t, std::uint8_t, fc::half, fc::bfloat16>;
-const fc::op all_ops[] = {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max, fc::op::avg};
-const std::size_t counts[] = {0, 1, 3, 1001};
-
 const typename backend::communicator& comm() { return fc::testing::backend_world<backend>(); }
-
-template <class T>
-T value(int rank, std::size_t i) {
-  const int v = static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3) % 5);
-  return T(static_cast<float>(std::is_unsigned_v<T> ? v : v - 2));
-}
-
-template <class T>
-std::vector<T> data(int rank, std::size_t n) {
-  std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = value<T>(rank, i);
-  return v;
-}
-
-template <class T>
-std::vector<T> expected(fc::op o, int ranks, std::size_t n) {
-  std::vector<T> acc = data<T>(0, n);
-  for (int r = 1; r < ranks; ++r) {
-    const auto other = data<T>(r, n);
-    fc::combine(o, acc.data(), other.data(), n);
-  }
-  if (o == fc::op::avg) fc::divide_by(acc.data(), n, ranks);
-  return acc;
-}
-
-// Exact, except floating averages: ncclAvg multiplies each contribution by 1/n before summing,
-// which may round differently from the reference's sum-then-divide.
-template <class T>
-bool same(const std::vector<T>& a, const std::vector<T>& b, std::size_t n, fc::op o = fc::op::sum) {
-  if (a.size() < n || b.size() < n) return false;
-  const bool loose = o == fc::op::avg && !std::is_integral_v<T>;
-  const double tolerance = std::is_same_v<T, double> ? 1e-12 : std::is_same_v<T, float> ? 1e-6 : 1e-2;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
-    if (loose ? std::fabs(x - y) > tolerance * std::fmax(1.0, std::fabs(y)) : x != y) return false;
-  }
-  return true;
-}
 
 // Device memory holding a copy of a host vector.
 template <class T>

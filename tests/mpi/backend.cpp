@@ -1,5 +1,6 @@
 #define BOOST_TEST_MODULE mpi_backend
 #include "mpi_fixture.hpp"
+#include "exact_values.hpp"
 
 #include <boost/mpl/list.hpp>
 
@@ -11,48 +12,12 @@ namespace fc = flexcomm;
 using fc::testing::world;
 using fc::mpi;
 
-namespace {
-
-using element_types = boost::mpl::list<float, double, std::int32_t, std::int64_t, std::uint8_t, fc::half, fc::bfloat16>;
-const fc::op all_ops[] = {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max, fc::op::avg};
-
-// Small values whose sums and products are exact in every element type at these rank counts.
-template <class T>
-T value(int rank, std::size_t i) {
-  const int v = static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3) % 5);
-  return T(static_cast<float>(std::is_unsigned_v<T> ? v : v - 2));
-}
-
-template <class T>
-std::vector<T> data(int rank, std::size_t n) {
-  std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = value<T>(rank, i);
-  return v;
-}
-
-// The reduction of every rank's data, computed locally from the same generator.
-template <class T>
-std::vector<T> expected(fc::op o, int ranks, std::size_t n) {
-  std::vector<T> acc = data<T>(0, n);
-  for (int r = 1; r < ranks; ++r) {
-    const auto other = data<T>(r, n);
-    fc::combine(o, acc.data(), other.data(), n);
-  }
-  if (o == fc::op::avg) fc::divide_by(acc.data(), n, ranks);
-  return acc;
-}
-
-template <class T>
-bool same(const std::vector<T>& a, const std::vector<T>& b, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i)
-    if (static_cast<double>(a[i]) != static_cast<double>(b[i])) return false;
-  return true;
-}
-
-// Counts that are zero, below the rank count and not divisible by it.
-const std::size_t counts[] = {0, 1, 3, 1001};
-
-}  // namespace
+using fc::testing::all_ops;
+using fc::testing::counts;
+using fc::testing::data;
+using fc::testing::element_types;
+using fc::testing::expected;
+using fc::testing::same;
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_matches_every_op, T, element_types) {
   const int rank = world().rank(), size = world().size();
@@ -219,6 +184,14 @@ BOOST_AUTO_TEST_CASE(local_size_mistakes_are_named_errors) {
   BOOST_CHECK_THROW(mpi::iallgather<float>(world(), a, fc::span<float>(b)), fc::error);
   std::vector<int> bad_counts(static_cast<std::size_t>(world().size()) + 1, 0);
   BOOST_CHECK_THROW(mpi::iallgatherv<float>(world(), a, fc::span<float>(b), fc::span<const int>(bad_counts)), fc::error);
+  // A peer outside the communicator is refused by name, as on the nccl and staged backends.
+  const int n = world().size();
+  BOOST_CHECK_EXCEPTION(mpi::isend(world(), fc::span<const float>(a), n, 3), fc::error, [n](const fc::error& e) {
+    return std::string(e.cause()) == fc::cat("peer ", n, " is not a rank of ", n);
+  });
+  BOOST_CHECK_EXCEPTION(mpi::irecv(world(), fc::span<float>(b), -1, 3), fc::error, [n](const fc::error& e) {
+    return std::string(e.cause()) == fc::cat("peer -1 is not a rank of ", n);
+  });
 }
 
 BOOST_AUTO_TEST_CASE(split_dup_and_private_traffic) {

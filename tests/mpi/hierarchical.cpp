@@ -1,7 +1,7 @@
 #define BOOST_TEST_MODULE mpi_hierarchical
 #include "mpi_fixture.hpp"
 #include "errors.hpp"
-#include "mpi/exact_gradients.hpp"
+#include "exact_values.hpp"
 
 #include <boost/mpl/list.hpp>
 
@@ -22,6 +22,7 @@ using fc::testing::all_ops;
 using fc::testing::contains;
 using fc::testing::element_types;
 using fc::testing::gradient;
+using fc::testing::same;
 
 namespace {
 
@@ -53,14 +54,6 @@ template <class T>
 std::vector<T> mpi_allreduce(const mpi::communicator& comm, fc::op o, std::vector<T> g) {
   mpi::iallreduce(comm, fc::span<T>(g), o).wait();
   return g;
-}
-
-template <class T>
-bool same(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (static_cast<double>(a[i]) != static_cast<double>(b[i])) return false;
-  return true;
 }
 
 // Three steps of `Sync` on `member` over gradients of awkward sizes (zero, below the rank count,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace fc = flexcomm;
@@ -293,6 +294,41 @@ BOOST_AUTO_TEST_CASE(a_preset_refuses_a_layout_with_the_wrong_producers) {
     what = e.what();
   }
   BOOST_TEST(fc::testing::all_ranks(what.find("all_shared takes 0") != std::string::npos), what);
+}
+
+// A Sync backend with NCCL's traits (no tags, MPI as its host backend), stood in for by MPI that
+// claims them: presets put the feed and collect on its host backend, and visit() refuses the
+// ring by name.
+struct order_matched : fc::mpi {
+  static constexpr bool tag_matched_p2p = false;
+  using host_backend = fc::mpi;
+};
+
+BOOST_AUTO_TEST_CASE(presets_split_the_sync_backend_from_the_host_backend) {
+  using P = fc::presets::single_broadcast<fc::subgroup_allreduce, order_matched>;
+  static_assert(std::is_same_v<P::pipeline::feed_type, fc::one_to_many<mpi>>);
+  static_assert(std::is_same_v<P::pipeline::sync_type, fc::subgroup_allreduce<order_matched>>);
+  static_assert(std::is_same_v<P::pipeline::collect_type, fc::many_to_one<mpi>>);
+  std::string chosen;
+  fc::presets::visit<order_matched>("all_shared", "allreduce", [&](auto preset) {
+    using Q = decltype(preset);
+    chosen = std::is_same_v<typename Q::pipeline::sync_type, fc::subgroup_allreduce<order_matched>> ? "allreduce" : "?";
+  });
+  BOOST_TEST(chosen == "allreduce");
+  std::string what;
+  try {
+    fc::presets::visit<order_matched>("single_broadcast", "ring", [](auto) {});
+  } catch (const fc::error& e) {
+    what = e.what();
+  }
+  BOOST_TEST(what.find("sync 'ring' (overlapped_ring) needs a backend whose messages match by tag") != std::string::npos,
+             what);
+  // On MPI the ring is there.
+  fc::presets::visit<mpi>("multi_broadcast", "ring", [&](auto preset) {
+    using Q = decltype(preset);
+    chosen = std::is_same_v<typename Q::pipeline::sync_type, fc::overlapped_ring<mpi>> ? "ring" : "?";
+  });
+  BOOST_TEST(chosen == "ring");
 }
 
 BOOST_AUTO_TEST_CASE(with_producers_keeps_the_aggregator_on_its_trainer) {

@@ -1,7 +1,7 @@
 #define BOOST_TEST_MODULE mpi_sync
 #include "mpi_fixture.hpp"
 #include "errors.hpp"
-#include "mpi/exact_gradients.hpp"
+#include "exact_values.hpp"
 
 #include <boost/mpl/list.hpp>
 
@@ -20,30 +20,12 @@ using fc::testing::all_ops;
 using fc::testing::contains;
 using fc::testing::element_types;
 using fc::testing::gradient;
+using fc::testing::reference;
+using fc::testing::same;
 
 namespace {
 
 using adapters = boost::mpl::list<fc::subgroup_allreduce<mpi>, fc::overlapped_ring<mpi>>;
-
-// The reduction over `ranks` (world ranks), computed locally from the same generator.
-template <class T>
-std::vector<T> reference(fc::op o, const std::vector<int>& ranks, int step, int index, std::size_t n) {
-  auto acc = gradient<T>(ranks.front(), step, index, n);
-  for (std::size_t r = 1; r < ranks.size(); ++r) {
-    const auto other = gradient<T>(ranks[r], step, index, n);
-    fc::combine(o, acc.data(), other.data(), n);
-  }
-  if (o == fc::op::avg) fc::divide_by(acc.data(), n, static_cast<int>(ranks.size()));
-  return acc;
-}
-
-template <class T>
-bool same(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (static_cast<double>(a[i]) != static_cast<double>(b[i])) return false;
-  return true;
-}
 
 std::vector<int> all_world_ranks() {
   std::vector<int> r(static_cast<std::size_t>(world().size()));

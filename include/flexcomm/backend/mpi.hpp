@@ -24,14 +24,10 @@
 #include "../core/trace.hpp"
 #include "../core/wait.hpp"
 #include "../core/watchdog.hpp"
+#include "contract.hpp"
 #include "mpi_watchdog.hpp"
 
 namespace flexcomm {
-
-enum class memory_space { host, device };
-
-// The execution context of backends that have none (MPI); NCCL's is a cudaStream_t.
-struct no_stream {};
 
 namespace detail {
 template <class T> struct identity { using type = T; };
@@ -118,6 +114,7 @@ inline MPI_Op mpi_op(op o, dtype t) {
 
 struct mpi {
   static constexpr memory_space memory = memory_space::host;
+  static constexpr bool tag_matched_p2p = true;
   using stream = no_stream;
   // An adapter's own scratch space, in the memory this backend's buffers live in.
   template <class T>
@@ -566,6 +563,7 @@ template <class T>
 mpi::request mpi::isend(const communicator& comm, span<T> buf, int dest, int tag, stream) {
   using E = std::remove_const_t<T>;
   detail::mpi_op_start start(comm, "isend", buf.size(), dtype_of<E>, "", dest, tag, cat(", to ", dest, ", tag ", tag));
+  check(dest >= 0 && dest < comm.size(), start.what, cat("peer ", dest, " is not a rank of ", comm.size()));
   MPI_Request r;
   check_mpi(MPI_Isend(buf.data(), detail::mpi_count(buf.size(), start.what), detail::mpi_type(dtype_of<E>), dest,
                       tag, comm.native(), &r),
@@ -575,8 +573,10 @@ mpi::request mpi::isend(const communicator& comm, span<T> buf, int dest, int tag
 
 template <class T>
 mpi::request mpi::irecv(const communicator& comm, span<T> buf, int source, int tag, stream) {
+  static_assert(!std::is_const_v<T>, "irecv writes into its buffer");
   detail::mpi_op_start start(comm, "irecv", buf.size(), dtype_of<T>, "", source, tag,
                              cat(", from ", source, ", tag ", tag));
+  check(source >= 0 && source < comm.size(), start.what, cat("peer ", source, " is not a rank of ", comm.size()));
   MPI_Request r;
   check_mpi(MPI_Irecv(buf.data(), detail::mpi_count(buf.size(), start.what), detail::mpi_type(dtype_of<T>), source,
                       tag, comm.native(), &r),

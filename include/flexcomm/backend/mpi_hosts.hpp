@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/settings.hpp"
 #include "../core/hosts.hpp"
 #include "../core/layout.hpp"
 #include "mpi.hpp"
@@ -20,8 +21,8 @@ namespace flexcomm {
 // FLEXCOMM_HOSTS ("2+1+2": world ranks 0-1 on host 0, rank 2 on host 1, ranks 3-4 on host 2) for
 // a world of `world_size` ranks; an empty map when unset.
 inline host_map hosts_from_env(int world_size) {
-  const char* text = std::getenv("FLEXCOMM_HOSTS");
-  if (!text || !*text) return {};
+  const char* text = setting("FLEXCOMM_HOSTS");
+  if (!text) return {};
   auto map = host_map::parse(text);
   check(map.ranks() == world_size, "FLEXCOMM_HOSTS",
         cat("'", text, "' describes ", map.ranks(), " ranks, world has ", world_size));

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "../core/agreement.hpp"
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
 #include "../core/reduce.hpp"
@@ -62,12 +63,9 @@ struct mpi_signature {
 };
 
 inline long long hash_counts(const int* counts, std::size_t n) {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= static_cast<std::uint32_t>(counts[i]);
-    h *= 1099511628211ull;
-  }
-  return static_cast<long long>((h >> 2) | 1);  // positive and never 0, so that -h cannot overflow
+  fingerprint f;
+  for (std::size_t i = 0; i < n; ++i) f.add(static_cast<std::uint32_t>(counts[i]));
+  return static_cast<long long>(f.folded() | 1);  // positive and never 0, so that -h cannot overflow
 }
 
 class mpi_comm_state final : public watched {

@@ -73,6 +73,9 @@ inline bool needs_divide(op o, dtype t) { return o == op::avg && !is_floating(t)
 
 struct nccl : cuda::device_work {
   static constexpr memory_space memory = memory_space::device;
+  // NCCL pairs a send with the peer's receive in the order both were issued, whatever the tags.
+  static constexpr bool tag_matched_p2p = false;
+  using host_backend = mpi;
   // nullptr (the default) means the communicator's own stream, which is ordered with the
   // legacy default stream; pass the trainer's compute stream to order communication with it.
   using stream = cudaStream_t;
@@ -310,7 +313,7 @@ class nccl::communicator {
   }
 
   // An MPI communicator converts (collectively, under its own name), so that an adapter built
-  // from the pipeline's MPI communicators can run on NCCL: overlapped_ring<nccl>(member_comm).
+  // from the pipeline's MPI communicators can run on NCCL: subgroup_allreduce<nccl>(member_comm).
   communicator(const mpi::communicator& comm)  // NOLINT: implicit on purpose
       : communicator(comm, comm.name()) {}
 

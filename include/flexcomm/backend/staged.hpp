@@ -21,6 +21,7 @@
 
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
+#include "../core/settings.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
 #include "../core/wait.hpp"
@@ -52,6 +53,8 @@ inline bool mpi_is_cuda_aware() {
 template <bool Direct>
 struct basic_staged : cuda::device_work {
   static constexpr memory_space memory = memory_space::device;
+  static constexpr bool tag_matched_p2p = true;  // MPI's matching, on the staged copies
+  using host_backend = mpi;
   // nullptr (the default) means the communicator's own stream, ordered with the legacy default
   // stream; the data an operation reads is taken after the work already queued on that stream.
   using stream = cudaStream_t;
@@ -98,8 +101,8 @@ using cuda_aware_mpi = basic_staged<true>;
 
 namespace detail {
 inline std::size_t stage_chunk_bytes() {
-  const char* text = std::getenv("FLEXCOMM_STAGE_CHUNK");
-  if (!text || !*text) return std::size_t{1} << 20;
+  const char* text = setting("FLEXCOMM_STAGE_CHUNK");
+  if (!text) return std::size_t{1} << 20;
   char* end = nullptr;
   const long long bytes = std::strtoll(text, &end, 10);
   check(end && *end == '\0' && bytes >= 16 && bytes <= (1LL << 34), "FLEXCOMM_STAGE_CHUNK",

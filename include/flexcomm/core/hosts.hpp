@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "settings.hpp"
 
 namespace flexcomm {
 
@@ -134,8 +135,8 @@ constexpr const char* name_of(hierarchy h) {
 
 // FLEXCOMM_HIERARCHICAL=auto|on|off, auto when unset.
 inline hierarchy hierarchy_from_env() {
-  const char* text = std::getenv("FLEXCOMM_HIERARCHICAL");
-  if (!text || !*text) return hierarchy::automatic;
+  const char* text = setting("FLEXCOMM_HIERARCHICAL");
+  if (!text) return hierarchy::automatic;
   const std::string_view v(text);
   if (v == "auto") return hierarchy::automatic;
   if (v == "on" || v == "1") return hierarchy::on;

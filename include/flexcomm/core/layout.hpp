@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "settings.hpp"
 #include "hosts.hpp"
 
 namespace flexcomm {
@@ -399,7 +400,7 @@ inline ensemble_layout ensemble_layout::parse(std::string_view text) {
 }
 
 inline ensemble_layout ensemble_layout::from_env(std::string_view fallback) {
-  if (const char* text = std::getenv("FLEXCOMM_LAYOUT"); text && *text) return parse(text);
+  if (const char* text = setting("FLEXCOMM_LAYOUT")) return parse(text);
   return parse(fallback);
 }
 

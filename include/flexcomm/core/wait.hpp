@@ -14,6 +14,7 @@
 #endif
 
 #include "error.hpp"
+#include "settings.hpp"
 
 namespace flexcomm {
 
@@ -137,7 +138,7 @@ inline wait_policy wait_policy::parse(std::string_view text) {
 }
 
 inline wait_policy wait_policy::automatic(int ranks_on_node, unsigned cores) {
-  if (const char* forced = std::getenv("FLEXCOMM_WAIT"); forced && *forced) return parse(forced);
+  if (const char* forced = setting("FLEXCOMM_WAIT")) return parse(forced);
   if (cores == 0) cores = 1;
   return ranks_on_node > static_cast<int>(cores) ? backoff() : spin();
 }
@@ -184,7 +185,7 @@ inline std::chrono::milliseconds default_timeout() {
   auto& d = detail::defaults();
   long ms = d.timeout_ms.load(std::memory_order_relaxed);
   if (ms < 0) {
-    ms = static_cast<long>(parse_timeout(std::getenv("FLEXCOMM_TIMEOUT")).count());
+    ms = static_cast<long>(parse_timeout(setting("FLEXCOMM_TIMEOUT")).count());
     d.timeout_ms.store(ms, std::memory_order_relaxed);
   }
   return std::chrono::milliseconds{ms};

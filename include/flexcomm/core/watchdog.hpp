@@ -8,7 +8,7 @@
 //      are abandoned instead of waited for again, so unwinding never hangs;
 //   3. the job must end: MPI state is undefined once an operation is abandoned. flexcomm's
 //      environment ends it with MPI_Abort(1) when it is destroyed, after a grace period that lets
-//      the other surviving ranks print their own reports (see environment.hpp). An error that
+//      the other surviving ranks print their own reports (see backend/mpi_environment.hpp). An error that
 //      escapes main ends the job the same way (std::terminate).
 #pragma once
 
@@ -25,6 +25,7 @@
 
 #include "datatype.hpp"
 #include "error.hpp"
+#include "settings.hpp"
 #include "wait.hpp"
 
 namespace flexcomm {
@@ -194,7 +195,7 @@ inline bool checks_enabled() {
   auto& s = detail::check_state();
   int on = s.on.load(std::memory_order_relaxed);
   if (on < 0) {
-    on = parse_check(std::getenv("FLEXCOMM_CHECK")) ? 1 : 0;
+    on = parse_check(setting("FLEXCOMM_CHECK")) ? 1 : 0;
     s.on.store(on, std::memory_order_relaxed);
   }
   return on == 1;

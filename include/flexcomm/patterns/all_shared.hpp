@@ -16,8 +16,13 @@
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/progress.hpp"
+#include "../core/trace.hpp"
+#include "../backend/contract.hpp"
 #include "../backend/mpi_hosts.hpp"
 #include "feed.hpp"
+#include "feed/pump.hpp"
+#include "feed/wire.hpp"
+#include "feed/agreement.hpp"
 
 namespace flexcomm {
 
@@ -27,6 +32,11 @@ namespace flexcomm {
 // so the ensemble shares steps, not parts of a step). `depth` rounds are in flight.
 template <class B>
 class all_shared {
+  static_assert(holds_host_memory<B>,
+                "all_shared<B>: the loader writes each batch into host memory and trainers read it there, but B's "
+                "buffers live in device memory; feed with a host backend (all_shared<mpi>) and copy the batch to the "
+                "device in the trainer (presets with a device Sync backend do: their feed is on its host backend)");
+
  public:
   static constexpr bool needs_producers = false;
   using communicator = typename B::communicator;
@@ -51,11 +61,8 @@ class all_shared {
  private:
   using request = typename B::request;
 
-  struct round {
-    std::vector<request> requests;
+  struct round : detail::in_flight<request> {
     std::vector<std::vector<std::byte>> send, recv;  // per piece of this trainer
-    detail::wakeup wake;
-    std::exception_ptr error;
     std::int64_t index = -1;
   };
 
@@ -132,7 +139,7 @@ void all_shared<B>::post_free_rounds() {
     round& r = round_of(g);
     if (r.index >= 0) return;
     r.index = g;
-    r.requests.clear();
+    r.clear();
     const std::int64_t step = g * members_ + role_.member;
     for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
       const auto& piece = pieces_[static_cast<std::size_t>(my_pieces_[i])];

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "../backend/mpi_hosts.hpp"
+#include "../core/agreement.hpp"
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
 #include "../core/hosts.hpp"
@@ -30,13 +31,13 @@ class host_tiers {
  public:
   // `member` is the adapter's private duplicate of the member: construction talks on it.
   host_tiers(const typename B::communicator& member, hierarchy wanted, flat_algorithm flat, const std::string& who) {
-    if constexpr (B::memory == memory_space::host) {
+    if constexpr (holds_host_memory<B>) {
       // Every rank of the member takes the same branch: `wanted` is checked equal across the
       // member below, and the host map is the same on every rank.
       hosts_ = hosts_of(member);
-      int agree[2] = {static_cast<int>(wanted), -static_cast<int>(wanted)};
-      B::iallreduce(member, span<int>(agree, 2), op::max).wait();
-      check(agree[0] == -agree[1], who,
+      agreement same({static_cast<std::int64_t>(wanted)});
+      B::iallreduce(member, same.buffer(), op::max).wait();
+      check(same.agreed(0), who,
             cat("sync_options.hierarchical (FLEXCOMM_HIERARCHICAL) differs across the member's ranks; this rank has '",
                 name_of(wanted), "'"));
       enabled_ = use_hierarchy(wanted, hosts_, flat);

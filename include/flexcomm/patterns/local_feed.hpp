@@ -12,6 +12,8 @@
 #include "../core/layout.hpp"
 #include "../backend/mpi_hosts.hpp"
 #include "feed.hpp"
+#include "feed/wire.hpp"
+#include "feed/agreement.hpp"
 
 namespace flexcomm {
 

@@ -28,7 +28,7 @@
 #include "../core/progress.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
-#include "../backend/mpi.hpp"  // memory_space
+#include "../backend/contract.hpp"
 #include "../backend/mpi_hosts.hpp"
 
 namespace flexcomm {
@@ -65,7 +65,7 @@ struct gathered {
 
 template <class B>
 class many_to_one {
-  static_assert(B::memory == memory_space::host,
+  static_assert(holds_host_memory<B>,
                 "many_to_one<B>: the aggregator receives host vectors (gather<T>() returns std::vector<T>), "
                 "but B's buffers live in device memory; collect with a host backend such as many_to_one<mpi> "
                 "and copy predictions to the host before submit()");

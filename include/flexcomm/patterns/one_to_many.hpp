@@ -17,9 +17,14 @@
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/progress.hpp"
+#include "../core/trace.hpp"
 #include "../core/wait.hpp"
+#include "../backend/contract.hpp"
 #include "../backend/mpi_hosts.hpp"
 #include "feed.hpp"
+#include "feed/pump.hpp"
+#include "feed/wire.hpp"
+#include "feed/agreement.hpp"
 
 namespace flexcomm {
 
@@ -39,6 +44,11 @@ namespace flexcomm {
 // Trainers know the stream's length, so its end needs no message.
 template <class B>
 class one_to_many {
+  static_assert(holds_host_memory<B>,
+                "one_to_many<B>: the loader writes each batch into host memory and trainers read it there, but B's "
+                "buffers live in device memory; feed with a host backend (one_to_many<mpi>) and copy the batch to the "
+                "device in the trainer (presets with a device Sync backend do: their feed is on its host backend)");
+
  public:
   static constexpr bool needs_producers = true;
   using communicator = typename B::communicator;
@@ -68,13 +78,10 @@ class one_to_many {
 
   // The operations of one step in flight and the buffers they use; the progress engine tests
   // the requests, and this object outlives them because the engine's task holds it too.
-  struct transfer {
-    std::vector<request> requests;
+  struct transfer : detail::in_flight<request> {
     std::vector<std::vector<std::byte>> slots;  // one per piece
     int credit = 1;                 // trainer: what it sends
     std::vector<int> credits_in;    // producer: one per trainer
-    detail::wakeup wake;
-    std::exception_ptr error;
     bool posted = false;     // its requests were handed to the pump
     std::int64_t step = -1;
   };
@@ -104,6 +111,7 @@ class one_to_many {
   std::vector<communicator> comms_;  // [producer][piece]; empty where this rank takes no part
   std::vector<bool> ships_;          // [producer][piece]: some trainer that producer feeds owns it
   std::vector<communicator> credit_comms_;  // [producer]
+  std::vector<int> producer_world_rank_;    // [producer], named when a receive times out; -1 if not ours
   communicator member_comm_;
   std::vector<int> my_pieces_;       // trainer: the pieces it receives, in shard order
   shard_range shards_;
@@ -162,6 +170,7 @@ one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& la
   member_comm_ = world.split(role_.kind == role::trainer ? role_.member : communicator::undefined,
                              role_.rank_in_member, cat("one_to_many member ", role_.member));
   if (role_.kind != role::trainer) return;
+  for (const auto& credits : credit_comms_) producer_world_rank_.push_back(credits ? credits.world_rank_of(0) : -1);
 
   my_pieces_ = detail::pieces_of_trainer(pieces_, role_.member, role_.rank_in_member);
   shards_ = layout_.shards_of(role_.member, role_.rank_in_member);
@@ -204,15 +213,16 @@ void one_to_many<B>::post_free_slots() {
     transfer& t = slot_of(s);
     if (t.step >= 0) return;  // still holds an earlier step
     t.step = s;
-    t.requests.clear();
+    t.clear();
     const int producer = producer_of(s);
-    t.requests.push_back(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t.credit, 1), 0,
-                                  credit_tag));
+    const int from = producer_world_rank_[static_cast<std::size_t>(producer)];
+    t.post(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t.credit, 1), 0, credit_tag),
+           from);
     for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
       auto& slot = t.slots[i];
-      t.requests.push_back(B::irecv(comm_of(producer, my_pieces_[i]),
-                                    span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0,
-                                    piece_tag));
+      t.post(B::irecv(comm_of(producer, my_pieces_[i]),
+                      span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0, piece_tag),
+             from);
     }
     start(ring_[static_cast<std::size_t>(s % static_cast<std::int64_t>(ring_.size()))], "receive", s);
     ++next_post_;
@@ -311,13 +321,23 @@ void one_to_many<B>::produce() {
     ready[i] = std::make_shared<transfer>();
     ready[i]->credits_in.resize(static_cast<std::size_t>(credits.size()));
   }
+  // The world rank behind every rank of each communicator this producer posts on, named when
+  // a wait times out.
+  auto world_ranks = [](const communicator& comm) {
+    std::vector<int> out(static_cast<std::size_t>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) out[static_cast<std::size_t>(r)] = comm.world_rank_of(r);
+    return out;
+  };
+  const std::vector<int> credit_peers = world_ranks(credits);
+  std::vector<std::vector<int>> piece_peers;
+  for (int c : mine) piece_peers.push_back(world_ranks(comm_of(me, c)));
   // The credits of step s (the k-th of this producer) are asked for `depth` steps ahead.
   auto ask_credits = [&](std::int64_t s, std::size_t k) {
     auto& r = ready[k % depth];
-    r->requests.clear();
+    r->clear();
     for (int trainer = 1; trainer < credits.size(); ++trainer)
-      r->requests.push_back(B::irecv(credits, span<int>(&r->credits_in[static_cast<std::size_t>(trainer)], 1), trainer,
-                                     credit_tag));
+      r->post(B::irecv(credits, span<int>(&r->credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
+              credit_peers[static_cast<std::size_t>(trainer)]);
     start(r, "credits", s);
   };
   for (std::size_t k = 0; k < depth && first + static_cast<std::int64_t>(k) * P < options_.steps; ++k)
@@ -337,14 +357,15 @@ void one_to_many<B>::produce() {
         failure.assign(slot.begin(), slot.end());
     }
     await(*ready[k % depth], "credits");
-    t->requests.clear();
+    t->clear();
     for (std::size_t i = 0; i < mine.size(); ++i) {
       auto& slot = t->slots[i];
       const std::size_t bytes = slot.size() - detail::guard_bytes;
       const communicator& comm = comm_of(me, mine[i]);
       for (int r = 1; r < comm.size(); ++r)
-        t->requests.push_back(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes),
-                                       r, piece_tag));
+        t->post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes), r,
+                         piece_tag),
+                piece_peers[i][static_cast<std::size_t>(r)]);
     }
     start(t, "send", s);
     if (s + static_cast<std::int64_t>(depth) * P < options_.steps) ask_credits(s + static_cast<std::int64_t>(depth) * P, k + depth);

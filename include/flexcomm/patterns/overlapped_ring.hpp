@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend/contract.hpp"
 #include "../core/datatype.hpp"
 #include "../core/progress.hpp"
 #include "../core/reduce.hpp"
@@ -23,6 +24,11 @@ namespace flexcomm {
 // whose isend/irecv take device memory can run the same ring.
 template <class B>
 class overlapped_ring {
+  static_assert(matches_by_tag<B>,
+                "overlapped_ring<B>: the ring keeps several buckets and segments in flight to each neighbour and "
+                "tells them apart by tag, but B pairs sends and receives in the order they are issued (NCCL); "
+                "average with subgroup_allreduce<B> (NCCL's own ring) or run this ring on overlapped_ring<staged>");
+
  public:
   using backend = B;
 

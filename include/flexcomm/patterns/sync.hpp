@@ -16,13 +16,15 @@
 #include <utility>
 #include <vector>
 
+#include "../core/agreement.hpp"
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
+#include "../core/settings.hpp"
 #include "../core/hosts.hpp"
 #include "../core/progress.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
-#include "../backend/mpi.hpp"  // memory_space; device backends check over MPI
+#include "../backend/contract.hpp"
 #include "../core/wait.hpp"
 
 namespace flexcomm {
@@ -112,15 +114,6 @@ class bucket_plan {
 
 namespace detail {
 
-inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-  // splitmix64 finaliser over h ^ v: cheap, and order-sensitive when chained
-  std::uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-inline constexpr std::uint64_t signature_seed = 0x666c6578636f6d6dull;  // "flexcomm"
-
 // One bucket reduction in flight: a backend request the trainer waits on itself, or a task the
 // progress engine drives while the trainer computes.
 template <class B>
@@ -143,23 +136,23 @@ struct flight {
 };
 
 // The cross-rank check of one step, one small nonblocking allreduce on the control
-// communicator: {max h, max -h, max misusing rank + 1}. Ranks agree iff max h == min h.
+// communicator: the step's fingerprint, and the highest misusing rank + 1.
 template <class B>
 class signature_check {
  public:
-  void start(const typename B::communicator& comm, std::uint64_t h, bool misused) {
-    const auto folded = static_cast<std::int64_t>(h >> 2);  // 62 bits: -h never overflows
-    values_ = {folded, -folded, misused ? comm.rank() + 1 : 0};
-    request_.emplace(B::iallreduce(comm, span<std::int64_t>(values_.data(), values_.size()), op::max));
+  void start(const typename B::communicator& comm, const fingerprint& f, bool misused) {
+    same_.emplace(std::vector<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
+    request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
   }
   // Waits; an empty string when every rank handed over the same gradients and none misused.
   std::string verdict(const std::string& local_misuse, const std::string& sequence) {
     request_->wait();
     request_.reset();
     if (!local_misuse.empty()) return local_misuse;
-    if (values_[2] > 0)
-      return cat("rank ", values_[2] - 1, " of the member misused ready()/finish() in this step (its error says how)");
-    if (values_[0] != -values_[1])
+    if (same_->highest(1) > 0)
+      return cat("rank ", same_->highest(1) - 1,
+                 " of the member misused ready()/finish() in this step (its error says how)");
+    if (!same_->agreed(0))
       return cat("the member's ranks handed gradients over in different orders or with different sizes in this "
                  "step; every rank must call ready() with the same indices, sizes, types and order. This rank's "
                  "sequence (index:count) starts ", sequence);
@@ -167,24 +160,21 @@ class signature_check {
   }
 
  private:
-  std::array<std::int64_t, 3> values_{};
+  std::optional<agreement> same_;
   std::optional<typename B::request> request_;
 };
 
 // Where the cross-rank check travels: the backend itself for host backends; for device
-// backends (whose operations take device memory only) the member's MPI twin, control().
-template <class B, class = void>
-struct control_channel {
-  using backend = B;
-  static typename B::communicator make(const typename B::communicator& member, const std::string& name) {
-    return member.dup(name);
-  }
-};
+// backends (whose operations take device memory only) the member's twin on the host backend
+// beside it, control().
 template <class B>
-struct control_channel<B, std::enable_if_t<B::memory == memory_space::device>> {
-  using backend = mpi;
-  static mpi::communicator make(const typename B::communicator& member, const std::string& name) {
-    return member.control().dup(name);
+struct control_channel {
+  using backend = host_backend_t<B>;
+  static typename backend::communicator make(const typename B::communicator& member, const std::string& name) {
+    if constexpr (holds_host_memory<B>)
+      return member.dup(name);
+    else
+      return member.control().dup(name);
   }
 };
 
@@ -215,8 +205,7 @@ class bucket_sync {
     static_assert(is_element_v<T>, "ready(): gradients must be float, double, int32, int64, uint8, half or bfloat16");
     static_assert(!std::is_const_v<T>, "ready(): the average is written back into the gradient");
     const dtype type = dtype_of<T>;
-    step_hash_ = mix(mix(mix(step_hash_, static_cast<std::uint64_t>(index)), static_cast<std::uint64_t>(type)),
-                     grad.size());
+    step_hash_.add(static_cast<std::uint64_t>(index)).add(static_cast<std::uint64_t>(type)).add(grad.size());
     if (handed_ < 8) sequence_ += cat(handed_ ? " " : "", index, ":", grad.size());
     ++handed_;
     if (planning_) {
@@ -241,11 +230,11 @@ class bucket_sync {
   void finish(Launch&& launch) {
     trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
-    signature_check<typename control_channel<B>::backend> agreement;
+    signature_check<typename control_channel<B>::backend> step_check;
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
-      agreement.start(control_, mix(plan_.signature(), step_hash_), !misuse_.empty());
-      verdict = agreement.verdict(misuse_, sequence_);
+      step_check.start(control_, fingerprint(step_hash_).add(plan_.signature()), !misuse_.empty());
+      verdict = step_check.verdict(misuse_, sequence_);
       if (!verdict.empty()) {
         plan_.clear();
         pointers_.clear();
@@ -268,8 +257,8 @@ class bucket_sync {
       // Every rank launches every bucket, in order, whatever was handed over: no peer waits
       // forever on a bucket this rank skipped.
       while (next_ < plan_.buckets().size()) launch_bucket(next_++, launch);
-      agreement.start(control_, step_hash_, !misuse_.empty());
-      verdict = agreement.verdict(misuse_, sequence_);
+      step_check.start(control_, step_hash_, !misuse_.empty());
+      verdict = step_check.verdict(misuse_, sequence_);
     }
     std::exception_ptr failure;
     for (auto& f : flights_) {
@@ -341,7 +330,7 @@ class bucket_sync {
     }
     next_ = 0;
     handed_ = 0;
-    step_hash_ = signature_seed;
+    step_hash_ = fingerprint();
     sequence_.clear();
     misuse_.clear();
   }
@@ -371,7 +360,7 @@ class bucket_sync {
   std::vector<flight<B>> flights_;
   std::size_t next_ = 0;  // the next bucket to launch: buckets launch in index order only
   std::size_t handed_ = 0;
-  std::uint64_t step_hash_ = signature_seed;
+  fingerprint step_hash_;
   std::string sequence_;
   std::string misuse_;
 };
@@ -391,14 +380,12 @@ inline void bucket_plan::add(int index, dtype type, std::size_t count) {
 }
 
 inline std::uint64_t bucket_plan::signature() const {
-  std::uint64_t h = detail::mix(detail::signature_seed, capacity_);
-  for (const auto& g : gradients_) {
-    h = detail::mix(h, static_cast<std::uint64_t>(g.index));
-    h = detail::mix(h, static_cast<std::uint64_t>(g.type));
-    h = detail::mix(h, g.count);
-    h = detail::mix(h, static_cast<std::uint64_t>(g.bucket));
-  }
-  return h;
+  fingerprint f;
+  f.add(capacity_);
+  for (const auto& g : gradients_)
+    f.add(static_cast<std::uint64_t>(g.index)).add(static_cast<std::uint64_t>(g.type)).add(g.count).add(
+        static_cast<std::uint64_t>(g.bucket));
+  return f.value();
 }
 
 inline std::size_t parse_bytes(const std::string& text, const char* what) {
@@ -418,13 +405,13 @@ inline std::size_t parse_bytes(const std::string& text, const char* what) {
 }
 
 inline std::size_t bucket_bytes_from_env() {
-  const char* text = std::getenv("FLEXCOMM_BUCKET_BYTES");
-  return text && *text ? parse_bytes(text, "FLEXCOMM_BUCKET_BYTES") : default_bucket_bytes;
+  const char* text = setting("FLEXCOMM_BUCKET_BYTES");
+  return text ? parse_bytes(text, "FLEXCOMM_BUCKET_BYTES") : default_bucket_bytes;
 }
 
 inline std::size_t segment_bytes_from_env() {
-  const char* text = std::getenv("FLEXCOMM_SEGMENT_BYTES");
-  return text && *text ? parse_bytes(text, "FLEXCOMM_SEGMENT_BYTES") : default_segment_bytes;
+  const char* text = setting("FLEXCOMM_SEGMENT_BYTES");
+  return text ? parse_bytes(text, "FLEXCOMM_SEGMENT_BYTES") : default_segment_bytes;
 }
 
 }  // namespace flexcomm

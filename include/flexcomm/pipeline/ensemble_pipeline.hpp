@@ -28,6 +28,7 @@
 #include "../core/span.hpp"
 #include "../backend/mpi_hosts.hpp"
 #include "../patterns/feed.hpp"
+#include "../patterns/sync.hpp"
 
 namespace flexcomm {
 

@@ -9,6 +9,10 @@
 //
 // The producer count is the layout's: single_broadcast takes exactly one producer,
 // multi_broadcast two or more, the others none (with_producers() derives such a layout).
+//
+// B is the Sync's backend; the feed and the collect run on its host backend (B itself, or MPI
+// for nccl and staged): single_broadcast<subgroup_allreduce, nccl> feeds batches over MPI into
+// host memory and averages gradients with NCCL. A third argument names another host backend.
 #pragma once
 
 #include <limits>
@@ -16,6 +20,7 @@
 #include <string_view>
 #include <utility>
 
+#include "../backend/contract.hpp"
 #include "../backend/mpi.hpp"
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
@@ -45,14 +50,19 @@ namespace presets {
 // A preset: its pipeline type, its name, and the producer counts its layout may have. Its
 // pipeline refuses a layout with the wrong producers (a baseline given a producer would otherwise
 // train with that rank idle), naming the preset.
-template <class Name, class Feed, template <class> class Sync, class B, int MinProducers, int MaxProducers, bool Overlap>
+template <class Name, template <class> class Feed, template <class> class Sync, class B, class HostB, int MinProducers,
+          int MaxProducers, bool Overlap>
 struct preset {
+  static_assert(holds_host_memory<HostB>,
+                "presets: the feed and the collect run on the host backend (the third argument), and this one's "
+                "buffers live in device memory; name the device backend second, as the Sync's, and let the host "
+                "backend default (MPI for nccl and staged)");
   static constexpr const char* name = Name::value;
   static constexpr int min_producers = MinProducers;
   static constexpr int max_producers = MaxProducers;
 
-  class pipeline : public ensemble_pipeline<Feed, Sync<B>, many_to_one<B>> {
-    using base = ensemble_pipeline<Feed, Sync<B>, many_to_one<B>>;
+  class pipeline : public ensemble_pipeline<Feed<HostB>, Sync<B>, many_to_one<HostB>> {
+    using base = ensemble_pipeline<Feed<HostB>, Sync<B>, many_to_one<HostB>>;
 
    public:
     using typename base::options;
@@ -105,35 +115,54 @@ struct baseline_name { static constexpr const char* value = "baseline"; };
 struct single_broadcast_name { static constexpr const char* value = "single_broadcast"; };
 struct multi_broadcast_name { static constexpr const char* value = "multi_broadcast"; };
 struct all_shared_name { static constexpr const char* value = "all_shared"; };
+
+// local_feed takes no backend: each trainer loads its own batches.
+template <class>
+using own_loading = local_feed;
 }  // namespace detail
 
-template <class B = mpi>
-struct baseline : preset<detail::baseline_name, local_feed, subgroup_allreduce, B, 0, 0, false> {};
-template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct single_broadcast : preset<detail::single_broadcast_name, one_to_many<B>, Sync, B, 1, 1, true> {};
-template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct multi_broadcast : preset<detail::multi_broadcast_name, one_to_many<B>, Sync, B, 2, many, true> {};
-template <template <class> class Sync = subgroup_allreduce, class B = mpi>
-struct all_shared : preset<detail::all_shared_name, flexcomm::all_shared<B>, Sync, B, 0, 0, true> {};
+template <class B = mpi, class HostB = host_backend_t<B>>
+struct baseline
+    : preset<detail::baseline_name, detail::own_loading, subgroup_allreduce, B, HostB, 0, 0, false> {};
+template <template <class> class Sync = subgroup_allreduce, class B = mpi, class HostB = host_backend_t<B>>
+struct single_broadcast : preset<detail::single_broadcast_name, one_to_many, Sync, B, HostB, 1, 1, true> {};
+template <template <class> class Sync = subgroup_allreduce, class B = mpi, class HostB = host_backend_t<B>>
+struct multi_broadcast : preset<detail::multi_broadcast_name, one_to_many, Sync, B, HostB, 2, many, true> {};
+template <template <class> class Sync = subgroup_allreduce, class B = mpi, class HostB = host_backend_t<B>>
+struct all_shared : preset<detail::all_shared_name, flexcomm::all_shared, Sync, B, HostB, 0, 0, true> {};
 
 // Names a trainer passes on the command line.
 inline constexpr const char* names[] = {"baseline", "single_broadcast", "multi_broadcast", "all_shared"};
 inline constexpr const char* sync_names[] = {"allreduce", "ring"};
 
+namespace detail {
+// f(P<overlapped_ring, B>{}) or f(P<subgroup_allreduce, B>{}); the ring is not even instantiated
+// on a backend that matches messages in issue order, where asking for it is refused.
+template <template <template <class> class, class, class> class P, class B, class F>
+decltype(auto) with_sync(bool ring, F& f) {
+  if constexpr (matches_by_tag<B>) {
+    if (ring) return f(P<overlapped_ring, B, host_backend_t<B>>{});
+  } else {
+    check(!ring, "presets",
+          "sync 'ring' (overlapped_ring) needs a backend whose messages match by tag; this one's match in issue "
+          "order (NCCL): use 'allreduce'");
+  }
+  return f(P<subgroup_allreduce, B, host_backend_t<B>>{});
+}
+}  // namespace detail
+
 // Calls f(Preset{}) with the preset named `name` and the sync named `sync` ("allreduce":
-// subgroup_allreduce, "ring": overlapped_ring). The baseline always uses subgroup_allreduce.
+// subgroup_allreduce, "ring": overlapped_ring) on Sync backend B. The baseline always uses
+// subgroup_allreduce.
 template <class B = mpi, class F>
 decltype(auto) visit(std::string_view name, std::string_view sync, F&& f) {
   check(sync == "allreduce" || sync == "ring", "presets",
         cat("unknown sync '", sync, "' (known: allreduce, ring)"));
   const bool ring = sync == "ring";
   if (name == "baseline") return f(baseline<B>{});
-  if (name == "single_broadcast")
-    return ring ? f(single_broadcast<overlapped_ring, B>{}) : f(single_broadcast<subgroup_allreduce, B>{});
-  if (name == "multi_broadcast")
-    return ring ? f(multi_broadcast<overlapped_ring, B>{}) : f(multi_broadcast<subgroup_allreduce, B>{});
-  if (name == "all_shared")
-    return ring ? f(all_shared<overlapped_ring, B>{}) : f(all_shared<subgroup_allreduce, B>{});
+  if (name == "single_broadcast") return detail::with_sync<single_broadcast, B>(ring, f);
+  if (name == "multi_broadcast") return detail::with_sync<multi_broadcast, B>(ring, f);
+  if (name == "all_shared") return detail::with_sync<all_shared, B>(ring, f);
   fail("presets", cat("unknown preset '", name, "' (known: baseline, single_broadcast, multi_broadcast, all_shared)"));
 }
 

@@ -7,8 +7,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "../backend/mpi.hpp"
-#include "trace.hpp"
+#include "../core/settings.hpp"
+#include "../core/trace.hpp"
+#include "mpi.hpp"
 
 namespace flexcomm::trace {
 
@@ -31,8 +32,8 @@ inline void start(const mpi::communicator& world, const std::string& dir, option
 
 // FLEXCOMM_TRACE=<dir>: starts tracing over `world` (collective); does nothing when unset.
 inline bool start_from_environment(const mpi::communicator& world) {
-  const char* dir = std::getenv("FLEXCOMM_TRACE");
-  if (!dir || !*dir) return false;
+  const char* dir = setting("FLEXCOMM_TRACE");
+  if (!dir) return false;
   start(world, dir);
   return true;
 }

@@ -22,12 +22,13 @@
 #include <optional>
 #include <thread>
 
-#include "../backend/mpi.hpp"
-#include "error.hpp"
-#include "progress.hpp"
-#include "trace_mpi.hpp"
-#include "wait.hpp"
-#include "watchdog.hpp"
+#include "../core/error.hpp"
+#include "../core/settings.hpp"
+#include "../core/progress.hpp"
+#include "../core/wait.hpp"
+#include "../core/watchdog.hpp"
+#include "mpi.hpp"
+#include "mpi_trace.hpp"
 
 namespace flexcomm {
 
@@ -218,11 +219,24 @@ class environment {
     return exit_status_ >= 0 ? exit_status_ : std::uncaught_exceptions() > 0 ? 1 : 0;
   }
 
+  // A misspelled setting would otherwise do nothing, silently: rank 0 names it (a warning, since
+  // scripts around a trainer may keep FLEXCOMM_ variables of their own).
+  static void warn_unknown_settings() {
+    const auto unknown = unknown_settings();
+    if (unknown.empty()) return;
+    std::string known;
+    for (const auto& s : known_settings) known += cat(known.empty() ? "" : ", ", s.name);
+    for (const auto& name : unknown)
+      std::fprintf(stderr, "flexcomm: rank 0: settings: %s is not a flexcomm setting and is ignored (known: %s)\n",
+                   name.c_str(), known.c_str());
+    std::fflush(stderr);
+  }
+
   // How long MPI_Finalize may take once every rank is known to be done: FLEXCOMM_FINALIZE_TIMEOUT
   // seconds, 10 by default; 0 waits forever.
   static std::chrono::milliseconds finalize_timeout() {
-    const char* text = std::getenv("FLEXCOMM_FINALIZE_TIMEOUT");
-    if (!text || !*text) return std::chrono::seconds{10};
+    const char* text = setting("FLEXCOMM_FINALIZE_TIMEOUT");
+    if (!text) return std::chrono::seconds{10};
     return parse_seconds("FLEXCOMM_FINALIZE_TIMEOUT", text);
   }
 
@@ -277,6 +291,7 @@ class environment {
       static_cast<void>(checks_enabled());
       progress_engine::instance().restart();
       if (trace::start_from_environment(*world_)) trace::name_thread("trainer");
+      if (rank == 0) warn_unknown_settings();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(1): bad setting at start\n",
                    e.what(), rank);

@@ -1,0 +1,60 @@
+// Every FLEXCOMM_ environment variable flexcomm reads, in one table, and the one function that
+// reads them. A FLEXCOMM_ variable outside the table is most likely a misspelling, and a
+// setting that silently does nothing is the worst kind: the environment names it at start.
+#pragma once
+
+#include <unistd.h>  // environ
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "error.hpp"
+
+namespace flexcomm {
+
+struct setting_doc {
+  std::string_view name, meaning;
+};
+
+inline constexpr setting_doc known_settings[] = {
+    {"FLEXCOMM_WAIT", "wait policy: spin, yield, backoff or backoff:<max us> (default: by ranks per node)"},
+    {"FLEXCOMM_TIMEOUT", "seconds before a wait becomes an error naming who did not arrive (unset or 0: never)"},
+    {"FLEXCOMM_CHECK", "0 turns off the cross-rank checks of counts, types and bucket order"},
+    {"FLEXCOMM_FINALIZE_TIMEOUT", "seconds MPI_Finalize may take once every rank is done (default 10)"},
+    {"FLEXCOMM_TRACE", "directory for a Chrome trace per rank"},
+    {"FLEXCOMM_BUCKET_BYTES", "gradient bucket capacity of the Sync adapters (default 25 MiB)"},
+    {"FLEXCOMM_SEGMENT_BYTES", "overlapped_ring's segment size (default 1 MiB)"},
+    {"FLEXCOMM_HIERARCHICAL", "averaging across hosts in tiers: auto, on or off (default auto)"},
+    {"FLEXCOMM_HOSTS", "a host map to pretend, e.g. 2+1+2 (tests on one machine)"},
+    {"FLEXCOMM_LAYOUT", "the ensemble layout of examples and benchmarks"},
+    {"FLEXCOMM_STAGE_CHUNK", "the staged backend's chunk size in bytes"},
+};
+
+// The value of setting `name` (which must be in known_settings), or nullptr when it is unset or
+// empty.
+inline const char* setting(std::string_view name) {
+  bool known = false;
+  for (const auto& s : known_settings) known = known || s.name == name;
+  check(known, "settings", cat(name, " is read but is not in flexcomm's table (core/settings.hpp)"));
+  const char* value = std::getenv(std::string(name).c_str());
+  return value && *value ? value : nullptr;
+}
+
+// FLEXCOMM_ variables in this process's environment that flexcomm does not read (FLEXCOMM_TEST_*,
+// the test harness's own, aside).
+inline std::vector<std::string> unknown_settings() {
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    if (name.rfind("FLEXCOMM_", 0) != 0 || name.rfind("FLEXCOMM_TEST_", 0) == 0) continue;
+    bool known = false;
+    for (const auto& s : known_settings) known = known || s.name == name;
+    if (!known) out.emplace_back(name);
+  }
+  return out;
+}
+
+}  // namespace flexcomm

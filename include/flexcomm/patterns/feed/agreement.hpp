@@ -1,0 +1,63 @@
+// What every rank of a feed must share (layout, steps, capacities, flow policy), checked in one
+// reduction at construction so that a mismatch is an error on every rank, never a hang.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../../core/agreement.hpp"
+#include "../../core/error.hpp"
+#include "../../core/layout.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/span.hpp"
+#include "../feed.hpp"
+
+namespace flexcomm {
+namespace detail {
+
+// Options every rank must agree on, as numbers a reduction can compare: whether this rank
+// rejected them first, then the options, then the layout's fingerprint (its text and, for a
+// per-host layout, its placement).
+inline std::vector<std::int64_t> agreement_key(bool rejected, const ensemble_layout& layout, const feed_options& o) {
+  fingerprint f;
+  f.add(layout.str());
+  if (layout.per_host()) {
+    f.add(layout.is_placed() ? 1 : 2);
+    if (layout.is_placed())
+      for (int m = 0; m < layout.members(); ++m)
+        for (int r : layout.member_ranks(m)) f.add(static_cast<std::uint64_t>(r));
+  }
+  return {rejected ? 1 : 0, o.steps, static_cast<std::int64_t>(o.shard_capacity), o.depth,
+          static_cast<std::int64_t>(o.flow.kind), o.flow.max_behind, f.folded()};
+}
+
+// What is wrong with these options on their own, or "" (the same answer on every rank).
+inline std::string option_problem(const feed_options& o) {
+  if (o.steps < 0) return cat("steps must be >= 0, got ", o.steps);
+  if (o.shard_capacity == 0) return "shard_capacity must be > 0";
+  if (o.shard_capacity > (std::size_t{1} << 30)) return cat("shard_capacity ", o.shard_capacity, " exceeds 1 GiB");
+  if (o.depth < 1) return cat("depth must be >= 1, got ", o.depth);
+  if (o.flow.kind == flow_control::policy::skip_ahead && o.flow.max_behind < 0)
+    return cat("skip_ahead needs n >= 0, got ", o.flow.max_behind);
+  return "";
+}
+
+// Collective over `world`: every rank learns whether any rank rejected the layout or options,
+// or whether ranks passed different ones, and throws the same verdict (no rank is left waiting).
+template <class B>
+void agree(const typename B::communicator& world, const ensemble_layout& layout, const feed_options& options,
+           const std::string& local_problem, const char* feed) {
+  agreement a(agreement_key(!local_problem.empty(), layout, options));
+  B::template iallreduce<std::int64_t>(world, a.buffer(), op::max).wait();
+  if (!local_problem.empty()) fail(feed, local_problem);
+  check(a.highest(0) == 0, feed, "another rank rejected the layout or the feed options");
+  static const char* names[] = {"", "steps", "shard_capacity", "depth", "flow policy", "skip_ahead n", "layout"};
+  for (std::size_t i = 1; i < 7; ++i)
+    check(a.agreed(i), feed,
+          cat("ranks disagree on ", names[i], i == 6 ? cat(" (this rank: '", layout.str(), "')") : cat(
+                  ": values range from ", a.lowest(i), " to ", a.highest(i))));
+}
+
+}  // namespace detail
+}  // namespace flexcomm
