@@ -487,3 +487,34 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_per_host_layout_the_hosts_cannot_hold_is_refused
                e);
   }
 }
+
+// A request that fails ends its step's wait at once, even while another request of the step is
+// still pending: the feed's thread learns the failure, not a timeout much later.
+BOOST_AUTO_TEST_CASE(a_failed_request_ends_the_wait_while_others_are_pending) {
+  const int rank = world().rank();
+  if (world().size() < 2) return;
+  const auto comm = world().dup("pump test");
+  struct step : fc::detail::in_flight<fc::mpi::request> {};
+  std::vector<int> small(4, 0), late(1, 0);
+  const std::vector<int> big(16, 7), one(1, 3);
+  std::string what;
+  const auto limit = fc::default_timeout();
+  fc::set_default_timeout(std::chrono::seconds(20));  // a regression shows as this timeout
+  {
+    auto s = std::make_shared<step>();
+    fc::detail::pump<step> pump;
+    if (rank == 0) {
+      s->post(fc::mpi::irecv(comm, fc::span<int>(late), 1, 41), 1);   // sent only after the wait
+      s->post(fc::mpi::irecv(comm, fc::span<int>(small), 1, 40), 1);  // 16 ints into 4: fails
+      pump.add(s, "pump test step");
+      what = error_of([&] { pump.await(*s, "pump test step"); });
+    } else if (rank == 1) {
+      fc::mpi::isend(comm, fc::span<const int>(big), 0, 40).wait();
+    }
+    int arrived = 1;  // rank 0 has seen the error before rank 1 sends what the pending receive waits for
+    fc::mpi::iallreduce(comm, fc::span<int>(&arrived, 1), fc::op::sum).wait();
+    if (rank == 1) fc::mpi::isend(comm, fc::span<const int>(one), 0, 41).wait();
+  }
+  fc::set_default_timeout(limit);
+  BOOST_TEST(all_ranks(rank != 0 || (contains(what, "irecv") && !contains(what, "timed out"))), what);
+}

@@ -161,7 +161,10 @@ class pump {
             if (i < owner.peers.size()) owner.owed.push_back(owner.peers[i]);
           }
       } catch (...) {
+        // A failed request ends the step at once, whatever else is pending: its waiter must
+        // learn why now, not time out on requests the failure may never let finish.
         owner.error = std::current_exception();
+        done = true;
       }
       if (done) {
         const auto keep = *it;
