@@ -226,6 +226,21 @@ BOOST_AUTO_TEST_CASE(split_into_halves_and_dup) {
   BOOST_TEST(fc::testing::all_ranks(ok));
 }
 
+// set_timeout and the flight recorder behave as the MPI backend's (tests/mpi/watchdog.cpp).
+BOOST_AUTO_TEST_CASE(each_communicator_keeps_its_own_timeout_and_flight_recorder) {
+  using std::chrono::milliseconds;
+  auto timed = comm().dup("timed");
+  timed.set_timeout(milliseconds{1234});
+  bool ok = timed.timeout() == milliseconds{1234} && comm().timeout() == fc::default_timeout();
+  device_buffer<int> x(std::vector<int>{1});
+  backend::iallreduce(timed, x.span(), fc::op::sum).wait();
+  const fc::flight_recorder* recorder = timed.recorder();
+  ok = ok && recorder != nullptr && recorder->last_completed() >= 1 && recorder->in_flight() == 0;
+  timed.set_timeout(milliseconds{-1});
+  ok = ok && timed.timeout() == fc::default_timeout();
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
 BOOST_AUTO_TEST_CASE(operations_on_an_empty_communicator_are_errors) {
   typename backend::communicator empty;
   device_buffer<float> a(std::vector<float>{1.f});

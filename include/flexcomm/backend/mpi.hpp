@@ -24,6 +24,7 @@
 #include "../core/trace.hpp"
 #include "../core/wait.hpp"
 #include "../core/watchdog.hpp"
+#include "arguments.hpp"
 #include "contract.hpp"
 #include "mpi_watchdog.hpp"
 
@@ -227,7 +228,7 @@ class mpi::communicator {
   // How long a wait on this communicator's operations may take; zero: forever. Unset (or
   // negative), FLEXCOMM_TIMEOUT's default_timeout() applies.
   void set_timeout(std::chrono::milliseconds t) {
-    if (state_) state_->timeout_ms.store(t.count() < 0 ? -1 : t.count(), std::memory_order_relaxed);
+    if (state_) state_->limit.set(t);
   }
   std::chrono::milliseconds timeout() const { return state_ ? state_->timeout() : default_timeout(); }
 
@@ -324,10 +325,7 @@ class mpi::request {
   // Marks this request as collective `kind` on `comm` in the trace: arrival now, end when it
   // completes (on whichever thread sees it complete).
   void trace_collective(const char* kind, const communicator& comm) noexcept {
-    const std::uint64_t sequence = comm.next_collective();
-    if (!trace::enabled()) return;
-    trace_kind_ = kind;
-    trace_id_ = trace::collective_begin(kind, comm.name(), sequence);
+    trace_.begin(kind, comm.name(), comm.next_collective());
   }
 
   // True once the operation has finished (and its epilogue has run).
@@ -349,14 +347,14 @@ class mpi::request {
           }
         }
         record(op_state::failed);
-        trace::collective_end(trace_kind_, std::exchange(trace_id_, 0));
+        trace_.end();
         fail(what_, detail::mpi_error_text(rc));
       }
       if (!flag) return false;
     }
     if (check_ && check_->req != MPI_REQUEST_NULL) return false;
     record(op_state::completed);
-    trace::collective_end(trace_kind_, std::exchange(trace_id_, 0));
+    trace_.end();
     if (then_) std::exchange(then_, {})();
     return true;
   }
@@ -365,27 +363,20 @@ class mpi::request {
   // flexcomm::error that names the ranks that did not arrive (see core/watchdog.hpp).
   void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = inherit) {
     const auto limit = timeout_of(timeout);
-    const auto start = std::chrono::steady_clock::now();
-    unsigned round = 0;
-    auto finished = [&] {
-      if (test() || poisoned()) return true;
-      // A peer that timed out first asks where this rank stands: answer it while waiting.
-      if (state_ && (++round & 255u) == 0 && std::chrono::steady_clock::now() - start > watchdog::answer_after)
-        state_->answer_queries();
-      return false;
+    auto answer = [&] {
+      if (state_) state_->answer_queries();
     };
-    if (!policy.until(finished, limit)) timed_out(limit);
+    if (!wait_answering(policy, limit, [&] { return test() || poisoned(); }, answer)) timed_out(limit);
     if (pending() && poisoned())
       fail(what_, cat("communicator '", state_->name(), "' is unusable: ", state_->poison_reason()));
   }
 
   // wait()'s default: the communicator's own timeout, else FLEXCOMM_TIMEOUT.
-  static constexpr std::chrono::milliseconds inherit{-1};
+  static constexpr std::chrono::milliseconds inherit = inherit_timeout;
 
  private:
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds t) const {
-    if (t.count() >= 0) return t;
-    return state_ ? state_->timeout() : default_timeout();
+    return state_ ? state_->limit.for_wait(t) : (t.count() >= 0 ? t : default_timeout());
   }
   bool poisoned() const noexcept { return state_ && state_->poisoned(); }
 
@@ -434,8 +425,7 @@ class mpi::request {
     std::swap(state_, o.state_);
     std::swap(seq_, o.seq_);
     std::swap(check_, o.check_);
-    std::swap(trace_kind_, o.trace_kind_);
-    std::swap(trace_id_, o.trace_id_);
+    trace_.swap(o.trace_);
   }
 
   MPI_Request req_ = MPI_REQUEST_NULL;
@@ -444,8 +434,7 @@ class mpi::request {
   std::shared_ptr<detail::mpi_comm_state> state_;
   std::uint64_t seq_ = 0;
   std::unique_ptr<detail::mpi_signature_check> check_;
-  const char* trace_kind_ = nullptr;
-  std::uint64_t trace_id_ = 0;  // 0: not traced
+  trace::collective_mark trace_;
 };
 
 // Waits for every request in turn (each under the policy and timeout).
@@ -458,12 +447,6 @@ namespace detail {
 inline mpi::request traced(mpi::request r, const char* kind, const mpi::communicator& comm) {
   r.trace_collective(kind, comm);
   return r;
-}
-
-template <class T>
-std::string mpi_describe(mpi::communicator& comm, const char* name, std::size_t count, const char* extra = "") {
-  return cat("mpi ", name, " on ", comm.name(), " #", comm.next_sequence(), " (", count, " x ",
-             name_of(dtype_of<T>), extra, ")");
 }
 
 inline mpi::communicator& mutable_comm(const mpi::communicator& c) {
@@ -482,18 +465,11 @@ class mpi_op_start {
     if (state_) {
       check(!state_->poisoned(), cat("mpi ", name, " on ", comm.name()),
             cat("communicator '", comm.name(), "' is unusable: ", state_->poison_reason()));
-      op_record r;
-      r.op = name;
-      r.count = count;
-      r.type = type;
-      r.redop = redop;
-      r.peer = peer;
-      r.tag = tag;
-      seq_ = state_->recorder().enqueue(r);
+      seq_ = state_->recorder().enqueue(op_record::posting(name, count, type, redop, peer, tag));
     } else {
       seq_ = mutable_comm(comm).next_sequence();
     }
-    what = cat("mpi ", name, " on ", comm.name(), " #", seq_, " (", count, " x ", name_of(type), extra, ")");
+    what = describe_operation("mpi", name, comm.name(), seq_, count, type, extra);
     signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
                         check_label::current()};
   }
@@ -537,21 +513,6 @@ class mpi_op_start {
   std::unique_ptr<mpi_signature_check> check_;
 };
 
-inline std::vector<int> displacements(span<const int> counts, const std::string& what,
-                                      std::size_t capacity) {
-  std::vector<int> displs(counts.size());
-  long long total = 0;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    check(counts[r] >= 0, what, cat("count for rank ", r, " is negative (", counts[r], ")"));
-    displs[r] = static_cast<int>(total);
-    total += counts[r];
-    check(total <= INT_MAX, what, "counts add up past what one MPI call carries");
-  }
-  check(static_cast<std::size_t>(total) <= capacity, what,
-        cat("counts add up to ", total, " elements but the receive buffer holds ", capacity));
-  return displs;
-}
-
 template <class T>
 std::function<void()> average_epilogue(op o, span<T> out, int ranks) {
   if (o != op::avg || out.empty()) return {};
@@ -563,7 +524,7 @@ template <class T>
 mpi::request mpi::isend(const communicator& comm, span<T> buf, int dest, int tag, stream) {
   using E = std::remove_const_t<T>;
   detail::mpi_op_start start(comm, "isend", buf.size(), dtype_of<E>, "", dest, tag, cat(", to ", dest, ", tag ", tag));
-  check(dest >= 0 && dest < comm.size(), start.what, cat("peer ", dest, " is not a rank of ", comm.size()));
+  detail::check_rank_of(dest, comm.size(), "peer", start.what);
   MPI_Request r;
   check_mpi(MPI_Isend(buf.data(), detail::mpi_count(buf.size(), start.what), detail::mpi_type(dtype_of<E>), dest,
                       tag, comm.native(), &r),
@@ -576,7 +537,7 @@ mpi::request mpi::irecv(const communicator& comm, span<T> buf, int source, int t
   static_assert(!std::is_const_v<T>, "irecv writes into its buffer");
   detail::mpi_op_start start(comm, "irecv", buf.size(), dtype_of<T>, "", source, tag,
                              cat(", from ", source, ", tag ", tag));
-  check(source >= 0 && source < comm.size(), start.what, cat("peer ", source, " is not a rank of ", comm.size()));
+  detail::check_rank_of(source, comm.size(), "peer", start.what);
   MPI_Request r;
   check_mpi(MPI_Irecv(buf.data(), detail::mpi_count(buf.size(), start.what), detail::mpi_type(dtype_of<T>), source,
                       tag, comm.native(), &r),
@@ -588,7 +549,7 @@ template <class T>
 mpi::request mpi::ibcast(const communicator& comm, span<T> buf, int root, stream) {
   detail::mpi_op_start start(comm, "ibcast", buf.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
   const auto& what = start.what;
-  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  detail::check_rank_of(root, comm.size(), "root", what);
   start.agree_on_root(root);
   const int n = detail::mpi_count(buf.size(), what);
   start.check_collective(comm.size());
@@ -602,8 +563,7 @@ mpi::request mpi::iallreduce(const communicator& comm, span<const detail::identi
                              op o, stream) {
   detail::mpi_op_start start(comm, "iallreduce", recv.size(), dtype_of<T>, name_of(o), -1, -1, cat(", ", name_of(o)));
   const auto& what = start.what;
-  check(send.size() == recv.size(), what,
-        cat("send holds ", send.size(), " elements, receive holds ", recv.size()));
+  detail::check_same_size(send.size(), recv.size(), what);
   start.agree_on(o);
   const int n = detail::mpi_count(recv.size(), what);
   start.check_collective(comm.size());
@@ -625,10 +585,9 @@ mpi::request mpi::ireduce(const communicator& comm, span<const detail::identity_
   detail::mpi_op_start start(comm, "ireduce", send.size(), dtype_of<T>, name_of(o), root, -1,
                              cat(", ", name_of(o), ", root ", root));
   const auto& what = start.what;
-  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  detail::check_rank_of(root, comm.size(), "root", what);
   const bool at_root = comm.rank() == root;
-  check(!at_root || recv.size() == send.size(), what,
-        cat("send holds ", send.size(), " elements, the root's receive holds ", recv.size()));
+  detail::check_root_receive(at_root, send.size(), recv.size(), what);
   start.agree_on(o);
   start.agree_on_root(root);
   const int n = detail::mpi_count(send.size(), what);
@@ -647,15 +606,10 @@ mpi::request mpi::igatherv(const communicator& comm, span<const detail::identity
                            span<const int> counts, int root, stream) {
   detail::mpi_op_start start(comm, "igatherv", send.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
   const auto& what = start.what;
-  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  detail::check_rank_of(root, comm.size(), "root", what);
   std::vector<int> displs;
-  if (comm.rank() == root) {
-    check(counts.size() == static_cast<std::size_t>(comm.size()), what,
-          cat("root needs one count per rank (", comm.size(), "), got ", counts.size()));
-    check(static_cast<std::size_t>(counts[static_cast<std::size_t>(root)]) == send.size(), what,
-          cat("root sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(root)]));
-    displs = detail::displacements(counts, what, recv.size());
-  }
+  if (comm.rank() == root)
+    displs = detail::gather_layout(counts, comm.size(), root, send.size(), recv.size(), what).offsets;
   start.count_varies();
   start.agree_on_root(root);
   const int n = detail::mpi_count(send.size(), what);
@@ -676,8 +630,7 @@ mpi::request mpi::iallgather(const communicator& comm, span<const detail::identi
                              stream) {
   detail::mpi_op_start start(comm, "iallgather", send.size(), dtype_of<T>);
   const auto& what = start.what;
-  check(recv.size() == send.size() * static_cast<std::size_t>(comm.size()), what,
-        cat("receive holds ", recv.size(), " elements, needs ", send.size(), " x ", comm.size(), " ranks"));
+  detail::check_allgather_sizes(send.size(), recv.size(), comm.size(), what);
   const auto type = detail::mpi_type(dtype_of<T>);
   const int n = detail::mpi_count(send.size(), what);
   start.check_collective(comm.size());
@@ -691,11 +644,8 @@ mpi::request mpi::iallgatherv(const communicator& comm, span<const detail::ident
                               span<const int> counts, stream) {
   detail::mpi_op_start start(comm, "iallgatherv", send.size(), dtype_of<T>);
   const auto& what = start.what;
-  check(counts.size() == static_cast<std::size_t>(comm.size()), what,
-        cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
-  check(static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]) == send.size(), what,
-        cat("this rank sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(comm.rank())]));
-  auto displs = std::make_shared<std::vector<int>>(detail::displacements(counts, what, recv.size()));
+  auto displs = std::make_shared<std::vector<int>>(
+      detail::allgatherv_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), what).offsets);
   start.count_varies();
   start.agree_on_counts(counts);
   const int n = detail::mpi_count(send.size(), what);
@@ -713,11 +663,7 @@ mpi::request mpi::ireduce_scatter(const communicator& comm, span<const detail::i
   detail::mpi_op_start start(comm, "ireduce_scatter", send.size(), dtype_of<T>, name_of(o), -1, -1,
                              cat(", ", name_of(o)));
   const auto& what = start.what;
-  check(counts.size() == static_cast<std::size_t>(comm.size()), what,
-        cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
-  detail::displacements(counts, what, send.size());
-  const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]);
-  check(recv.size() >= mine, what, cat("receive holds ", recv.size(), " elements, this rank gets ", mine));
+  const auto mine = detail::reduce_scatter_share(counts, comm.size(), comm.rank(), send.size(), recv.size(), what);
   start.agree_on(o);
   start.agree_on_counts(counts);
   start.check_collective(comm.size());

@@ -31,6 +31,7 @@
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
 #include "../core/reduce.hpp"
+#include "../core/wait.hpp"
 #include "../core/watchdog.hpp"
 
 namespace flexcomm::detail {
@@ -106,12 +107,9 @@ class mpi_comm_state final : public watched {
   int world_rank(int r) const { return r >= 0 && r < size_ ? world_ranks_[static_cast<std::size_t>(r)] : -1; }
   std::string who(int r) const { return cat(r, " (world ", world_rank(r), ")"); }
 
-  // The per-communicator timeout; negative: FLEXCOMM_TIMEOUT's.
-  std::atomic<long long> timeout_ms{-1};
-  std::chrono::milliseconds timeout() const {
-    const long long t = timeout_ms.load(std::memory_order_relaxed);
-    return t >= 0 ? std::chrono::milliseconds{t} : default_timeout();
-  }
+  // The per-communicator timeout; unset: FLEXCOMM_TIMEOUT's.
+  timeout_limit limit;
+  std::chrono::milliseconds timeout() const { return limit.get(); }
 
   bool poisoned() const noexcept { return poisoned_.load(std::memory_order_acquire); }
   std::string poison_reason() const {

@@ -25,6 +25,7 @@
 #include "cuda/device_buffer.hpp"
 #include "cuda/error.hpp"
 #include "cuda/reduce_kernels.cuh"
+#include "arguments.hpp"
 #include "mpi.hpp"
 
 namespace flexcomm {
@@ -159,7 +160,8 @@ inline bool nccl_settle(ncclComm_t comm, const std::string& what, std::chrono::m
 struct nccl_launch {
   cuda::event done;
   bool launched = false;
-  std::uint64_t sequence = 0;
+  std::uint64_t sequence = 0;       // in the communicator's flight recorder
+  trace::collective_mark trace;     // collectives only
 };
 
 struct nccl_p2p {
@@ -181,8 +183,11 @@ struct nccl_state {
   int rank = -1, size = 0, device = 0;
   std::mutex mutex;  // one thread at a time issues NCCL calls on this communicator
   std::vector<nccl_p2p> deferred;
-  std::atomic<std::uint64_t> enqueued{0};       // sequence of the last operation issued
-  std::atomic<std::uint64_t> completed{0};      // highest sequence seen complete
+  // The MPI backend's bookkeeping over the same ranks: flight recorder, timeout and the side
+  // channel on which a rank that timed out asks its peers where they stand. NCCL operations are
+  // recorded there, so a timeout names the ranks that did not arrive, as MPI's do.
+  std::shared_ptr<mpi_comm_state> watch;
+  std::uint64_t collectives = 0;  // under the mutex; names the same collective on every rank
   bool aborted = false;
   std::string abort_reason;
   std::vector<std::unique_ptr<ncclComm_t>> split_slots;
@@ -198,7 +203,7 @@ struct nccl_state {
       device_guard guard(device, name);
       const ncclResult_t rc = ncclCommFinalize(comm);
       if ((rc != ncclSuccess && rc != ncclInProgress) ||
-          !nccl_settle(comm, cat(name, ": ncclCommFinalize"), default_timeout())) {
+          !nccl_settle(comm, cat(name, ": ncclCommFinalize"), timeout())) {
         ncclCommAbort(comm);
         return;
       }
@@ -209,9 +214,18 @@ struct nccl_state {
     }
   }
 
+  std::chrono::milliseconds timeout() const { return watch ? watch->timeout() : default_timeout(); }
+
+  std::uint64_t record(const op_record& r) { return watch ? watch->recorder().enqueue(r) : 0; }
+  void finish(std::uint64_t seq, op_state s) {
+    if (watch && seq) watch->recorder().finish(seq, s);
+  }
+
   std::string where() const {
-    return cat("nccl communicator '", name, "' (rank ", rank, " of ", size, "; last enqueued #", enqueued.load(),
-               ", last completed #", completed.load(), ")");
+    const std::uint64_t enqueued = watch ? watch->recorder().last_enqueued() : 0;
+    const std::uint64_t completed = watch ? watch->recorder().last_completed() : 0;
+    return cat("nccl communicator '", name, "' (rank ", rank, " of ", size, "; last enqueued #", enqueued,
+               ", last completed #", completed, ")");
   }
 
   // Called with the mutex held.
@@ -234,8 +248,8 @@ struct nccl_state {
   // Called with the mutex held, after an NCCL call: waits until the work is enqueued, so that an
   // event recorded next really follows it.
   void settle_locked(const std::string& what) {
-    if (!nccl_settle(comm, what, default_timeout())) {
-      const auto reason = cat("enqueueing did not finish within ", default_timeout().count(), " ms (FLEXCOMM_TIMEOUT)");
+    if (!nccl_settle(comm, what, timeout())) {
+      const auto reason = cat("enqueueing did not finish within ", timeout().count(), " ms (FLEXCOMM_TIMEOUT)");
       const auto place = where();
       abort_locked(cat(what, ": ", reason));
       fail(what, cat(reason, "; ", place, " aborted with ncclCommAbort"));
@@ -307,8 +321,9 @@ class nccl::communicator {
     check_nccl(ncclCommInitRankConfig(&handle, comm.size(), id, comm.rank(), &config), what);
     adopt(*state, handle, what);
     state->stream = cuda::stream_handle::create(what);
-    state_ = std::move(state);
     control_ = comm.dup(cat(name, " control"));
+    state->watch = watch_over(control_, name);
+    state_ = std::move(state);
     name_ = std::move(name);
   }
 
@@ -362,11 +377,24 @@ class nccl::communicator {
     state->device = st.device;
     adopt(*state, *slot, what);
     state->stream = cuda::stream_handle::create(what);
+    state->watch = watch_over(out.control_, out.name_);
     out.state_ = std::move(state);
     return out;
   }
 
   communicator dup(std::string name) const { return split(0, rank(), std::move(name)); }
+
+  // How long a wait on this communicator's operations may take; zero: forever. Unset (or
+  // negative), FLEXCOMM_TIMEOUT's default_timeout() applies. Past it the communicator is aborted.
+  void set_timeout(std::chrono::milliseconds t) {
+    if (state_ && state_->watch) state_->watch->limit.set(t);
+  }
+  std::chrono::milliseconds timeout() const { return state_ ? state_->timeout() : default_timeout(); }
+
+  // The recent operations on this communicator (a timeout's error prints them).
+  const flight_recorder* recorder() const noexcept {
+    return state_ && state_->watch ? &state_->watch->recorder() : nullptr;
+  }
 
   // For the backend's operations.
   detail::nccl_state& state(const std::string& what) const {
@@ -376,6 +404,13 @@ class nccl::communicator {
   const std::shared_ptr<detail::nccl_state>& shared_state() const noexcept { return state_; }
 
  private:
+  // Collective over `control`: the bookkeeping of this communicator's operations (see nccl_state).
+  static std::shared_ptr<detail::mpi_comm_state> watch_over(const mpi::communicator& control, const std::string& name) {
+    auto watch = std::make_shared<detail::mpi_comm_state>(control.native(), name);
+    watchdog::instance().add(watch);
+    return watch;
+  }
+
   // Waits for a nonblocking init or split to settle; on timeout aborts the half-made communicator.
   static void adopt(detail::nccl_state& state, ncclComm_t handle, const std::string& what) {
     if (!detail::nccl_settle(handle, what, default_timeout())) {
@@ -428,23 +463,26 @@ class nccl::request {
     {
       std::lock_guard<std::mutex> lock(st.mutex);
       if (st.aborted) {
-        launch_.reset();
+        end(op_state::failed);
         fail(what_, cat(st.where(), " was aborted: ", st.abort_reason));
       }
       if (!launch_->launched) {
-        st.flush_locked(what_);
+        try {
+          st.flush_locked(what_);
+        } catch (...) {
+          end(op_state::failed);
+          throw;
+        }
         // An event never recorded reads as reached: an operation lost with a failed group launch
         // must not look finished.
         if (!launch_->launched) {
-          launch_.reset();
+          end(op_state::failed);
           fail(what_, "its NCCL group launch failed (reported by the operation that launched it)");
         }
       }
     }
     if (launch_->done.done(what_)) {
-      std::uint64_t seen = st.completed.load();
-      while (seen < launch_->sequence && !st.completed.compare_exchange_weak(seen, launch_->sequence)) {}
-      launch_.reset();
+      end(op_state::completed);
       return true;
     }
     ncclResult_t async = ncclSuccess;
@@ -454,26 +492,58 @@ class nccl::request {
       if (async != ncclSuccess && async != ncclInProgress) {
         const auto place = st.where();
         st.abort_locked(cat(what_, ": ", ncclGetErrorString(async)));
-        launch_.reset();
+        end(op_state::failed);
         fail(what_, cat("asynchronous NCCL error: ", ncclGetErrorString(async), "; ", place, " aborted"));
       }
     }
     return false;
   }
 
-  void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = default_timeout()) {
-    if (policy.until([&] { return test(); }, timeout)) return;
+  // Waits under the policy; past `timeout` (the communicator's, else FLEXCOMM_TIMEOUT) the
+  // peers are asked where they stand, as MPI's timeouts do, and the communicator is aborted.
+  // Unlike MPI, NCCL can cancel: the job can go on without this communicator.
+  void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = inherit) {
+    if (!pending()) return;
     auto& st = *state_;
-    std::lock_guard<std::mutex> lock(st.mutex);
-    const auto place = st.where();
-    const auto reason = cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)");
-    st.abort_locked(cat(what_, ": ", reason));
-    launch_.reset();
-    fail(what_, cat(reason, "; ", place, " aborted with ncclCommAbort (a rank did not take part, or ",
-                    "the ranks issued operations in different orders)"));
+    const auto limit = st.watch ? st.watch->limit.for_wait(timeout) : timeout;
+    auto answer = [&] {
+      if (st.watch) st.watch->answer_queries();
+    };
+    if (wait_answering(policy, limit, [&] { return test(); }, answer)) return;
+    const auto seq = launch_->sequence;
+    end(op_state::timed_out);
+    std::string report;
+    if (st.watch) {
+      st.watch->announce();
+      report = cat("\n", st.watch->diagnose(seq, watchdog::grace(limit)));
+    }
+    std::string place;
+    {
+      std::lock_guard<std::mutex> lock(st.mutex);
+      place = st.where();
+      st.abort_locked(cat(what_, ": timed out after ", limit.count(), " ms"));
+    }
+    fail(what_, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); ", place,
+                    " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
+                    "different orders)", report));
+  }
+
+  // wait()'s default: the communicator's own timeout, else FLEXCOMM_TIMEOUT.
+  static constexpr std::chrono::milliseconds inherit = inherit_timeout;
+
+  // Backend-internal: marks this request as collective `kind` in the trace, from now to completion.
+  void trace_collective(const char* kind, std::uint64_t sequence, const std::string& comm) noexcept {
+    if (launch_) launch_->trace.begin(kind, comm, sequence);
   }
 
  private:
+  // The operation is over, one way or another: recorded as such, its trace span closed.
+  void end(op_state how) noexcept {
+    state_->finish(launch_->sequence, how);
+    launch_->trace.end();
+    launch_.reset();
+  }
+
   void swap(request& o) noexcept {
     std::swap(state_, o.state_);
     std::swap(launch_, o.launch_);
@@ -486,12 +556,30 @@ class nccl::request {
 };
 
 namespace detail {
-template <class T>
-std::string nccl_describe(nccl_state& st, const std::string& comm_name, const char* name, std::size_t count,
-                          const std::string& extra = {}) {
-  return cat("nccl ", name, " on ", comm_name, " #", st.enqueued.load() + 1, " (", count, " x ", name_of(dtype_of<T>), extra,
-             ")");
-}
+// One operation being issued: in the flight recorder at once, under the number its errors name,
+// and marked failed there if it never reaches NCCL (a bad argument, a failed enqueue).
+class nccl_op_start {
+ public:
+  nccl_op_start(const nccl::communicator& comm, const char* name, std::size_t count, dtype type,
+                const char* redop = "", int peer = -1, int tag = -1, const std::string& extra = {})
+      : state_(comm.state(cat("nccl ", name, " on ", comm.name()))), name_(name) {
+    seq_ = state_.record(op_record::posting(name, count, type, redop, peer, tag));
+    what = describe_operation("nccl", name, comm.name(), seq_, count, type, extra);
+  }
+  nccl_op_start(const nccl_op_start&) = delete;
+  nccl_op_start& operator=(const nccl_op_start&) = delete;
+  ~nccl_op_start() { state_.finish(seq_, op_state::failed); }
+
+  std::string what;
+  const char* name() const noexcept { return name_; }
+  // The operation reached NCCL: its request owns the record from here.
+  std::uint64_t take() noexcept { return std::exchange(seq_, 0); }
+
+ private:
+  nccl_state& state_;
+  const char* name_;
+  std::uint64_t seq_ = 0;
+};
 
 // NCCL reads and writes through device pointers only; a host pointer is a named error, not a crash.
 inline void require_device_memory(const void* p, std::size_t bytes, const std::string& what, const char* which) {
@@ -508,8 +596,9 @@ inline void require_device_memory(const void* p, std::size_t bytes, const std::s
 // Issues one operation: deferred point-to-point first (call order is NCCL order), then the
 // enqueue, then local epilogue kernels (integer averages), then the completion event.
 template <class Enqueue, class Epilogue>
-nccl::request nccl_launch_op(const nccl::communicator& comm, cudaStream_t s, const std::string& what,
+nccl::request nccl_launch_op(const nccl::communicator& comm, cudaStream_t s, nccl_op_start& start,
                              Enqueue&& enqueue, Epilogue&& epilogue) {
+  const auto& what = start.what;
   auto& st = comm.state(what);
   device_guard guard(st.device, what);
   std::lock_guard<std::mutex> lock(st.mutex);
@@ -520,11 +609,13 @@ nccl::request nccl_launch_op(const nccl::communicator& comm, cudaStream_t s, con
   st.settle_locked(what);
   epilogue(stream);
   auto launch = std::make_shared<nccl_launch>();
-  launch->sequence = ++st.enqueued;
   launch->done = cuda::event::create(what);
   launch->done.record(stream, what);
   launch->launched = true;
-  return nccl::request(comm.shared_state(), std::move(launch), what);
+  launch->sequence = start.take();
+  nccl::request r(comm.shared_state(), std::move(launch), what);
+  r.trace_collective(start.name(), ++st.collectives, comm.name());
+  return r;
 }
 
 inline auto no_epilogue() {
@@ -542,18 +633,19 @@ template <class T>
 nccl::request nccl_point_to_point(const nccl::communicator& comm, bool send, span<T> buf, int peer, int tag,
                                   cudaStream_t s) {
   using E = std::remove_const_t<T>;
-  auto& st = comm.state(cat("nccl ", send ? "isend" : "irecv", " on ", comm.name()));
+  nccl_op_start start(comm, send ? "isend" : "irecv", buf.size(), dtype_of<E>, "", peer, tag,
+                      cat(send ? ", to " : ", from ", peer, ", tag ", tag));
+  const auto& what = start.what;
+  auto& st = comm.state(what);
   device_guard guard(st.device, comm.name());  // the event belongs to the communicator's device
   std::lock_guard<std::mutex> lock(st.mutex);
-  const auto what = nccl_describe<E>(st, comm.name(), send ? "isend" : "irecv", buf.size(),
-                                     cat(send ? ", to " : ", from ", peer, ", tag ", tag));
   st.require_usable(what);
-  check(peer >= 0 && peer < st.size, what, cat("peer ", peer, " is not a rank of ", st.size));
+  check_rank_of(peer, st.size, "peer", what);
   // NCCL has no tags: messages between two ranks match in the order they were issued.
   require_device_memory(buf.data(), buf.size_bytes(), what, send ? "send" : "receive");
   auto launch = std::make_shared<nccl_launch>();
-  launch->sequence = ++st.enqueued;
   launch->done = cuda::event::create(what);
+  launch->sequence = start.take();
   st.deferred.push_back({send, buf.data(), buf.size(), nccl_type(dtype_of<E>), peer, s, launch});
   return nccl::request(comm.shared_state(), std::move(launch), what);
 }
@@ -572,12 +664,12 @@ nccl::request nccl::irecv(const communicator& comm, span<T> buf, int source, int
 
 template <class T>
 nccl::request nccl::ibcast(const communicator& comm, span<T> buf, int root, stream s) {
-  auto& st = comm.state("nccl ibcast");
-  const auto what = detail::nccl_describe<T>(st, comm.name(), "ibcast", buf.size(), cat(", root ", root));
-  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  detail::nccl_op_start start(comm, "ibcast", buf.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
+  const auto& what = start.what;
+  detail::check_rank_of(root, comm.size(), "root", what);
   detail::require_device_memory(buf.data(), buf.size_bytes(), what, "broadcast");
   return detail::nccl_launch_op(
-      comm, s, what,
+      comm, s, start,
       [&](ncclComm_t c, cudaStream_t stream) {
         if (buf.empty()) return;
         check_nccl(ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_type(dtype_of<T>), root, c, stream),
@@ -589,13 +681,14 @@ nccl::request nccl::ibcast(const communicator& comm, span<T> buf, int root, stre
 template <class T>
 nccl::request nccl::iallreduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv, op o,
                                stream s) {
-  auto& st = comm.state("nccl iallreduce");
-  const auto what = detail::nccl_describe<T>(st, comm.name(), "iallreduce", recv.size(), cat(", ", name_of(o)));
-  check(send.size() == recv.size(), what, cat("send holds ", send.size(), " elements, receive holds ", recv.size()));
+  detail::nccl_op_start start(comm, "iallreduce", recv.size(), dtype_of<T>, name_of(o), -1, -1,
+                              cat(", ", name_of(o)));
+  const auto& what = start.what;
+  detail::check_same_size(send.size(), recv.size(), what);
   detail::require_device_memory(send.data(), send.size_bytes(), what, "send");
   detail::require_device_memory(recv.data(), recv.size_bytes(), what, "receive");
   return detail::nccl_launch_op(
-      comm, s, what,
+      comm, s, start,
       [&](ncclComm_t c, cudaStream_t stream) {
         if (recv.empty()) return;
         check_nccl(ncclAllReduce(send.data(), recv.data(), recv.size(), detail::nccl_type(dtype_of<T>),
@@ -613,17 +706,16 @@ nccl::request nccl::iallreduce(const communicator& comm, span<T> buf, op o, stre
 template <class T>
 nccl::request nccl::ireduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv, op o,
                             int root, stream s) {
-  auto& st = comm.state("nccl ireduce");
-  const auto what =
-      detail::nccl_describe<T>(st, comm.name(), "ireduce", send.size(), cat(", ", name_of(o), ", root ", root));
-  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  detail::nccl_op_start start(comm, "ireduce", send.size(), dtype_of<T>, name_of(o), root, -1,
+                              cat(", ", name_of(o), ", root ", root));
+  const auto& what = start.what;
+  detail::check_rank_of(root, comm.size(), "root", what);
   const bool at_root = comm.rank() == root;
-  check(!at_root || recv.size() == send.size(), what,
-        cat("send holds ", send.size(), " elements, the root's receive holds ", recv.size()));
+  detail::check_root_receive(at_root, send.size(), recv.size(), what);
   detail::require_device_memory(send.data(), send.size_bytes(), what, "send");
   if (at_root) detail::require_device_memory(recv.data(), recv.size_bytes(), what, "receive");
   return detail::nccl_launch_op(
-      comm, s, what,
+      comm, s, start,
       [&](ncclComm_t c, cudaStream_t stream) {
         if (send.empty()) return;
         check_nccl(ncclReduce(send.data(), at_root ? recv.data() : nullptr, send.size(),
@@ -636,23 +728,19 @@ nccl::request nccl::ireduce(const communicator& comm, span<const detail::identit
 template <class T>
 nccl::request nccl::igatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                              span<const int> counts, int root, stream s) {
-  auto& st = comm.state("nccl igatherv");
-  const auto what = detail::nccl_describe<T>(st, comm.name(), "igatherv", send.size(), cat(", root ", root));
-  check(root >= 0 && root < comm.size(), what, cat("root ", root, " is not a rank of ", comm.size()));
+  detail::nccl_op_start start(comm, "igatherv", send.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
+  const auto& what = start.what;
+  detail::check_rank_of(root, comm.size(), "root", what);
   const bool at_root = comm.rank() == root;
   std::vector<int> displs;
   if (at_root) {
-    check(counts.size() == static_cast<std::size_t>(comm.size()), what,
-          cat("root needs one count per rank (", comm.size(), "), got ", counts.size()));
-    check(static_cast<std::size_t>(counts[static_cast<std::size_t>(root)]) == send.size(), what,
-          cat("root sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(root)]));
-    displs = detail::displacements(counts, what, recv.size());
+    displs = detail::gather_layout(counts, comm.size(), root, send.size(), recv.size(), what).offsets;
     detail::require_device_memory(recv.data(), recv.size_bytes(), what, "receive");
   }
   detail::require_device_memory(send.data(), send.size_bytes(), what, "send");
   const auto type = detail::nccl_type(dtype_of<T>);
   return detail::nccl_launch_op(
-      comm, s, what,
+      comm, s, start,
       [&](ncclComm_t c, cudaStream_t stream) {
         detail::nccl_group group(what);
         if (!at_root) {
@@ -674,14 +762,13 @@ nccl::request nccl::igatherv(const communicator& comm, span<const detail::identi
 template <class T>
 nccl::request nccl::iallgather(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                                stream s) {
-  auto& st = comm.state("nccl iallgather");
-  const auto what = detail::nccl_describe<T>(st, comm.name(), "iallgather", send.size());
-  check(recv.size() == send.size() * static_cast<std::size_t>(comm.size()), what,
-        cat("receive holds ", recv.size(), " elements, needs ", send.size(), " x ", comm.size(), " ranks"));
+  detail::nccl_op_start start(comm, "iallgather", send.size(), dtype_of<T>);
+  const auto& what = start.what;
+  detail::check_allgather_sizes(send.size(), recv.size(), comm.size(), what);
   detail::require_device_memory(send.data(), send.size_bytes(), what, "send");
   detail::require_device_memory(recv.data(), recv.size_bytes(), what, "receive");
   return detail::nccl_launch_op(
-      comm, s, what,
+      comm, s, start,
       [&](ncclComm_t c, cudaStream_t stream) {
         if (send.empty()) return;
         check_nccl(ncclAllGather(send.data(), recv.data(), send.size(), detail::nccl_type(dtype_of<T>), c, stream),
@@ -693,19 +780,15 @@ nccl::request nccl::iallgather(const communicator& comm, span<const detail::iden
 template <class T>
 nccl::request nccl::iallgatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                                 span<const int> counts, stream s) {
-  auto& st = comm.state("nccl iallgatherv");
-  const auto what = detail::nccl_describe<T>(st, comm.name(), "iallgatherv", send.size());
-  check(counts.size() == static_cast<std::size_t>(comm.size()), what,
-        cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
+  detail::nccl_op_start start(comm, "iallgatherv", send.size(), dtype_of<T>);
+  const auto& what = start.what;
   const int me = comm.rank();
-  check(static_cast<std::size_t>(counts[static_cast<std::size_t>(me)]) == send.size(), what,
-        cat("this rank sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(me)]));
-  const auto displs = detail::displacements(counts, what, recv.size());
+  const auto displs = detail::allgatherv_layout(counts, comm.size(), me, send.size(), recv.size(), what).offsets;
   detail::require_device_memory(send.data(), send.size_bytes(), what, "send");
   detail::require_device_memory(recv.data(), recv.size_bytes(), what, "receive");
   const auto type = detail::nccl_type(dtype_of<T>);
   return detail::nccl_launch_op(
-      comm, s, what,
+      comm, s, start,
       [&](ncclComm_t c, cudaStream_t stream) {
         detail::nccl_group group(what);
         for (int r = 0; r < comm.size(); ++r) {
@@ -726,15 +809,12 @@ nccl::request nccl::iallgatherv(const communicator& comm, span<const detail::ide
 template <class T>
 nccl::request nccl::ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                                     span<const int> counts, op o, stream s) {
-  auto& st = comm.state("nccl ireduce_scatter");
-  const auto what =
-      detail::nccl_describe<T>(st, comm.name(), "ireduce_scatter", send.size(), cat(", ", name_of(o)));
-  check(counts.size() == static_cast<std::size_t>(comm.size()), what,
-        cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
-  const auto displs = detail::displacements(counts, what, send.size());
+  detail::nccl_op_start start(comm, "ireduce_scatter", send.size(), dtype_of<T>, name_of(o), -1, -1,
+                              cat(", ", name_of(o)));
+  const auto& what = start.what;
+  const auto displs = detail::block_layout(counts, comm.size(), send.size(), what).offsets;
   const int me = comm.rank();
-  const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(me)]);
-  check(recv.size() >= mine, what, cat("receive holds ", recv.size(), " elements, this rank gets ", mine));
+  const auto mine = detail::reduce_scatter_share(counts, comm.size(), me, send.size(), recv.size(), what);
   detail::require_device_memory(send.data(), send.size_bytes(), what, "send");
   detail::require_device_memory(recv.data(), mine * sizeof(T), what, "receive");
   bool even = true;
@@ -742,7 +822,7 @@ nccl::request nccl::ireduce_scatter(const communicator& comm, span<const detail:
   const auto type = detail::nccl_type(dtype_of<T>);
   const auto reduction = detail::nccl_op(o, dtype_of<T>);
   return detail::nccl_launch_op(
-      comm, s, what,
+      comm, s, start,
       [&](ncclComm_t c, cudaStream_t stream) {
         if (even) {
           if (mine > 0) check_nccl(ncclReduceScatter(send.data(), recv.data(), mine, type, reduction, c, stream), what);

@@ -28,6 +28,7 @@
 #include "cuda/device_buffer.hpp"
 #include "cuda/error.hpp"
 #include "cuda/reduce_kernels.cuh"
+#include "arguments.hpp"
 #include "mpi.hpp"
 
 namespace flexcomm {
@@ -239,6 +240,16 @@ class basic_staged<Direct>::communicator {
     return out;
   }
 
+  // How long a wait on this communicator's operations may take; zero: forever. Unset (or
+  // negative), FLEXCOMM_TIMEOUT's default_timeout() applies.
+  void set_timeout(std::chrono::milliseconds t) {
+    if (lane_) detail::mutable_comm(lane_->transport).set_timeout(t);
+  }
+  std::chrono::milliseconds timeout() const { return lane_ ? lane_->transport.timeout() : default_timeout(); }
+
+  // The recent operations on this communicator, chunk by chunk as they went to MPI.
+  const flight_recorder* recorder() const noexcept { return lane_ ? lane_->transport.recorder() : nullptr; }
+
   detail::staged_lane& lane(const std::string& what) const {
     check(lane_ != nullptr, what, cat("operation on an empty staged communicator '", name_, "'"));
     return *lane_;
@@ -312,14 +323,29 @@ class basic_staged<Direct>::request {
     return true;
   }
 
-  void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = default_timeout()) {
-    if (!policy.until([&] { return test(); }, timeout)) {
-      failed_ = true;
+  // Waits under the policy; past `timeout` (the communicator's, else FLEXCOMM_TIMEOUT) it is a
+  // flexcomm::error naming the ranks that did not arrive, as the MPI backend's timeouts do: the
+  // chunks already on the wire cannot be cancelled, so the job must end (see core/watchdog.hpp).
+  void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = inherit) {
+    if (!pending()) return;
+    const auto& transport = lane_->transport;
+    const auto limit = timeout.count() >= 0 ? timeout : transport.timeout();
+    if (wait_answering(policy, limit, [&] { return test(); }, [] { watchdog::instance().answer_queries(); })) return;
+    failed_ = true;
+    {
       std::lock_guard<std::mutex> lock(lane_->mutex);
       lane_->forget_locked(op_);
-      fail(what(), cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)"));
     }
+    // Diagnosed on the transport, where the chunks' MPI operations are recorded.
+    auto* state = transport.watch_state().get();
+    const std::uint64_t seq = state ? state->recorder().oldest_in_flight() : 0;
+    const std::string report = watchdog::instance().timed_out(state, seq, limit);
+    if (state) state->poison(cat("staged operation timed out (", what(), ")"));
+    fail(what(), cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT)\n", report));
   }
+
+  // wait()'s default: the communicator's own timeout, else FLEXCOMM_TIMEOUT.
+  static constexpr std::chrono::milliseconds inherit = inherit_timeout;
 
  private:
   void swap(request& o) noexcept {
@@ -344,9 +370,8 @@ class staged_builder {
         lane_(comm.lane(cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name()))),
         guard_(lane_.device, comm.name()) {
     op_ = std::make_shared<staged_op>();
-    op_->what = cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name(), " #",
-                    mutable_comm(comm.transport()).next_sequence(), " (", count, " x ", name_of(dtype_of<T>), extra,
-                    ")");
+    op_->what = describe_operation(Direct ? "cuda_aware_mpi" : "staged", name, comm.name(),
+                                   mutable_comm(comm.transport()).next_sequence(), count, dtype_of<T>, extra);
     stream_ = s ? s : lane_.own.get();
   }
 
@@ -468,7 +493,7 @@ typename basic_staged<Direct>::request basic_staged<Direct>::isend(const communi
                                                                    int tag, stream s) {
   using E = std::remove_const_t<T>;
   detail::staged_builder<Direct, E> b(comm, s, "isend", buf.size(), cat(", to ", dest, ", tag ", tag));
-  check(dest >= 0 && dest < comm.size(), b.what(), cat("peer ", dest, " is not a rank of ", comm.size()));
+  detail::check_rank_of(dest, comm.size(), "peer", b.what());
   b.chunks(buf.size(), false);
   const E* device = buf.data();
   const E* from = device;
@@ -493,7 +518,7 @@ typename basic_staged<Direct>::request basic_staged<Direct>::irecv(const communi
                                                                    int tag, stream s) {
   static_assert(!std::is_const_v<T>, "irecv writes into its buffer");
   detail::staged_builder<Direct, T> b(comm, s, "irecv", buf.size(), cat(", from ", source, ", tag ", tag));
-  check(source >= 0 && source < comm.size(), b.what(), cat("peer ", source, " is not a rank of ", comm.size()));
+  detail::check_rank_of(source, comm.size(), "peer", b.what());
   b.chunks(buf.size(), false);
   T* device = buf.data();
   T* into = device;
@@ -519,7 +544,7 @@ template <class T>
 typename basic_staged<Direct>::request basic_staged<Direct>::ibcast(const communicator& comm, span<T> buf, int root,
                                                                     stream s) {
   detail::staged_builder<Direct, T> b(comm, s, "ibcast", buf.size(), cat(", root ", root));
-  check(root >= 0 && root < comm.size(), b.what(), cat("root ", root, " is not a rank of ", comm.size()));
+  detail::check_rank_of(root, comm.size(), "root", b.what());
   const bool at_root = comm.rank() == root;
   b.chunks(buf.size(), !Direct);
   T* device = buf.data();
@@ -545,7 +570,7 @@ typename basic_staged<Direct>::request basic_staged<Direct>::iallreduce(const co
                                                                         span<const detail::identity_t<T>> send,
                                                                         span<T> recv, op o, stream s) {
   detail::staged_builder<Direct, T> b(comm, s, "iallreduce", recv.size(), cat(", ", name_of(o)));
-  check(send.size() == recv.size(), b.what(), cat("send holds ", send.size(), " elements, receive holds ", recv.size()));
+  detail::check_same_size(send.size(), recv.size(), b.what());
   constexpr bool direct = detail::direct_reduction<Direct, T>;
   b.chunks(recv.size(), !direct);
   const T* from = send.data();
@@ -577,10 +602,9 @@ typename basic_staged<Direct>::request basic_staged<Direct>::ireduce(const commu
                                                                      span<const detail::identity_t<T>> send,
                                                                      span<T> recv, op o, int root, stream s) {
   detail::staged_builder<Direct, T> b(comm, s, "ireduce", send.size(), cat(", ", name_of(o), ", root ", root));
-  check(root >= 0 && root < comm.size(), b.what(), cat("root ", root, " is not a rank of ", comm.size()));
+  detail::check_rank_of(root, comm.size(), "root", b.what());
   const bool at_root = comm.rank() == root;
-  check(!at_root || recv.size() == send.size(), b.what(),
-        cat("send holds ", send.size(), " elements, the root's receive holds ", recv.size()));
+  detail::check_root_receive(at_root, send.size(), recv.size(), b.what());
   constexpr bool direct = detail::direct_reduction<Direct, T>;
   b.chunks(send.size(), !direct);
   const T* from = send.data();
@@ -613,17 +637,10 @@ typename basic_staged<Direct>::request basic_staged<Direct>::igatherv(const comm
                                                                       span<T> recv, span<const int> counts, int root,
                                                                       stream s) {
   detail::staged_builder<Direct, T> b(comm, s, "igatherv", send.size(), cat(", root ", root));
-  check(root >= 0 && root < comm.size(), b.what(), cat("root ", root, " is not a rank of ", comm.size()));
+  detail::check_rank_of(root, comm.size(), "root", b.what());
   const bool at_root = comm.rank() == root;
-  std::size_t total = 0;
-  if (at_root) {
-    check(counts.size() == static_cast<std::size_t>(comm.size()), b.what(),
-          cat("root needs one count per rank (", comm.size(), "), got ", counts.size()));
-    check(static_cast<std::size_t>(counts[static_cast<std::size_t>(root)]) == send.size(), b.what(),
-          cat("root sends ", send.size(), " elements but counts say ", counts[static_cast<std::size_t>(root)]));
-    detail::displacements(counts, b.what(), recv.size());
-    for (int c : counts) total += static_cast<std::size_t>(c);
-  }
+  const std::size_t total =
+      at_root ? detail::gather_layout(counts, comm.size(), root, send.size(), recv.size(), b.what()).total : 0;
   b.chunks(send.size(), false);
   T* device = recv.data();
   const std::size_t n = send.size(), received = at_root ? total : 0;
@@ -646,8 +663,7 @@ typename basic_staged<Direct>::request basic_staged<Direct>::iallgather(const co
                                                                         span<T> recv, stream s) {
   detail::staged_builder<Direct, T> b(comm, s, "iallgather", send.size(), "");
   const std::size_t total = send.size() * static_cast<std::size_t>(comm.size());
-  check(recv.size() == total, b.what(),
-        cat("receive holds ", recv.size(), " elements, needs ", send.size(), " x ", comm.size(), " ranks"));
+  detail::check_allgather_sizes(send.size(), recv.size(), comm.size(), b.what());
   b.chunks(send.size(), false);
   T* device = recv.data();
   const std::size_t n = send.size();
@@ -670,14 +686,8 @@ typename basic_staged<Direct>::request basic_staged<Direct>::iallgatherv(const c
                                                                          span<T> recv, span<const int> counts,
                                                                          stream s) {
   detail::staged_builder<Direct, T> b(comm, s, "iallgatherv", send.size(), "");
-  check(counts.size() == static_cast<std::size_t>(comm.size()), b.what(),
-        cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
-  check(static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]) == send.size(), b.what(),
-        cat("this rank sends ", send.size(), " elements but counts say ",
-            counts[static_cast<std::size_t>(comm.rank())]));
-  detail::displacements(counts, b.what(), recv.size());
-  std::size_t total = 0;
-  for (int c : counts) total += static_cast<std::size_t>(c);
+  const std::size_t total =
+      detail::allgatherv_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), b.what()).total;
   b.chunks(send.size(), false);
   T* device = recv.data();
   const std::size_t n = send.size();
@@ -700,11 +710,8 @@ typename basic_staged<Direct>::request basic_staged<Direct>::ireduce_scatter(con
                                                                              span<T> recv, span<const int> counts,
                                                                              op o, stream s) {
   detail::staged_builder<Direct, T> b(comm, s, "ireduce_scatter", send.size(), cat(", ", name_of(o)));
-  check(counts.size() == static_cast<std::size_t>(comm.size()), b.what(),
-        cat("needs one count per rank (", comm.size(), "), got ", counts.size()));
-  detail::displacements(counts, b.what(), send.size());
-  const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]);
-  check(recv.size() >= mine, b.what(), cat("receive holds ", recv.size(), " elements, this rank gets ", mine));
+  const auto mine =
+      detail::reduce_scatter_share(counts, comm.size(), comm.rank(), send.size(), recv.size(), b.what());
   constexpr bool direct = detail::direct_reduction<Direct, T>;
   b.chunks(send.size(), false);
   const T* from = send.data();

@@ -36,16 +36,7 @@ class completion {
   // Waits under the policy; rethrows what the task threw; a timeout becomes a flexcomm::error.
   void wait(const wait_policy& policy = default_wait(),
             std::chrono::milliseconds timeout = default_timeout()) const {
-    const auto start = std::chrono::steady_clock::now();
-    unsigned round = 0;
-    auto finished = [&] {
-      if (done()) return true;
-      // A peer that timed out first asks where this rank stands: answer it while waiting.
-      if ((++round & 255u) == 0 && std::chrono::steady_clock::now() - start > watchdog::answer_after)
-        watchdog::instance().answer_queries();
-      return false;
-    };
-    if (!policy.until(finished, timeout))
+    if (!wait_answering(policy, timeout, [&] { return done(); }, [] { watchdog::instance().answer_queries(); }))
       fail(what_, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT) waiting in the progress engine\n",
                       watchdog::instance().timed_out(nullptr, 0, timeout)));
     if (state_.load(std::memory_order_acquire) == failed) std::rethrow_exception(error_);

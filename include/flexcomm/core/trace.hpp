@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "error.hpp"
@@ -106,6 +107,26 @@ inline void instant(const char* name, const char* category = "trainer", std::int
 inline std::uint64_t collective_begin(const char* kind, const std::string& comm, std::uint64_t sequence,
                                       const char* category = "collective") noexcept;
 inline void collective_end(const char* kind, std::uint64_t id, const char* category = "collective") noexcept;
+
+// A request's collective span: begun where it is posted, ended where it is seen complete.
+// Every backend's requests carry one, so their collectives read alike in a trace.
+class collective_mark {
+ public:
+  void begin(const char* kind, const std::string& comm, std::uint64_t sequence) noexcept {
+    if (!enabled()) return;
+    kind_ = kind;
+    id_ = collective_begin(kind, comm, sequence);
+  }
+  void end() noexcept { collective_end(kind_, std::exchange(id_, 0)); }
+  void swap(collective_mark& o) noexcept {
+    std::swap(kind_, o.kind_);
+    std::swap(id_, o.id_);
+  }
+
+ private:
+  const char* kind_ = nullptr;
+  std::uint64_t id_ = 0;  // 0: not traced
+};
 
 namespace detail {
 

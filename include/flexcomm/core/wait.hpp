@@ -195,4 +195,25 @@ inline void set_default_timeout(std::chrono::milliseconds t) {
   detail::defaults().timeout_ms.store(static_cast<long>(t.count()), std::memory_order_relaxed);
 }
 
+// wait()'s default `timeout` argument: the limit of the operation's communicator.
+inline constexpr std::chrono::milliseconds inherit_timeout{-1};
+
+// A communicator's own limit on waits for its operations (set_timeout), the same for every
+// backend: unset, or set negative, it follows FLEXCOMM_TIMEOUT's default_timeout().
+class timeout_limit {
+ public:
+  void set(std::chrono::milliseconds t) noexcept {
+    ms_.store(t.count() < 0 ? -1 : static_cast<long long>(t.count()), std::memory_order_relaxed);
+  }
+  std::chrono::milliseconds get() const {
+    const long long t = ms_.load(std::memory_order_relaxed);
+    return t >= 0 ? std::chrono::milliseconds{t} : default_timeout();
+  }
+  // What one wait allows: its own `timeout` argument where given, else this limit.
+  std::chrono::milliseconds for_wait(std::chrono::milliseconds asked) const { return asked.count() >= 0 ? asked : get(); }
+
+ private:
+  std::atomic<long long> ms_{-1};
+};
+
 }  // namespace flexcomm

@@ -68,6 +68,18 @@ struct op_record {
   std::chrono::steady_clock::time_point posted{}, finished{};
 
   std::string str() const;  // "#5 iallreduce 1000 x float sum"
+
+  // An operation about to be posted, as every backend records it.
+  static op_record posting(const char* op, std::size_t count, dtype type, const char* redop, int peer, int tag) {
+    op_record r;
+    r.op = op;
+    r.count = count;
+    r.type = type;
+    r.redop = redop;
+    r.peer = peer;
+    r.tag = tag;
+    return r;
+  }
 };
 
 // Ring buffer of the last operations posted on one communicator; thread-safe, since requests are
@@ -166,6 +178,22 @@ class watchdog {
   std::atomic<bool> must_end_{false};
   std::atomic<std::size_t> abandoned_{0};
 };
+
+// Waits until `done()` under `policy` for up to `limit`; true when done. A peer that timed out
+// first asks where this rank stands: past watchdog::answer_after, `answer()` (a communicator's
+// answer_queries(), or the watchdog's for all of them) is called now and then to reply.
+template <class Done, class Answer>
+bool wait_answering(const wait_policy& policy, std::chrono::milliseconds limit, Done&& done, Answer&& answer) {
+  const auto start = std::chrono::steady_clock::now();
+  unsigned round = 0;
+  return policy.until(
+      [&] {
+        if (done()) return true;
+        if ((++round & 255u) == 0 && std::chrono::steady_clock::now() - start > watchdog::answer_after) answer();
+        return false;
+      },
+      limit);
+}
 
 // ---------------------------------------------------------------------------------------------
 

@@ -1,0 +1,106 @@
+// The checks every backend runs on a call's arguments before its library sees them, and the
+// words an operation is named by, written once: mpi, nccl and staged refuse the same bad call
+// (a root outside the communicator, counts that do not add up, a receive too small) with the
+// same error, on the rank that made it, before anything is posted that a peer could wait for.
+#pragma once
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../core/datatype.hpp"
+#include "../core/error.hpp"
+#include "../core/span.hpp"
+
+namespace flexcomm::detail {
+
+// "mpi iallreduce on member 0 #12 (1024 x f32, sum)": how errors, timeouts and the flight
+// recorder's readers name one operation.
+inline std::string describe_operation(const char* backend, const char* name, const std::string& comm,
+                                      std::uint64_t sequence, std::size_t count, dtype type,
+                                      const std::string& extra) {
+  return cat(backend, " ", name, " on ", comm, " #", sequence, " (", count, " x ", name_of(type), extra, ")");
+}
+
+// `role` is "root" or "peer".
+inline void check_rank_of(int r, int comm_size, const char* role, const std::string& what) {
+  check(r >= 0 && r < comm_size, what, cat(role, " ", r, " is not a rank of ", comm_size));
+}
+
+inline void check_same_size(std::size_t send, std::size_t recv, const std::string& what) {
+  check(send == recv, what, cat("send holds ", send, " elements, receive holds ", recv));
+}
+
+// A reduce's receive is significant at the root only.
+inline void check_root_receive(bool at_root, std::size_t send, std::size_t recv, const std::string& what) {
+  check(!at_root || recv == send, what, cat("send holds ", send, " elements, the root's receive holds ", recv));
+}
+
+// Where each rank's block starts when counts[r] elements of rank r lie one after the other.
+struct blocks {
+  std::vector<int> offsets;
+  std::size_t total = 0;
+};
+
+// Counts must be one per rank, none negative, adding up to no more than `capacity` elements
+// and to no more than one int-counted call carries (MPI's and NCCL's counts are ints).
+inline blocks block_layout(span<const int> counts, int comm_size, std::size_t capacity, const std::string& what) {
+  check(counts.size() == static_cast<std::size_t>(comm_size), what,
+        cat("needs one count per rank (", comm_size, "), got ", counts.size()));
+  blocks out;
+  out.offsets.resize(counts.size());
+  long long total = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    check(counts[r] >= 0, what, cat("count for rank ", r, " is negative (", counts[r], ")"));
+    out.offsets[r] = static_cast<int>(total);
+    total += counts[r];
+    check(total <= INT_MAX, what, "counts add up past what one call carries (INT_MAX elements)");
+  }
+  check(static_cast<std::size_t>(total) <= capacity, what,
+        cat("counts add up to ", total, " elements but the receive buffer holds ", capacity));
+  out.total = static_cast<std::size_t>(total);
+  return out;
+}
+
+// This rank's entry in `counts` must be what it sends.
+inline void check_own_count(span<const int> counts, int rank, std::size_t send, const char* who,
+                            const std::string& what) {
+  const int mine = counts[static_cast<std::size_t>(rank)];
+  check(static_cast<std::size_t>(mine) == send, what, cat(who, " sends ", send, " elements but counts say ", mine));
+}
+
+// gatherv at the root: one count per rank, the root's own matching its send, room for all.
+inline blocks gather_layout(span<const int> counts, int comm_size, int root, std::size_t send, std::size_t capacity,
+                            const std::string& what) {
+  check(counts.size() == static_cast<std::size_t>(comm_size), what,
+        cat("root needs one count per rank (", comm_size, "), got ", counts.size()));
+  check_own_count(counts, root, send, "root", what);
+  return block_layout(counts, comm_size, capacity, what);
+}
+
+inline blocks allgatherv_layout(span<const int> counts, int comm_size, int rank, std::size_t send,
+                                std::size_t capacity, const std::string& what) {
+  check(counts.size() == static_cast<std::size_t>(comm_size), what,
+        cat("needs one count per rank (", comm_size, "), got ", counts.size()));
+  check_own_count(counts, rank, send, "this rank", what);
+  return block_layout(counts, comm_size, capacity, what);
+}
+
+inline void check_allgather_sizes(std::size_t send, std::size_t recv, int comm_size, const std::string& what) {
+  check(recv == send * static_cast<std::size_t>(comm_size), what,
+        cat("receive holds ", recv, " elements, needs ", send, " x ", comm_size, " ranks"));
+}
+
+// reduce_scatter: the counts split the send buffer; returns how many elements this rank gets.
+inline std::size_t reduce_scatter_share(span<const int> counts, int comm_size, int rank, std::size_t send,
+                                        std::size_t recv, const std::string& what) {
+  const auto layout = block_layout(counts, comm_size, send, what);
+  static_cast<void>(layout);
+  const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
+  check(recv >= mine, what, cat("receive holds ", recv, " elements, this rank gets ", mine));
+  return mine;
+}
+
+}  // namespace flexcomm::detail
