@@ -505,7 +505,7 @@ class nccl::request {
   void wait(const wait_policy& policy = default_wait(), std::chrono::milliseconds timeout = inherit) {
     if (!pending()) return;
     auto& st = *state_;
-    const auto limit = st.watch ? st.watch->limit.for_wait(timeout) : timeout;
+    const auto limit = timeout.count() >= 0 ? timeout : st.timeout();
     auto answer = [&] {
       if (st.watch) st.watch->answer_queries();
     };
