@@ -6,13 +6,6 @@
 set -uo pipefail
 root=${1:?usage: include_graph.sh <include/flexcomm>}
 allowed=(
-  # host placement: hosts_of() on an MPI world (MPI-3's shared split) and FLEXCOMM_HOSTS
-  "patterns/all_shared.hpp:mpi_hosts.hpp"
-  "patterns/hierarchical.hpp:mpi_hosts.hpp"
-  "patterns/local_feed.hpp:mpi_hosts.hpp"
-  "patterns/many_to_one.hpp:mpi_hosts.hpp"
-  "patterns/one_to_many.hpp:mpi_hosts.hpp"
-  "pipeline/ensemble_pipeline.hpp:mpi_hosts.hpp"
   # the presets' default Sync backend
   "pipeline/presets.hpp:mpi.hpp"
 )

@@ -15,9 +15,8 @@
 #include "core/watchdog.hpp"
 
 #include "backend/mpi.hpp"
-#include "backend/mpi_hosts.hpp"
-#include "backend/mpi_environment.hpp"
-#include "backend/mpi_trace.hpp"
+#include "backend/mpi/environment.hpp"
+#include "backend/mpi/trace.hpp"
 
 #include "patterns/feed.hpp"
 #include "patterns/local_feed.hpp"

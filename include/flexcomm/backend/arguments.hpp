@@ -93,14 +93,13 @@ inline void check_allgather_sizes(std::size_t send, std::size_t recv, int comm_s
         cat("receive holds ", recv, " elements, needs ", send, " x ", comm_size, " ranks"));
 }
 
-// reduce_scatter: the counts split the send buffer; returns how many elements this rank gets.
-inline std::size_t reduce_scatter_share(span<const int> counts, int comm_size, int rank, std::size_t send,
-                                        std::size_t recv, const std::string& what) {
-  const auto layout = block_layout(counts, comm_size, send, what);
-  static_cast<void>(layout);
+// reduce_scatter: the counts split the send buffer, and this rank's receive holds its block.
+inline blocks reduce_scatter_layout(span<const int> counts, int comm_size, int rank, std::size_t send,
+                                    std::size_t recv, const std::string& what) {
+  auto layout = block_layout(counts, comm_size, send, what);
   const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
   check(recv >= mine, what, cat("receive holds ", recv, " elements, this rank gets ", mine));
-  return mine;
+  return layout;
 }
 
 }  // namespace flexcomm::detail

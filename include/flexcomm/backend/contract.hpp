@@ -7,6 +7,10 @@
 
 #include <type_traits>
 
+#include "../core/error.hpp"
+#include "../core/hosts.hpp"
+#include "../core/layout.hpp"
+
 namespace flexcomm {
 
 enum class memory_space { host, device };
@@ -38,5 +42,27 @@ struct host_backend_of<B, std::void_t<typename B::host_backend>> {
 };
 template <class B>
 using host_backend_t = typename host_backend_of<B>::type;
+
+// The layout as it runs on `comm`: a per-host layout not yet placed is placed on the hosts of
+// comm's ranks (collective over comm: every rank calls this at the same point); any other layout
+// is returned as it is, without communication. Every backend says which of a communicator's
+// ranks share a host: B::hosts(comm) (device backends ask their MPI twin).
+template <class Communicator>
+ensemble_layout placed_on_hosts(const Communicator& comm, const ensemble_layout& layout) {
+  if (layout.is_placed()) return layout;
+  return layout.placed_on(Communicator::backend::hosts(comm));
+}
+
+namespace detail {
+// What the adapters call with their world. What can be checked without communication is
+// checked first, on every rank alike.
+template <class Communicator>
+ensemble_layout placed_for(const Communicator& world, const ensemble_layout& layout, const char* who) {
+  check(static_cast<bool>(world), who, "needs a communicator, got an empty one");
+  if (layout.is_placed()) return layout;
+  layout.validate(world.size());
+  return placed_on_hosts(world, layout);
+}
+}  // namespace detail
 
 }  // namespace flexcomm

@@ -1,5 +1,5 @@
 // host_map: which ranks of a communicator share a host. Learnt once, collectively, by the
-// backend (backend/mpi_hosts.hpp); kept beside the layout so that layouts can place producers per
+// backend (backend/mpi/hosts.hpp); kept beside the layout so that layouts can place producers per
 // host and Sync adapters can average hierarchically. Backend-neutral: plain numbers only.
 #pragma once
 

@@ -1,7 +1,7 @@
 // flexcomm::trace: a per-rank timeline of what each thread did when (loader, feed wait, bucket
 // reduce, trainer spans, collectives), written as Chrome trace JSON that Perfetto opens.
 // Off by default and then one predictable branch per probe, no allocation; MPI-free (clock
-// alignment lives in backend/mpi_trace.hpp).
+// alignment lives in backend/mpi/trace.hpp).
 #pragma once
 
 #include <algorithm>
@@ -58,7 +58,7 @@ inline std::string file_of(const std::string& dir, int rank);
 // Events this process could not keep because a thread's buffer was full.
 inline std::uint64_t dropped() noexcept;
 
-// Clock alignment, set by backend/mpi_trace.hpp: this rank's steady clock minus rank 0's (ns), the
+// Clock alignment, set by backend/mpi/trace.hpp: this rank's steady clock minus rank 0's (ns), the
 // round trip it was measured with, and rank 0's trace origin in rank 0's clock.
 inline void set_clock(std::int64_t offset_ns, std::int64_t rtt_ns, std::int64_t origin_ns, int ranks);
 

@@ -8,7 +8,7 @@
 //      are abandoned instead of waited for again, so unwinding never hangs;
 //   3. the job must end: MPI state is undefined once an operation is abandoned. flexcomm's
 //      environment ends it with MPI_Abort(1) when it is destroyed, after a grace period that lets
-//      the other surviving ranks print their own reports (see backend/mpi_environment.hpp). An error that
+//      the other surviving ranks print their own reports (see backend/mpi/environment.hpp). An error that
 //      escapes main ends the job the same way (std::terminate).
 #pragma once
 

@@ -18,7 +18,6 @@
 #include "../core/progress.hpp"
 #include "../core/trace.hpp"
 #include "../backend/contract.hpp"
-#include "../backend/mpi_hosts.hpp"
 #include "feed.hpp"
 #include "feed/pump.hpp"
 #include "feed/wire.hpp"

@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "../backend/mpi_hosts.hpp"
+#include "../backend/contract.hpp"
 #include "../core/agreement.hpp"
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
@@ -34,7 +34,7 @@ class host_tiers {
     if constexpr (holds_host_memory<B>) {
       // Every rank of the member takes the same branch: `wanted` is checked equal across the
       // member below, and the host map is the same on every rank.
-      hosts_ = hosts_of(member);
+      hosts_ = B::hosts(member);
       agreement same({static_cast<std::int64_t>(wanted)});
       B::iallreduce(member, same.buffer(), op::max).wait();
       check(same.agreed(0), who,

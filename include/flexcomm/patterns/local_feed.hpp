@@ -10,7 +10,7 @@
 
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
-#include "../backend/mpi_hosts.hpp"
+#include "../backend/contract.hpp"
 #include "feed.hpp"
 #include "feed/wire.hpp"
 #include "feed/agreement.hpp"

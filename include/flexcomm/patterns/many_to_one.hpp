@@ -29,7 +29,6 @@
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
 #include "../backend/contract.hpp"
-#include "../backend/mpi_hosts.hpp"
 
 namespace flexcomm {
 

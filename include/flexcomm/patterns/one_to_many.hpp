@@ -20,7 +20,6 @@
 #include "../core/trace.hpp"
 #include "../core/wait.hpp"
 #include "../backend/contract.hpp"
-#include "../backend/mpi_hosts.hpp"
 #include "feed.hpp"
 #include "feed/pump.hpp"
 #include "feed/wire.hpp"

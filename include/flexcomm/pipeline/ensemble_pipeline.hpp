@@ -26,7 +26,7 @@
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/span.hpp"
-#include "../backend/mpi_hosts.hpp"
+#include "../backend/contract.hpp"
 #include "../patterns/feed.hpp"
 #include "../patterns/sync.hpp"
 

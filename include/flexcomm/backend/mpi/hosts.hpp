@@ -7,14 +7,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-#include "../core/error.hpp"
-#include "../core/settings.hpp"
-#include "../core/hosts.hpp"
-#include "../core/layout.hpp"
-#include "mpi.hpp"
+#include "../../core/error.hpp"
+#include "../../core/settings.hpp"
+#include "../../core/hosts.hpp"
+#include "operations.hpp"
 
 namespace flexcomm {
 
@@ -53,29 +51,6 @@ inline host_map hosts_of(const mpi::communicator& comm) {
   return host_map::from_keys(keys);
 }
 
-// The layout as it runs on `comm`: a per-host layout not yet placed is placed on comm's hosts
-// (collective over comm: every rank calls this at the same point); any other layout is returned
-// as it is, without communication.
-inline ensemble_layout placed_on_hosts(const mpi::communicator& comm, const ensemble_layout& layout) {
-  if (layout.is_placed()) return layout;
-  return layout.placed_on(hosts_of(comm));
-}
-
-namespace detail {
-// What the adapters call with their world: placement needs the MPI world's host map. What can be
-// checked without it is checked first, on every rank alike.
-template <class Communicator>
-ensemble_layout placed_for(const Communicator& world, const ensemble_layout& layout, const char* who) {
-  if (layout.is_placed()) return layout;
-  layout.validate(world.size());
-  if constexpr (std::is_same_v<Communicator, mpi::communicator>) {
-    return placed_on_hosts(world, layout);
-  } else {
-    static_cast<void>(world);
-    fail(who, cat("layout '", layout.str(), "' is placed on the hosts of an MPI world, and this world is not one: ",
-                  "place it first (ensemble_layout::placed_on)"));
-  }
-}
-}  // namespace detail
+inline host_map mpi::hosts(const communicator& comm) { return hosts_of(comm); }
 
 }  // namespace flexcomm

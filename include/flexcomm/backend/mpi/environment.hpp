@@ -22,13 +22,13 @@
 #include <optional>
 #include <thread>
 
-#include "../core/error.hpp"
-#include "../core/settings.hpp"
-#include "../core/progress.hpp"
-#include "../core/wait.hpp"
-#include "../core/watchdog.hpp"
-#include "mpi.hpp"
-#include "mpi_trace.hpp"
+#include "../../core/error.hpp"
+#include "../../core/settings.hpp"
+#include "../../core/progress.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/watchdog.hpp"
+#include "../mpi.hpp"
+#include "trace.hpp"
 
 namespace flexcomm {
 

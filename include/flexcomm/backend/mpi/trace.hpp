@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "../core/settings.hpp"
-#include "../core/trace.hpp"
-#include "mpi.hpp"
+#include "../../core/settings.hpp"
+#include "../../core/trace.hpp"
+#include "../mpi.hpp"
 
 namespace flexcomm::trace {
 

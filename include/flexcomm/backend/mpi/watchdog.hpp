@@ -27,12 +27,12 @@
 #include <thread>
 #include <vector>
 
-#include "../core/agreement.hpp"
-#include "../core/datatype.hpp"
-#include "../core/error.hpp"
-#include "../core/reduce.hpp"
-#include "../core/wait.hpp"
-#include "../core/watchdog.hpp"
+#include "../../core/agreement.hpp"
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/watchdog.hpp"
 
 namespace flexcomm::detail {
 

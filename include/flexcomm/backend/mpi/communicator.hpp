@@ -1,0 +1,144 @@
+// The MPI backend's communicator: a move-only owner of an MPI communicator, its name for
+// errors ("member 2"), and the watchdog's bookkeeping for it (mpi/watchdog.hpp).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "../../core/error.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/watchdog.hpp"
+#include "types.hpp"
+#include "watchdog.hpp"
+
+namespace flexcomm {
+
+struct mpi;
+
+// Move-only owner of an MPI communicator, with a name for error messages ("member 2").
+class mpi_communicator {
+ public:
+  using backend = mpi;
+
+  mpi_communicator() = default;
+
+  // Takes ownership of `comm` (freed on destruction); errors return instead of aborting.
+  // Collective over `comm`: it also makes the watchdog's side channel (see mpi/watchdog.hpp).
+  mpi_communicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+    if (comm_ != MPI_COMM_NULL) {
+      check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), cat(name_, ": set error handler"));
+      MPI_Comm_rank(comm_, &rank_);
+      MPI_Comm_size(comm_, &size_);
+      state_ = std::make_shared<detail::mpi_comm_state>(comm_, name_);
+      watchdog::instance().add(state_);
+    }
+  }
+
+  // A private duplicate of `comm`, so flexcomm's traffic never meets the trainer's own.
+  static mpi_communicator duplicate(MPI_Comm comm, std::string name) {
+    MPI_Comm copy = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_dup(comm, &copy), cat(name, ": MPI_Comm_dup"));
+    return mpi_communicator(copy, std::move(name));
+  }
+
+  mpi_communicator(mpi_communicator&& o) noexcept { swap(o); }
+  mpi_communicator& operator=(mpi_communicator&& o) noexcept {
+    mpi_communicator(std::move(o)).swap(*this);
+    return *this;
+  }
+  mpi_communicator(const mpi_communicator&) = delete;
+  mpi_communicator& operator=(const mpi_communicator&) = delete;
+  ~mpi_communicator() { release(); }
+
+  explicit operator bool() const noexcept { return comm_ != MPI_COMM_NULL; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  MPI_Comm native() const noexcept { return comm_; }
+  const std::string& name() const noexcept { return name_; }
+
+  // Collective over this communicator. A rank passing `undefined` as color takes part in the
+  // split but gets an empty communicator back.
+  static constexpr int undefined = -1;
+  mpi_communicator split(int color, int key, std::string name) const {
+    MPI_Comm out = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out),
+              cat(name_, ": split into '", name, "'"));
+    return mpi_communicator(out, std::move(name));
+  }
+
+  mpi_communicator dup(std::string name) const { return duplicate(comm_, std::move(name)); }
+
+  // Sequence number of the next operation on this communicator, for error reports.
+  std::uint64_t next_sequence() noexcept { return state_ ? state_->recorder().reserve() : ++sequence_; }
+
+  // How long a wait on this communicator's operations may take; zero: forever. Unset (or
+  // negative), FLEXCOMM_TIMEOUT's default_timeout() applies.
+  void set_timeout(std::chrono::milliseconds t) {
+    if (state_) state_->limit.set(t);
+  }
+  std::chrono::milliseconds timeout() const { return state_ ? state_->timeout() : default_timeout(); }
+
+  // The recent operations on this communicator (the watchdog prints them with a timeout).
+  const flight_recorder* recorder() const noexcept { return state_ ? &state_->recorder() : nullptr; }
+
+  // True once a timeout or a disagreement between ranks made this communicator unusable.
+  bool poisoned() const noexcept { return state_ && state_->poisoned(); }
+
+  // Watchdog bookkeeping shared with this communicator's requests (backend-internal).
+  const std::shared_ptr<detail::mpi_comm_state>& watch_state() const noexcept { return state_; }
+
+  // Sequence number of the next collective only: equal on every rank for the same collective
+  // (point-to-point traffic differs by rank), so traces can be matched across ranks.
+  std::uint64_t next_collective() const noexcept { return ++collectives_; }
+
+  // The world rank of rank `r` of this communicator.
+  int world_rank_of(int r) const {
+    MPI_Group mine, world;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    int out = MPI_UNDEFINED;
+    MPI_Group_translate_ranks(mine, 1, &r, world, &out);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    return out;
+  }
+
+ private:
+  void swap(mpi_communicator& o) noexcept {
+    std::swap(comm_, o.comm_);
+    std::swap(name_, o.name_);
+    std::swap(rank_, o.rank_);
+    std::swap(size_, o.size_);
+    std::swap(sequence_, o.sequence_);
+    std::swap(state_, o.state_);
+    std::swap(collectives_, o.collectives_);
+  }
+  void release() noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = -1;
+  int size_ = 0;
+  std::uint64_t sequence_ = 0;
+  std::shared_ptr<detail::mpi_comm_state> state_;
+  mutable std::uint64_t collectives_ = 0;  // bookkeeping, like sequence_
+};
+
+namespace detail {
+inline mpi_communicator& mutable_comm(const mpi_communicator& c) {
+  // Sequence numbers are bookkeeping, not state the caller sees as a change.
+  return const_cast<mpi_communicator&>(c);
+}
+}  // namespace detail
+
+}  // namespace flexcomm

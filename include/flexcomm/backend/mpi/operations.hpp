@@ -1,0 +1,237 @@
+// The MPI backend: host buffers (device buffers too where MPI is CUDA-aware) over MPICH. The
+// public operations are the front end's (backend/operations.hpp); this header is their native
+// half: the record of one operation being posted, and the MPI call behind each.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/hosts.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/span.hpp"
+#include "../../core/trace.hpp"
+#include "../../core/watchdog.hpp"
+#include "../contract.hpp"
+#include "../operations.hpp"
+#include "communicator.hpp"
+#include "request.hpp"
+#include "types.hpp"
+#include "watchdog.hpp"
+
+namespace flexcomm {
+
+namespace detail {
+// One operation being posted: recorded in the flight recorder at once (so that a failure while
+// posting is recorded too), its consistency check posted just before the MPI call, and both
+// handed to the request.
+class mpi_op_start {
+ public:
+  mpi_op_start(const mpi_communicator& comm, const char* name, std::size_t count, dtype type, const char* redop,
+               int peer, int tag, const std::string& extra)
+      : state_(comm.watch_state()) {
+    if (state_) {
+      check(!state_->poisoned(), cat("mpi ", name, " on ", comm.name()),
+            cat("communicator '", comm.name(), "' is unusable: ", state_->poison_reason()));
+      seq_ = state_->recorder().enqueue(op_record::posting(name, count, type, redop, peer, tag));
+    } else {
+      seq_ = mutable_comm(comm).next_sequence();
+    }
+    what_ = describe_operation("mpi", name, comm.name(), seq_, count, type, extra);
+    signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
+                        check_label::current()};
+  }
+  mpi_op_start(const mpi_op_start&) = delete;
+  mpi_op_start& operator=(const mpi_op_start&) = delete;
+  ~mpi_op_start() {
+    if (state_ && seq_) state_->recorder().finish(seq_, op_state::failed);  // never reached MPI
+    if (check_ && check_->req != MPI_REQUEST_NULL) {
+      // The check went out but the operation did not: the peers' matching is now off.
+      static_cast<void>(check_.release());
+      state_->poison(cat("posting ", what_, " failed after its consistency check went out"));
+    }
+  }
+
+  const std::string& what() const noexcept { return what_; }
+
+  // Fields every rank must agree on, besides the operation, type and count.
+  void agree_on(op o) { signature_.value[mpi_signature::redop] = static_cast<long long>(o); }
+  void agree_on_root(int root) { signature_.value[mpi_signature::root] = root; }
+  void agree_on_counts(span<const int> counts) {
+    signature_.value[mpi_signature::counts_hash] = hash_counts(counts.data(), counts.size());
+  }
+  void count_varies() { signature_.value[mpi_signature::count] = -1; }
+
+  // Posts the consistency check (FLEXCOMM_CHECK) for a collective, just before the MPI call.
+  void check_collective(int comm_size) {
+    if (!state_ || comm_size < 2 || state_->side() == MPI_COMM_NULL || !checks_enabled()) return;
+    check_ = std::make_unique<mpi_signature_check>();
+    check_->mine = signature_;
+    if (!check_->post(state_->side())) check_.reset();
+  }
+
+  mpi_request finish(MPI_Request r, std::function<void()> then = {}) {
+    return mpi_request(r, what_, std::move(then), state_, std::exchange(seq_, 0), std::move(check_));
+  }
+
+ private:
+  std::shared_ptr<mpi_comm_state> state_;
+  std::uint64_t seq_ = 0;
+  std::string what_;
+  mpi_signature signature_;
+  std::unique_ptr<mpi_signature_check> check_;
+};
+
+template <class T>
+std::function<void()> average_epilogue(op o, span<T> out, int ranks) {
+  if (o != op::avg || out.empty()) return {};
+  return [out, ranks] { divide_by(out.data(), out.size(), ranks); };
+}
+}  // namespace detail
+
+struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
+  static constexpr memory_space memory = memory_space::host;
+  static constexpr bool tag_matched_p2p = true;
+  // An adapter's own scratch space, in the memory this backend's buffers live in.
+  template <class T>
+  using buffer = std::vector<T>;
+
+  // Collective over `comm`: which of its ranks share a host (mpi/hosts.hpp).
+  static host_map hosts(const communicator& comm);
+
+  // Local work adapters need besides communication, done where this backend's buffers live
+  // (host loops here; kernels on the stream in device backends).
+  template <class T>
+  static void combine(op o, T* inout, const T* in, std::size_t n, stream = {}) {
+    flexcomm::combine(o, inout, in, n);
+  }
+  template <class T>
+  static void divide(T* buf, std::size_t n, int ranks, stream = {}) {
+    flexcomm::divide_by(buf, n, ranks);
+  }
+  static void copy(void* dst, const void* src, std::size_t bytes, stream = {}) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+
+ private:
+  friend struct operations<mpi, mpi_communicator, mpi_request, no_stream>;
+  using start = detail::mpi_op_start;
+
+  template <class T>
+  static start begin(const communicator& comm, stream, const char* name, std::size_t count, const char* redop,
+                     int peer, int tag, const std::string& extra) {
+    return start(comm, name, count, dtype_of<T>, redop, peer, tag, extra);
+  }
+  // Host memory, or device memory where this MPI is CUDA-aware: MPI itself is the judge.
+  static void check_buffer(const void*, std::size_t, const std::string&, const char*) noexcept {}
+
+  static MPI_Datatype type_of(dtype t) { return detail::mpi_type(t); }
+
+  template <class T>
+  static request post_isend(const communicator& comm, start& st, span<const T> buf, int dest, int tag, stream) {
+    MPI_Request r;
+    check_mpi(MPI_Isend(buf.data(), detail::mpi_count(buf.size(), st.what()), type_of(dtype_of<T>), dest, tag,
+                        comm.native(), &r),
+              st.what());
+    return st.finish(r);
+  }
+
+  template <class T>
+  static request post_irecv(const communicator& comm, start& st, span<T> buf, int source, int tag, stream) {
+    MPI_Request r;
+    check_mpi(MPI_Irecv(buf.data(), detail::mpi_count(buf.size(), st.what()), type_of(dtype_of<T>), source, tag,
+                        comm.native(), &r),
+              st.what());
+    return st.finish(r);
+  }
+
+  template <class T>
+  static request post_ibcast(const communicator& comm, start& st, span<T> buf, int root, stream) {
+    MPI_Request r;
+    check_mpi(MPI_Ibcast(buf.data(), detail::mpi_count(buf.size(), st.what()), type_of(dtype_of<T>), root,
+                         comm.native(), &r),
+              st.what());
+    return st.finish(r);
+  }
+
+  template <class T>
+  static request post_iallreduce(const communicator& comm, start& st, span<const T> send, span<T> recv, op o,
+                                 stream) {
+    MPI_Request r;
+    check_mpi(MPI_Iallreduce(send.data() == recv.data() ? MPI_IN_PLACE : send.data(), recv.data(),
+                             detail::mpi_count(recv.size(), st.what()), type_of(dtype_of<T>),
+                             detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
+              st.what());
+    return st.finish(r, detail::average_epilogue(o, recv, comm.size()));
+  }
+
+  // `recv` is empty except at the root.
+  template <class T>
+  static request post_ireduce(const communicator& comm, start& st, span<const T> send, span<T> recv, op o, int root,
+                              stream) {
+    const bool at_root = comm.rank() == root;
+    MPI_Request r;
+    const void* sendbuf = at_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    check_mpi(MPI_Ireduce(sendbuf, at_root ? recv.data() : nullptr, detail::mpi_count(send.size(), st.what()),
+                          type_of(dtype_of<T>), detail::mpi_op(o, dtype_of<T>), root, comm.native(), &r),
+              st.what());
+    return st.finish(r, detail::average_epilogue(o, recv, comm.size()));
+  }
+
+  template <class T>
+  static request post_igatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
+                               span<const int> counts, detail::blocks layout, int root, stream) {
+    const bool at_root = comm.rank() == root;
+    // MPI reads the offsets when the operation starts, but MPICH may keep the pointer: hold them.
+    auto keep = std::make_shared<detail::blocks>(std::move(layout));
+    const auto type = type_of(dtype_of<T>);
+    MPI_Request r;
+    check_mpi(MPI_Igatherv(send.data(), detail::mpi_count(send.size(), st.what()), type,
+                           at_root ? recv.data() : nullptr, at_root ? counts.data() : nullptr,
+                           keep->offsets.empty() ? nullptr : keep->offsets.data(), type, root, comm.native(), &r),
+              st.what());
+    return st.finish(r, [keep] {});
+  }
+
+  template <class T>
+  static request post_iallgather(const communicator& comm, start& st, span<const T> send, span<T> recv, stream) {
+    const auto type = type_of(dtype_of<T>);
+    const int n = detail::mpi_count(send.size(), st.what());
+    MPI_Request r;
+    check_mpi(MPI_Iallgather(send.data(), n, type, recv.data(), n, type, comm.native(), &r), st.what());
+    return st.finish(r);
+  }
+
+  template <class T>
+  static request post_iallgatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
+                                  span<const int> counts, detail::blocks layout, stream) {
+    auto keep = std::make_shared<detail::blocks>(std::move(layout));
+    const auto type = type_of(dtype_of<T>);
+    MPI_Request r;
+    check_mpi(MPI_Iallgatherv(send.data(), detail::mpi_count(send.size(), st.what()), type, recv.data(),
+                              counts.data(), keep->offsets.data(), type, comm.native(), &r),
+              st.what());
+    return st.finish(r, [keep] {});
+  }
+
+  // `recv` is exactly this rank's block.
+  template <class T>
+  static request post_ireduce_scatter(const communicator& comm, start& st, span<const T> send, span<T> recv,
+                                      span<const int> counts, detail::blocks, op o, stream) {
+    MPI_Request r;
+    check_mpi(MPI_Ireduce_scatter(send.data(), recv.data(), counts.data(), type_of(dtype_of<T>),
+                                  detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
+              st.what());
+    return st.finish(r, detail::average_epilogue(o, recv, comm.size()));
+  }
+};
+
+}  // namespace flexcomm

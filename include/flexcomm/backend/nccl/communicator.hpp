@@ -1,0 +1,185 @@
+// The NCCL backend's communicator: a move-only owner of an NCCL communicator, made collectively
+// from an MPI communicator, with the MPI twin (control) that carries its small host exchanges.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/error.hpp"
+#include "../../core/span.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/watchdog.hpp"
+#include "../cuda/error.hpp"
+#include "../mpi.hpp"
+#include "state.hpp"
+#include "types.hpp"
+
+namespace flexcomm {
+
+struct nccl;
+
+// Move-only owner of an NCCL communicator, made collectively from an MPI communicator.
+class nccl_communicator {
+ public:
+  using backend = nccl;
+  static constexpr int undefined = -1;
+
+  nccl_communicator() = default;
+
+  // Collective over `comm`: rank 0 makes the unique id, the MPI backend broadcasts it, and every
+  // rank initializes without blocking, polled under the wait policy up to FLEXCOMM_TIMEOUT.
+  // Uses the CUDA device current on the calling thread. An empty `comm` gives an empty one.
+  nccl_communicator(const mpi_communicator& comm, std::string name) {
+    if (!comm) {
+      name_ = std::move(name);
+      return;
+    }
+    const auto what = cat("nccl init of '", name, "' (rank ", comm.rank(), " of ", comm.size(), ")");
+    // Byte 0 says whether rank 0 got an id, so a failure there is an error everywhere, not a hang.
+    std::vector<std::uint8_t> message(1 + sizeof(ncclUniqueId), 0);
+    if (comm.rank() == 0) {
+      ncclUniqueId id;
+      const ncclResult_t rc = ncclGetUniqueId(&id);
+      message[0] = rc == ncclSuccess ? 1 : 0;
+      if (rc == ncclSuccess) std::memcpy(message.data() + 1, &id, sizeof id);
+    }
+    mpi::ibcast(comm, span<std::uint8_t>(message), 0).wait();
+    check(message[0] == 1, what, "rank 0 could not make an NCCL unique id (ncclGetUniqueId failed there)");
+    ncclUniqueId id;
+    std::memcpy(&id, message.data() + 1, sizeof id);
+
+    auto state = std::make_shared<detail::nccl_state>();
+    state->name = name;
+    check_cuda(cudaGetDevice(&state->device), cat(what, ": cudaGetDevice"));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t handle = nullptr;
+    check_nccl(ncclCommInitRankConfig(&handle, comm.size(), id, comm.rank(), &config), what);
+    adopt(*state, handle, what);
+    state->stream = cuda::stream_handle::create(what);
+    control_ = comm.dup(cat(name, " control"));
+    state->watch = watch_over(control_, name);
+    state_ = std::move(state);
+    name_ = std::move(name);
+  }
+
+  // An MPI communicator converts (collectively, under its own name), so that an adapter built
+  // from the pipeline's MPI communicators can run on NCCL: subgroup_allreduce<nccl>(member_comm).
+  nccl_communicator(const mpi_communicator& comm)  // NOLINT: implicit on purpose
+      : nccl_communicator(comm, comm.name()) {}
+
+  nccl_communicator(nccl_communicator&&) noexcept = default;
+  nccl_communicator& operator=(nccl_communicator&&) noexcept = default;
+  nccl_communicator(const nccl_communicator&) = delete;
+  nccl_communicator& operator=(const nccl_communicator&) = delete;
+  ~nccl_communicator() = default;  // the state is destroyed (finalized) with the last request
+
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+  int rank() const noexcept { return state_ ? state_->rank : -1; }
+  int size() const noexcept { return state_ ? state_->size : 0; }
+  const std::string& name() const noexcept { return name_; }
+  ncclComm_t native() const noexcept { return state_ ? state_->comm : nullptr; }
+  // The communicator's own stream: where operations go when the caller names none.
+  cudaStream_t own_stream() const noexcept { return state_ ? state_->stream.get() : nullptr; }
+  int device() const noexcept { return state_ ? state_->device : -1; }
+  // An MPI communicator over the same ranks, for small host-memory exchanges (an adapter's
+  // cross-rank checks) that NCCL, which moves device memory only, cannot carry.
+  const mpi_communicator& control() const noexcept { return control_; }
+
+  // Collective over this communicator (ncclCommSplit); `undefined` takes part, gets an empty one.
+  nccl_communicator split(int color, int key, std::string name) const {
+    const auto what = cat(name_, ": nccl split into '", name, "'");
+    auto& st = state(what);
+    detail::device_guard guard(st.device, what);
+    std::lock_guard<std::mutex> lock(st.mutex);
+    st.flush_locked(what);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    // NCCL may write the new handle while the split settles in the background: the slot lives
+    // as long as the parent.
+    st.split_slots.push_back(std::make_unique<ncclComm_t>(nullptr));
+    ncclComm_t* slot = st.split_slots.back().get();
+    check_nccl(ncclCommSplit(st.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config), what);
+    st.settle_locked(what);
+    nccl_communicator out;
+    out.control_ = control_.split(color, key, cat(name, " control"));
+    out.name_ = std::move(name);
+    if (*slot == nullptr) {
+      check(color < 0, what, "ncclCommSplit returned no communicator for a rank with a color");
+      return out;
+    }
+    auto state = std::make_shared<detail::nccl_state>();
+    state->name = out.name_;
+    state->device = st.device;
+    adopt(*state, *slot, what);
+    state->stream = cuda::stream_handle::create(what);
+    state->watch = watch_over(out.control_, out.name_);
+    out.state_ = std::move(state);
+    return out;
+  }
+
+  nccl_communicator dup(std::string name) const { return split(0, rank(), std::move(name)); }
+
+  // How long a wait on this communicator's operations may take; zero: forever. Unset (or
+  // negative), FLEXCOMM_TIMEOUT's default_timeout() applies. Past it the communicator is aborted.
+  void set_timeout(std::chrono::milliseconds t) {
+    if (state_ && state_->watch) state_->watch->limit.set(t);
+  }
+  std::chrono::milliseconds timeout() const { return state_ ? state_->timeout() : default_timeout(); }
+
+  // The recent operations on this communicator (a timeout's error prints them).
+  const flight_recorder* recorder() const noexcept {
+    return state_ && state_->watch ? &state_->watch->recorder() : nullptr;
+  }
+
+  // Sequence number of the next collective: equal on every rank for the same collective, so
+  // traces can be matched across ranks.
+  std::uint64_t next_collective() const {
+    auto& st = state(name_);
+    std::lock_guard<std::mutex> lock(st.mutex);
+    return ++st.collectives;
+  }
+
+  // For the backend's operations.
+  detail::nccl_state& state(const std::string& what) const {
+    check(state_ != nullptr, what, cat("operation on an empty nccl communicator '", name_, "'"));
+    return *state_;
+  }
+  const std::shared_ptr<detail::nccl_state>& shared_state() const noexcept { return state_; }
+
+ private:
+  // Collective over `control`: the bookkeeping of this communicator's operations (see nccl_state).
+  static std::shared_ptr<detail::mpi_comm_state> watch_over(const mpi_communicator& control, const std::string& name) {
+    auto watch = std::make_shared<detail::mpi_comm_state>(control.native(), name);
+    watchdog::instance().add(watch);
+    return watch;
+  }
+
+  // Waits for a nonblocking init or split to settle; on timeout aborts the half-made communicator.
+  static void adopt(detail::nccl_state& state, ncclComm_t handle, const std::string& what) {
+    if (!detail::nccl_settle(handle, what, default_timeout())) {
+      ncclCommAbort(handle);
+      fail(what, cat("did not finish within ", default_timeout().count(),
+                     " ms (FLEXCOMM_TIMEOUT); aborted with ncclCommAbort. Every rank of the communicator must "
+                     "create it, in the same order; two ranks on one GPU need distinct NCCL_HOSTID"));
+    }
+    state.comm = handle;
+    check_nccl(ncclCommCount(handle, &state.size), cat(what, ": ncclCommCount"));
+    check_nccl(ncclCommUserRank(handle, &state.rank), cat(what, ": ncclCommUserRank"));
+  }
+
+  std::shared_ptr<detail::nccl_state> state_;
+  mpi_communicator control_;
+  std::string name_;
+};
+
+}  // namespace flexcomm

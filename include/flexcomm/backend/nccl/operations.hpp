@@ -1,0 +1,295 @@
+// The NCCL backend: device buffers, every operation stream-ordered on a CUDA stream the caller
+// picks. The public operations are the front end's (backend/operations.hpp); this header is
+// their native half: the record of one operation, the memory-space check, and the NCCL calls.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/hosts.hpp"
+#include "../../core/span.hpp"
+#include "../../core/watchdog.hpp"
+#include "../contract.hpp"
+#include "../cuda/device_buffer.hpp"
+#include "../cuda/error.hpp"
+#include "../cuda/reduce_kernels.cuh"
+#include "../mpi.hpp"
+#include "../operations.hpp"
+#include "communicator.hpp"
+#include "request.hpp"
+#include "state.hpp"
+#include "types.hpp"
+
+namespace flexcomm {
+
+namespace detail {
+// One operation being issued: in the flight recorder at once, under the number its errors name,
+// and marked failed there if it never reaches NCCL (a bad argument, a failed enqueue).
+class nccl_op_start : public unchecked_calls {
+ public:
+  nccl_op_start(const nccl_communicator& comm, const char* name, std::size_t count, dtype type, const char* redop,
+                int peer, int tag, const std::string& extra)
+      : state_(comm.state(cat("nccl ", name, " on ", comm.name()))) {
+    seq_ = state_.record(op_record::posting(name, count, type, redop, peer, tag));
+    what_ = describe_operation("nccl", name, comm.name(), seq_, count, type, extra);
+  }
+  nccl_op_start(const nccl_op_start&) = delete;
+  nccl_op_start& operator=(const nccl_op_start&) = delete;
+  ~nccl_op_start() { state_.finish(seq_, op_state::failed); }
+
+  const std::string& what() const noexcept { return what_; }
+  // The operation reached NCCL: its request owns the record from here.
+  std::uint64_t take() noexcept { return std::exchange(seq_, 0); }
+
+ private:
+  nccl_state& state_;
+  std::string what_;
+  std::uint64_t seq_ = 0;
+};
+
+// Issues one operation: deferred point-to-point first (call order is NCCL order), then the
+// enqueue, then local epilogue kernels (integer averages), then the completion event.
+template <class Enqueue, class Epilogue>
+nccl_request nccl_launch_op(const nccl_communicator& comm, cudaStream_t s, nccl_op_start& start, Enqueue&& enqueue,
+                            Epilogue&& epilogue) {
+  const auto& what = start.what();
+  auto& st = comm.state(what);
+  device_guard guard(st.device, what);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.require_usable(what);
+  st.flush_locked(what);
+  const cudaStream_t stream = s ? s : st.stream.get();
+  enqueue(st.comm, stream);
+  st.settle_locked(what);
+  epilogue(stream);
+  auto launch = std::make_shared<nccl_launch>();
+  launch->done = cuda::event::create(what);
+  launch->done.record(stream, what);
+  launch->launched = true;
+  launch->sequence = start.take();
+  return nccl_request(comm.shared_state(), std::move(launch), what);
+}
+
+inline auto no_epilogue() {
+  return [](cudaStream_t) {};
+}
+
+template <class T>
+auto average_on_device(op o, span<T> out, int ranks) {
+  return [o, out, ranks](cudaStream_t stream) {
+    if (needs_divide(o, dtype_of<T>)) cuda::divide(out.data(), out.size(), ranks, stream);
+  };
+}
+
+// NCCL has no tags: messages between two ranks match in the order they were issued. Sends and
+// receives are deferred and launched together, as one NCCL group, when a request of the
+// communicator is tested or waited or another operation is issued: a ring's send and receive
+// must be in one group or they wait for each other forever.
+template <class T>
+nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& start, bool send, span<T> buf,
+                                 int peer, cudaStream_t s) {
+  const auto& what = start.what();
+  auto& st = comm.state(what);
+  device_guard guard(st.device, comm.name());  // the event belongs to the communicator's device
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.require_usable(what);
+  auto launch = std::make_shared<nccl_launch>();
+  launch->done = cuda::event::create(what);
+  launch->sequence = start.take();
+  st.deferred.push_back({send, buf.data(), buf.size(), nccl_type(dtype_of<std::remove_const_t<T>>), peer, s, launch});
+  return nccl_request(comm.shared_state(), std::move(launch), what);
+}
+}  // namespace detail
+
+struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_request, cudaStream_t> {
+  static constexpr memory_space memory = memory_space::device;
+  // NCCL pairs a send with the peer's receive in the order both were issued, whatever the tags.
+  static constexpr bool tag_matched_p2p = false;
+  using host_backend = mpi;
+  // An adapter's own scratch space, in device memory like every buffer of this backend.
+  template <class T>
+  using buffer = cuda::device_buffer<T>;
+
+  // Collective over `comm`: which of its ranks share a host, asked of its MPI twin.
+  static host_map hosts(const communicator& comm) { return host_backend::hosts(comm.control()); }
+
+  // Local work (combine, divide, copy): kernels on the stream, from cuda::device_work.
+
+ private:
+  friend struct operations<nccl, nccl_communicator, nccl_request, cudaStream_t>;
+  using start = detail::nccl_op_start;
+
+  template <class T>
+  static start begin(const communicator& comm, stream, const char* name, std::size_t count, const char* redop,
+                     int peer, int tag, const std::string& extra) {
+    return start(comm, name, count, dtype_of<T>, redop, peer, tag, extra);
+  }
+
+  // NCCL reads and writes through device pointers only: a host pointer is a named error, not a crash.
+  static void check_buffer(const void* p, std::size_t bytes, const std::string& what, const char* which) {
+    if (bytes == 0 || p == nullptr) {
+      check(bytes == 0, what, cat(which, " buffer is null"));
+      return;
+    }
+    cudaPointerAttributes attr{};
+    check_cuda(cudaPointerGetAttributes(&attr, p), cat(what, ": cudaPointerGetAttributes"));
+    check(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged, what,
+          cat(which, " buffer is host memory; the nccl backend needs device (or managed) buffers"));
+  }
+
+  template <class T>
+  static request post_isend(const communicator& comm, start& st, span<const T> buf, int dest, int, stream s) {
+    return detail::nccl_point_to_point(comm, st, true, buf, dest, s);
+  }
+
+  template <class T>
+  static request post_irecv(const communicator& comm, start& st, span<T> buf, int source, int, stream s) {
+    return detail::nccl_point_to_point(comm, st, false, buf, source, s);
+  }
+
+  template <class T>
+  static request post_ibcast(const communicator& comm, start& st, span<T> buf, int root, stream s) {
+    return detail::nccl_launch_op(
+        comm, s, st,
+        [&](ncclComm_t c, cudaStream_t stream) {
+          if (buf.empty()) return;
+          check_nccl(ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_type(dtype_of<T>), root, c, stream),
+                     st.what());
+        },
+        detail::no_epilogue());
+  }
+
+  template <class T>
+  static request post_iallreduce(const communicator& comm, start& st, span<const T> send, span<T> recv, op o,
+                                 stream s) {
+    return detail::nccl_launch_op(
+        comm, s, st,
+        [&](ncclComm_t c, cudaStream_t stream) {
+          if (recv.empty()) return;
+          check_nccl(ncclAllReduce(send.data(), recv.data(), recv.size(), detail::nccl_type(dtype_of<T>),
+                                   detail::nccl_op(o, dtype_of<T>), c, stream),
+                     st.what());
+        },
+        detail::average_on_device(o, recv, comm.size()));
+  }
+
+  // `recv` is empty except at the root.
+  template <class T>
+  static request post_ireduce(const communicator& comm, start& st, span<const T> send, span<T> recv, op o, int root,
+                              stream s) {
+    const bool at_root = comm.rank() == root;
+    return detail::nccl_launch_op(
+        comm, s, st,
+        [&](ncclComm_t c, cudaStream_t stream) {
+          if (send.empty()) return;
+          check_nccl(ncclReduce(send.data(), at_root ? recv.data() : nullptr, send.size(),
+                                detail::nccl_type(dtype_of<T>), detail::nccl_op(o, dtype_of<T>), root, c, stream),
+                     st.what());
+        },
+        detail::average_on_device(o, recv, comm.size()));
+  }
+
+  // Point-to-point in one group: the root receives each rank's block in place.
+  template <class T>
+  static request post_igatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
+                               span<const int> counts, detail::blocks layout, int root, stream s) {
+    const auto type = detail::nccl_type(dtype_of<T>);
+    return detail::nccl_launch_op(
+        comm, s, st,
+        [&](ncclComm_t c, cudaStream_t stream) {
+          detail::nccl_group group(st.what());
+          if (comm.rank() != root) {
+            if (!send.empty()) check_nccl(ncclSend(send.data(), send.size(), type, root, c, stream), st.what());
+          } else {
+            for (int r = 0; r < comm.size(); ++r) {
+              const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+              T* at = recv.data() + layout.offsets[static_cast<std::size_t>(r)];
+              if (n == 0) continue;
+              if (r == root) cuda::copy(at, send.data(), n * sizeof(T), stream);
+              else check_nccl(ncclRecv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
+            }
+          }
+          group.end();
+        },
+        detail::no_epilogue());
+  }
+
+  template <class T>
+  static request post_iallgather(const communicator& comm, start& st, span<const T> send, span<T> recv, stream s) {
+    return detail::nccl_launch_op(
+        comm, s, st,
+        [&](ncclComm_t c, cudaStream_t stream) {
+          if (send.empty()) return;
+          check_nccl(ncclAllGather(send.data(), recv.data(), send.size(), detail::nccl_type(dtype_of<T>), c, stream),
+                     st.what());
+        },
+        detail::no_epilogue());
+  }
+
+  template <class T>
+  static request post_iallgatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
+                                  span<const int> counts, detail::blocks layout, stream s) {
+    const auto type = detail::nccl_type(dtype_of<T>);
+    const int me = comm.rank();
+    return detail::nccl_launch_op(
+        comm, s, st,
+        [&](ncclComm_t c, cudaStream_t stream) {
+          detail::nccl_group group(st.what());
+          for (int r = 0; r < comm.size(); ++r) {
+            const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+            T* at = recv.data() + layout.offsets[static_cast<std::size_t>(r)];
+            if (r == me) {
+              cuda::copy(at, send.data(), n * sizeof(T), stream);
+              continue;
+            }
+            if (!send.empty())
+              check_nccl(ncclSend(send.data(), send.size(), type, r, c, stream), cat(st.what(), ": send to ", r));
+            if (n > 0) check_nccl(ncclRecv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
+          }
+          group.end();
+        },
+        detail::no_epilogue());
+  }
+
+  // `recv` is exactly this rank's block.
+  template <class T>
+  static request post_ireduce_scatter(const communicator& comm, start& st, span<const T> send, span<T> recv,
+                                      span<const int> counts, detail::blocks layout, op o, stream s) {
+    bool even = true;
+    for (const int count : counts) even = even && count == counts[0];
+    const auto type = detail::nccl_type(dtype_of<T>);
+    const auto reduction = detail::nccl_op(o, dtype_of<T>);
+    return detail::nccl_launch_op(
+        comm, s, st,
+        [&](ncclComm_t c, cudaStream_t stream) {
+          if (even) {
+            if (!recv.empty())
+              check_nccl(ncclReduceScatter(send.data(), recv.data(), recv.size(), type, reduction, c, stream),
+                         st.what());
+            return;
+          }
+          // Uneven blocks: one reduce per block, to the rank that owns it, in one group.
+          detail::nccl_group group(st.what());
+          for (int r = 0; r < comm.size(); ++r) {
+            const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+            if (n == 0) continue;
+            check_nccl(ncclReduce(send.data() + layout.offsets[static_cast<std::size_t>(r)],
+                                  r == comm.rank() ? recv.data() : nullptr, n, type, reduction, r, c, stream),
+                       cat(st.what(), ": block of rank ", r));
+          }
+          group.end();
+        },
+        detail::average_on_device(o, recv, comm.size()));
+  }
+};
+
+}  // namespace flexcomm

@@ -1,0 +1,135 @@
+// The NCCL backend's request: one stream-ordered NCCL operation, complete when the event
+// recorded after its kernels is reached. test() also polls the communicator's asynchronous
+// error; a wait past its limit asks the peers where they stand, as MPI's timeouts do, and aborts
+// the communicator (ncclCommAbort) instead of hanging. Unlike MPI, NCCL can cancel: the job can
+// go on without this communicator.
+#pragma once
+
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "../../core/error.hpp"
+#include "../../core/watchdog.hpp"
+#include "../request.hpp"
+#include "communicator.hpp"
+#include "state.hpp"
+#include "types.hpp"
+
+namespace flexcomm {
+
+class nccl_request : public basic_request<nccl_request> {
+ public:
+  nccl_request() = default;
+  nccl_request(std::shared_ptr<detail::nccl_state> state, std::shared_ptr<detail::nccl_launch> launch,
+               std::string what)
+      : state_(std::move(state)), launch_(std::move(launch)), what_(std::move(what)) {}
+  nccl_request(nccl_request&& o) noexcept { swap(o); }
+  nccl_request& operator=(nccl_request&& o) noexcept { return take(std::move(o)); }
+  ~nccl_request() { finish_pending(); }
+
+  bool pending() const noexcept { return launch_ != nullptr; }
+  const std::string& what() const noexcept { return what_; }
+
+  bool test() {
+    if (!pending()) return true;
+    auto& st = *state_;
+    {
+      std::lock_guard<std::mutex> lock(st.mutex);
+      if (st.aborted) {
+        end(op_state::failed);
+        fail(what_, cat(st.where(), " was aborted: ", st.abort_reason));
+      }
+      if (!launch_->launched) {
+        try {
+          st.flush_locked(what_);
+        } catch (...) {
+          end(op_state::failed);
+          throw;
+        }
+        // An event never recorded reads as reached: an operation lost with a failed group launch
+        // must not look finished.
+        if (!launch_->launched) {
+          end(op_state::failed);
+          fail(what_, "its NCCL group launch failed (reported by the operation that launched it)");
+        }
+      }
+    }
+    if (launch_->done.done(what_)) {
+      end(op_state::completed);
+      return true;
+    }
+    ncclResult_t async = ncclSuccess;
+    {
+      std::lock_guard<std::mutex> lock(st.mutex);
+      if (st.comm) check_nccl(ncclCommGetAsyncError(st.comm, &async), cat(what_, ": ncclCommGetAsyncError"));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        const auto place = st.where();
+        st.abort_locked(cat(what_, ": ", ncclGetErrorString(async)));
+        end(op_state::failed);
+        fail(what_, cat("asynchronous NCCL error: ", ncclGetErrorString(async), "; ", place, " aborted"));
+      }
+    }
+    return false;
+  }
+
+  // Marks this request as collective `kind` on `comm` in the trace, from now to completion.
+  void trace_collective(const char* kind, const nccl_communicator& comm) {
+    if (launch_) launch_->trace.begin(kind, comm.name(), comm.next_collective());
+  }
+
+ private:
+  friend class basic_request<nccl_request>;
+
+  std::chrono::milliseconds limit(std::chrono::milliseconds t) const {
+    return t.count() >= 0 ? t : state_->timeout();
+  }
+  bool settled() { return test(); }
+  void answer_queries() {
+    if (state_->watch) state_->watch->answer_queries();
+  }
+
+  [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
+    auto& st = *state_;
+    const auto seq = launch_->sequence;
+    end(op_state::timed_out);
+    std::string report;
+    if (st.watch) {
+      st.watch->announce();
+      report = cat("\n", st.watch->diagnose(seq, watchdog::grace(limit)));
+    }
+    std::string place;
+    {
+      std::lock_guard<std::mutex> lock(st.mutex);
+      place = st.where();
+      st.abort_locked(cat(what_, ": timed out after ", limit.count(), " ms"));
+    }
+    fail(what_, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); ", place,
+                    " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
+                    "different orders)", report));
+  }
+
+  // The operation is over, one way or another: recorded as such, its trace span closed.
+  void end(op_state how) noexcept {
+    state_->finish(launch_->sequence, how);
+    launch_->trace.end();
+    launch_.reset();
+  }
+
+  void swap(nccl_request& o) noexcept {
+    std::swap(state_, o.state_);
+    std::swap(launch_, o.launch_);
+    std::swap(what_, o.what_);
+  }
+
+  std::shared_ptr<detail::nccl_state> state_;
+  std::shared_ptr<detail::nccl_launch> launch_;
+  std::string what_;
+};
+
+}  // namespace flexcomm

@@ -1,0 +1,189 @@
+// What an NCCL communicator and its requests share: the NCCL handle, its stream, the deferred
+// point-to-point operations, and the MPI backend's bookkeeping over the same ranks (flight
+// recorder, timeout, the watchdog's side channel), so that NCCL's timeouts name ranks as MPI's do.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../../core/error.hpp"
+#include "../../core/trace.hpp"
+#include "../../core/wait.hpp"
+#include "../cuda/error.hpp"
+#include "../mpi/watchdog.hpp"
+#include "types.hpp"
+
+namespace flexcomm {
+
+namespace detail {
+using cuda::device_guard;
+
+// Holds an NCCL group open; ends it even when a call inside throws.
+class nccl_group {
+ public:
+  explicit nccl_group(const std::string& what) : what_(what) { check_nccl(ncclGroupStart(), cat(what, ": ncclGroupStart")); }
+  nccl_group(const nccl_group&) = delete;
+  nccl_group& operator=(const nccl_group&) = delete;
+  void end() {
+    open_ = false;
+    check_nccl(ncclGroupEnd(), cat(what_, ": ncclGroupEnd"));
+  }
+  ~nccl_group() {
+    if (open_) ncclGroupEnd();
+  }
+
+ private:
+  std::string what_;
+  bool open_ = true;
+};
+
+// Polls a nonblocking communicator until NCCL has finished enqueueing (or initializing);
+// false on timeout. An asynchronous error is thrown.
+inline bool nccl_settle(ncclComm_t comm, const std::string& what, std::chrono::milliseconds timeout) {
+  ncclResult_t state = ncclInProgress;
+  const bool settled = default_wait().until(
+      [&] {
+        check_nccl(ncclCommGetAsyncError(comm, &state), cat(what, ": ncclCommGetAsyncError"));
+        return state != ncclInProgress;
+      },
+      timeout);
+  if (settled) check_nccl(state, what);
+  return settled;
+}
+
+// Marks a launched operation: the event is recorded after its kernels, under the state's lock.
+struct nccl_launch {
+  cuda::event done;
+  bool launched = false;
+  std::uint64_t sequence = 0;       // in the communicator's flight recorder
+  trace::collective_mark trace;     // collectives only
+};
+
+struct nccl_p2p {
+  bool send;
+  const void* buf;
+  std::size_t count;
+  ncclDataType_t type;
+  int peer;
+  cudaStream_t stream;
+  std::shared_ptr<nccl_launch> launch;
+};
+
+// What a communicator and its requests share: the NCCL handle, its stream, the deferred
+// point-to-point operations and the bookkeeping for timeout reports.
+struct nccl_state {
+  ncclComm_t comm = nullptr;
+  cuda::stream_handle stream;
+  std::string name;
+  int rank = -1, size = 0, device = 0;
+  std::mutex mutex;  // one thread at a time issues NCCL calls on this communicator
+  std::vector<nccl_p2p> deferred;
+  // The MPI backend's bookkeeping over the same ranks: flight recorder, timeout and the side
+  // channel on which a rank that timed out asks its peers where they stand. NCCL operations are
+  // recorded there, so a timeout names the ranks that did not arrive, as MPI's do.
+  std::shared_ptr<mpi_comm_state> watch;
+  std::uint64_t collectives = 0;  // under the mutex; names the same collective on every rank
+  bool aborted = false;
+  std::string abort_reason;
+  std::vector<std::unique_ptr<ncclComm_t>> split_slots;
+
+  nccl_state() = default;
+  nccl_state(const nccl_state&) = delete;
+  nccl_state& operator=(const nccl_state&) = delete;
+
+  ~nccl_state() {
+    if (!comm) return;
+    // Finalize flushes outstanding work; if that does not settle in time, abort rather than hang.
+    try {
+      device_guard guard(device, name);
+      const ncclResult_t rc = ncclCommFinalize(comm);
+      if ((rc != ncclSuccess && rc != ncclInProgress) ||
+          !nccl_settle(comm, cat(name, ": ncclCommFinalize"), timeout())) {
+        ncclCommAbort(comm);
+        return;
+      }
+      ncclCommDestroy(comm);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n(while destroying nccl communicator '%s'; aborting it)\n", e.what(), name.c_str());
+      ncclCommAbort(comm);
+    }
+  }
+
+  std::chrono::milliseconds timeout() const { return watch ? watch->timeout() : default_timeout(); }
+
+  std::uint64_t record(const op_record& r) { return watch ? watch->recorder().enqueue(r) : 0; }
+  void finish(std::uint64_t seq, op_state s) {
+    if (watch && seq) watch->recorder().finish(seq, s);
+  }
+
+  std::string where() const {
+    const std::uint64_t enqueued = watch ? watch->recorder().last_enqueued() : 0;
+    const std::uint64_t completed = watch ? watch->recorder().last_completed() : 0;
+    return cat("nccl communicator '", name, "' (rank ", rank, " of ", size, "; last enqueued #", enqueued,
+               ", last completed #", completed, ")");
+  }
+
+  // Called with the mutex held.
+  void require_usable(const std::string& what) const {
+    check(!aborted, what, cat(where(), " was aborted: ", abort_reason));
+  }
+
+  // Called with the mutex held: ends the communicator so that kernels stuck in it return.
+  void abort_locked(const std::string& reason) {
+    if (aborted) return;
+    aborted = true;
+    abort_reason = reason;
+    if (comm) {
+      device_guard guard(device, name);
+      ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
+
+  // Called with the mutex held, after an NCCL call: waits until the work is enqueued, so that an
+  // event recorded next really follows it.
+  void settle_locked(const std::string& what) {
+    if (!nccl_settle(comm, what, timeout())) {
+      const auto reason = cat("enqueueing did not finish within ", timeout().count(), " ms (FLEXCOMM_TIMEOUT)");
+      const auto place = where();
+      abort_locked(cat(what, ": ", reason));
+      fail(what, cat(reason, "; ", place, " aborted with ncclCommAbort"));
+    }
+  }
+
+  // Called with the mutex held: launches deferred sends and receives as one group.
+  void flush_locked(const std::string& what) {
+    if (deferred.empty()) return;
+    require_usable(what);
+    std::vector<nccl_p2p> batch;
+    batch.swap(deferred);
+    device_guard guard(device, what);
+    nccl_group group(what);
+    for (const auto& p : batch) {
+      cudaStream_t s = p.stream ? p.stream : stream.get();
+      if (p.count == 0) continue;  // both sides know the count: an empty message is no message
+      if (p.send)
+        check_nccl(ncclSend(p.buf, p.count, p.type, p.peer, comm, s), cat(what, ": ncclSend to ", p.peer));
+      else
+        check_nccl(ncclRecv(const_cast<void*>(p.buf), p.count, p.type, p.peer, comm, s),
+                   cat(what, ": ncclRecv from ", p.peer));
+    }
+    group.end();
+    settle_locked(what);
+    for (const auto& p : batch) {
+      p.launch->done.record(p.stream ? p.stream : stream.get(), what);
+      p.launch->launched = true;
+    }
+  }
+};
+}  // namespace detail
+
+}  // namespace flexcomm
