@@ -1,12 +1,14 @@
 // The device backends' test cases, shared by nccl and staged: every operation, element type and
 // op against the host reference of tests/exact_values.hpp (which tests/mpi/backend.cpp uses too),
-// on device buffers, on the communicator's own stream and on an explicit one.
-// Include after gpu_fixture.hpp with `using backend = <device backend>;` in scope.
+// on the backend's buffers (tests/test_buffer.hpp), on the communicator's own stream and on an
+// explicit one. Include after gpu_fixture.hpp and gpu/device_buffer.hpp with
+// `using backend = <device backend>;` in scope.
 #pragma once
 
 #include <boost/mpl/list.hpp>
 
-#include "../exact_values.hpp"
+#include "exact_values.hpp"
+#include "test_buffer.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -27,42 +29,11 @@ namespace {
 
 const typename backend::communicator& comm() { return fc::testing::backend_world<backend>(); }
 
-// Device memory holding a copy of a host vector.
 template <class T>
-class device_buffer {
- public:
-  explicit device_buffer(std::size_t n) : n_(n) {
-    if (n_) fc::check_cuda(cudaMalloc(&p_, n_ * sizeof(T)), "test: cudaMalloc");
-    if (n_) fc::check_cuda(cudaMemset(p_, 0xff, n_ * sizeof(T)), "test: cudaMemset");  // not a plausible result
-  }
-  explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) {
-    if (n_) fc::check_cuda(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "test: upload");
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() {
-    if (p_) cudaFree(p_);
-  }
-  std::vector<T> host() const {
-    fc::check_cuda(cudaDeviceSynchronize(), "test: cudaDeviceSynchronize");
-    std::vector<T> out(n_);
-    if (n_) fc::check_cuda(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "test: download");
-    return out;
-  }
-  fc::span<T> span() const { return {p_, n_}; }
-  fc::span<const T> cspan() const { return {p_, n_}; }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_;
-};
-
-// An explicit stream besides the communicator's own, to check the stream parameter is honoured.
-struct side_stream {
-  cudaStream_t s = nullptr;
-  side_stream() { fc::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "test: cudaStreamCreate"); }
-  ~side_stream() { cudaStreamDestroy(s); }
-};
+using test_buffer = fc::testing::test_buffer<backend::memory, T>;
+using side_stream = fc::testing::side_stream<backend::memory>;
+// The communicator's own stream.
+constexpr typename backend::stream own_stream{};
 
 }  // namespace
 
@@ -72,7 +43,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(allreduce_matches_every_op, T, element_types) {
   for (std::size_t n : counts)
     for (fc::op o : all_ops) {
       const auto host = data<T>(rank, n);
-      device_buffer<T> send(host), out(n), in_place(host);
+      test_buffer<T> send(host), out(n), in_place(host);
       auto a = backend::template iallreduce<T>(comm(), send.cspan(), out.span(), o);
       auto b = backend::iallreduce(comm(), in_place.span(), o, side.s);
       a.wait();
@@ -88,7 +59,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_lands_at_each_root, T, element_types) {
   for (int root = 0; root < size; ++root)
     for (fc::op o : all_ops) {
       const std::size_t n = 37;
-      device_buffer<T> send(data<T>(rank, n)), out(rank == root ? n : 0);
+      test_buffer<T> send(data<T>(rank, n)), out(rank == root ? n : 0);
       backend::template ireduce<T>(comm(), send.cspan(), out.span(), o, root).wait();
       BOOST_TEST(fc::testing::all_ranks(rank != root || same(out.host(), expected<T>(o, size, n), n, o)),
                  "root=" << root << " op=" << fc::name_of(o));
@@ -100,8 +71,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bcast_from_each_root, T, element_types) {
   side_stream side;
   for (int root = 0; root < size; ++root)
     for (std::size_t n : counts) {
-      device_buffer<T> buf(rank == root ? data<T>(root, n) : std::vector<T>(n));
-      backend::ibcast(comm(), buf.span(), root, root % 2 ? side.s : nullptr).wait();
+      test_buffer<T> buf(rank == root ? data<T>(root, n) : std::vector<T>(n));
+      backend::ibcast(comm(), buf.span(), root, root % 2 ? side.s : own_stream).wait();
       BOOST_TEST(fc::testing::all_ranks(same(buf.host(), data<T>(root, n), n)), "root=" << root << " n=" << n);
     }
 }
@@ -111,18 +82,18 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(gatherv_and_allgatherv_with_uneven_counts, T, elem
   std::vector<int> per_rank(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) per_rank[static_cast<std::size_t>(r)] = (r * 5) % 4;  // includes zero
   const int total = std::accumulate(per_rank.begin(), per_rank.end(), 0);
-  device_buffer<T> mine(data<T>(rank, static_cast<std::size_t>(per_rank[static_cast<std::size_t>(rank)])));
+  test_buffer<T> mine(data<T>(rank, static_cast<std::size_t>(per_rank[static_cast<std::size_t>(rank)])));
   std::vector<T> want;
   for (int r = 0; r < size; ++r) {
     const auto part = data<T>(r, static_cast<std::size_t>(per_rank[static_cast<std::size_t>(r)]));
     want.insert(want.end(), part.begin(), part.end());
   }
   for (int root = 0; root < size; ++root) {
-    device_buffer<T> out(rank == root ? static_cast<std::size_t>(total) : 0);
+    test_buffer<T> out(rank == root ? static_cast<std::size_t>(total) : 0);
     backend::template igatherv<T>(comm(), mine.cspan(), out.span(), fc::span<const int>(per_rank), root).wait();
     BOOST_TEST(fc::testing::all_ranks(rank != root || same(out.host(), want, want.size())), "root=" << root);
   }
-  device_buffer<T> all(static_cast<std::size_t>(total));
+  test_buffer<T> all(static_cast<std::size_t>(total));
   backend::template iallgatherv<T>(comm(), mine.cspan(), all.span(), fc::span<const int>(per_rank)).wait();
   BOOST_TEST(fc::testing::all_ranks(same(all.host(), want, want.size())));
 }
@@ -130,7 +101,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(gatherv_and_allgatherv_with_uneven_counts, T, elem
 BOOST_AUTO_TEST_CASE_TEMPLATE(allgather_and_reduce_scatter, T, element_types) {
   const int rank = world().rank(), size = world().size();
   for (std::size_t n : counts) {
-    device_buffer<T> mine(data<T>(rank, n)), all(n * static_cast<std::size_t>(size));
+    test_buffer<T> mine(data<T>(rank, n)), all(n * static_cast<std::size_t>(size));
     backend::template iallgather<T>(comm(), mine.cspan(), all.span()).wait();
     const auto got = all.host();
     bool ok = true;
@@ -144,7 +115,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(allgather_and_reduce_scatter, T, element_types) {
         blocks[static_cast<std::size_t>(r)] =
             static_cast<int>(even ? n / size : n / size + (static_cast<std::size_t>(r) < n % size));
       for (fc::op o : all_ops) {
-        device_buffer<T> out(static_cast<std::size_t>(blocks[static_cast<std::size_t>(rank)]));
+        test_buffer<T> out(static_cast<std::size_t>(blocks[static_cast<std::size_t>(rank)]));
         backend::template ireduce_scatter<T>(comm(), mine.cspan(), out.span(), fc::span<const int>(blocks), o).wait();
         const auto want = expected<T>(o, size, n);
         const std::size_t offset = std::accumulate(blocks.begin(), blocks.begin() + rank, std::size_t{0});
@@ -161,8 +132,8 @@ BOOST_AUTO_TEST_CASE(point_to_point_ring) {
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
   side_stream side;
   for (int round = 0; round < 3; ++round) {  // several messages between the same pair keep their order
-    device_buffer<float> mine(data<float>(rank + round, 100)), got(100);
-    auto r = backend::irecv(comm(), got.span(), prev, 7, round == 1 ? side.s : nullptr);
+    test_buffer<float> mine(data<float>(rank + round, 100)), got(100);
+    auto r = backend::irecv(comm(), got.span(), prev, 7, round == 1 ? side.s : own_stream);
     auto s = backend::isend(comm(), mine.cspan(), next, 7);
     r.wait();  // waiting on the receive first must not hang on the unlaunched send
     s.wait();
@@ -172,7 +143,7 @@ BOOST_AUTO_TEST_CASE(point_to_point_ring) {
 
 BOOST_AUTO_TEST_CASE(device_hooks_combine_divide_copy) {
   const std::size_t n = 1001;
-  device_buffer<float> a(data<float>(1, n)), b(data<float>(2, n)), c(n);
+  test_buffer<float> a(data<float>(1, n)), b(data<float>(2, n)), c(n);
   typename backend::template buffer<float> scratch;  // the backend's scratch space: device memory
   scratch.resize(7);
   scratch.resize(n);
@@ -189,7 +160,7 @@ BOOST_AUTO_TEST_CASE(device_hooks_combine_divide_copy) {
 }
 
 BOOST_AUTO_TEST_CASE(local_size_mistakes_are_named_errors) {
-  device_buffer<float> a(4), b(5);
+  test_buffer<float> a(4), b(5);
   BOOST_CHECK_EXCEPTION(backend::template iallreduce<float>(comm(), a.cspan(), b.span(), fc::op::sum), fc::error,
                         [](const fc::error& e) { return std::string(e.cause()) == "send holds 4 elements, receive holds 5"; });
   BOOST_CHECK_THROW(backend::ibcast(comm(), a.span(), world().size()), fc::error);
@@ -198,7 +169,7 @@ BOOST_AUTO_TEST_CASE(local_size_mistakes_are_named_errors) {
   BOOST_CHECK_THROW(backend::template iallgatherv<float>(comm(), a.cspan(), b.span(), fc::span<const int>(bad_counts)),
                     fc::error);
   // The operations still line up across ranks afterwards.
-  device_buffer<int> one(std::vector<int>{1});
+  test_buffer<int> one(std::vector<int>{1});
   backend::iallreduce(comm(), one.span(), fc::op::sum).wait();
   BOOST_TEST(fc::testing::all_ranks(one.host()[0] == world().size()));
 }
@@ -210,7 +181,7 @@ BOOST_AUTO_TEST_CASE(split_into_halves_and_dup) {
   auto halves = comm().split(sits_out ? backend::communicator::undefined : rank % 2, rank, "half");
   bool ok = static_cast<bool>(halves) == !sits_out;
   if (halves) {
-    device_buffer<int> x(std::vector<int>{rank, 1});
+    test_buffer<int> x(std::vector<int>{rank, 1});
     backend::iallreduce(halves, x.span(), fc::op::sum).wait();
     int want_sum = 0, want_count = 0;
     for (int r = 0; r < size; ++r)
@@ -220,7 +191,7 @@ BOOST_AUTO_TEST_CASE(split_into_halves_and_dup) {
          halves.control().size() == want_count && halves.control().rank() == halves.rank();
   }
   auto copy = comm().dup("copy");
-  device_buffer<int> y(std::vector<int>{rank});
+  test_buffer<int> y(std::vector<int>{rank});
   backend::iallreduce(copy, y.span(), fc::op::max).wait();
   ok = ok && y.host()[0] == size - 1 && copy.size() == size;
   BOOST_TEST(fc::testing::all_ranks(ok));
@@ -232,7 +203,7 @@ BOOST_AUTO_TEST_CASE(each_communicator_keeps_its_own_timeout_and_flight_recorder
   auto timed = comm().dup("timed");
   timed.set_timeout(milliseconds{1234});
   bool ok = timed.timeout() == milliseconds{1234} && comm().timeout() == fc::default_timeout();
-  device_buffer<int> x(std::vector<int>{1});
+  test_buffer<int> x(std::vector<int>{1});
   backend::iallreduce(timed, x.span(), fc::op::sum).wait();
   const fc::flight_recorder* recorder = timed.recorder();
   ok = ok && recorder != nullptr && recorder->last_completed() >= 1 && recorder->in_flight() == 0;
@@ -243,7 +214,7 @@ BOOST_AUTO_TEST_CASE(each_communicator_keeps_its_own_timeout_and_flight_recorder
 
 BOOST_AUTO_TEST_CASE(operations_on_an_empty_communicator_are_errors) {
   typename backend::communicator empty;
-  device_buffer<float> a(std::vector<float>{1.f});
+  test_buffer<float> a(std::vector<float>{1.f});
   BOOST_CHECK_THROW(backend::iallreduce(empty, a.span(), fc::op::sum), fc::error);
 }
 
@@ -251,7 +222,7 @@ BOOST_AUTO_TEST_CASE(operations_on_an_empty_communicator_are_errors) {
 // Sync slot needs: overlapped_ring<B>(member_comm) with member_comm an mpi::communicator.
 BOOST_AUTO_TEST_CASE(an_mpi_communicator_converts) {
   auto sum_of_ranks = [](const typename backend::communicator& c) {
-    device_buffer<int> x(std::vector<int>{c.rank()});
+    test_buffer<int> x(std::vector<int>{c.rank()});
     backend::iallreduce(c, x.span(), fc::op::sum).wait();
     return x.host()[0];
   };
