@@ -6,6 +6,8 @@
 
 #include <flexcomm/flexcomm.hpp>
 
+#include <type_traits>
+
 namespace flexcomm::testing {
 
 struct mpi_fixture {
@@ -22,6 +24,14 @@ struct mpi_fixture {
 };
 
 inline const flexcomm::mpi::communicator& world() { return mpi_fixture::env->world(); }
+
+// The world communicator of backend B, as tests/gpu/gpu_fixture.hpp gives it for the device
+// backends (tests/backend_cases.hpp): for the MPI backend, the environment's own.
+template <class B>
+const typename B::communicator& backend_world() {
+  static_assert(std::is_same_v<B, mpi>, "an MPI test program's world is the MPI backend's");
+  return world();
+}
 
 // True on every rank when `ok` is true on every rank: a test asserts once, collectively,
 // so one failing rank cannot leave the others waiting in the next collective.

@@ -13,7 +13,8 @@ BOOST_AUTO_TEST_CASE(ranks_sharing_a_gpu_have_distinct_nccl_host_ids) {
   BOOST_TEST_REQUIRE(flexcomm::testing::all_ranks(problem.empty()), problem);
 }
 
-#include "backend_cases.hpp"
+#include "device_buffer.hpp"
+#include "../backend_cases.hpp"
 
 BOOST_AUTO_TEST_CASE(host_buffers_are_refused_by_name) {
   std::vector<float> host(8, 1.f);
@@ -37,7 +38,7 @@ BOOST_AUTO_TEST_CASE(a_missing_rank_becomes_an_abort_and_an_error) {
     auto lonely = comm().dup("lonely");
     lonely.set_timeout(std::chrono::milliseconds{3000});
     if (world().rank() == 0) {
-      device_buffer<float> x(std::vector<float>(16, 1.f));
+      test_buffer<float> x(std::vector<float>(16, 1.f));
       try {
         backend::iallreduce(lonely, x.span(), fc::op::sum).wait();
         ok = false;
@@ -51,7 +52,7 @@ BOOST_AUTO_TEST_CASE(a_missing_rank_becomes_an_abort_and_an_error) {
     }
   }
   BOOST_TEST(fc::testing::all_ranks(ok));
-  device_buffer<int> one(std::vector<int>{1});
+  test_buffer<int> one(std::vector<int>{1});
   backend::iallreduce(comm(), one.span(), fc::op::sum).wait();
   BOOST_TEST(fc::testing::all_ranks(one.host()[0] == world().size()));
 }
