@@ -1,5 +1,6 @@
 #define BOOST_TEST_MODULE mpi_pipeline
 #include "mpi_fixture.hpp"
+#include "errors.hpp"
 
 #include <flexcomm/pipeline/presets.hpp>
 
@@ -367,4 +368,25 @@ BOOST_AUTO_TEST_CASE(run_happens_once) {
     ok = ok && std::string(e.what()).find("once per pipeline") != std::string::npos;
   }
   BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+// run() makes the feed, but the constructor already refuses its options, on every rank at once:
+// options wrong everywhere, and options that differ between ranks (which local_feed, checking
+// only what its rank can see, would not tell).
+BOOST_AUTO_TEST_CASE(the_constructor_refuses_bad_feed_options_on_every_rank) {
+  using fc::testing::contains;
+  using fc::testing::error_of;
+  const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(world().size()), 1), 0);
+  fc::presets::all_shared<>::options options;
+  options.feed.steps = 1;
+  options.feed.shard_capacity = records_per_shard * record_bytes;
+  options.feed.depth = 0;
+  const std::string bad = error_of([&] { fc::presets::all_shared<>::pipeline pipe(world(), layout, options); });
+  BOOST_TEST(fc::testing::all_ranks(contains(bad, "ensemble_pipeline: depth must be >= 1")), bad);
+  fc::presets::baseline<>::options differ;
+  differ.feed.steps = world().rank() == 0 ? 2 : 1;
+  differ.feed.shard_capacity = records_per_shard * record_bytes;
+  const std::string split = error_of([&] { fc::presets::baseline<>::pipeline pipe(world(), layout, differ); });
+  BOOST_TEST(fc::testing::all_ranks(world().size() == 1 ? split.empty() : contains(split, "ranks disagree on steps")),
+             split);
 }

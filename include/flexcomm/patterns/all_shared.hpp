@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -20,6 +19,7 @@
 #include "../backend/contract.hpp"
 #include "feed.hpp"
 #include "feed/pump.hpp"
+#include "feed/ring.hpp"
 #include "feed/wire.hpp"
 #include "feed/agreement.hpp"
 
@@ -62,11 +62,9 @@ class all_shared {
 
   struct round : detail::in_flight<request> {
     std::vector<std::vector<std::byte>> send, recv;  // per piece of this trainer
-    std::int64_t index = -1;
   };
 
   void post_free_rounds();
-  round& round_of(std::int64_t g) { return *ring_[static_cast<std::size_t>(g % static_cast<std::int64_t>(ring_.size()))]; }
   void drain() noexcept;
 
   ensemble_layout layout_;
@@ -81,7 +79,7 @@ class all_shared {
   std::int64_t rounds_ = 0;
 
   detail::pump<round> pump_;
-  std::vector<std::shared_ptr<round>> ring_;
+  detail::batch_ring<round> ring_;
   std::int64_t next_round_ = 0, next_step_ = 0, lent_round_ = -1;
   detail::batch_storage batch_;
 };
@@ -114,15 +112,14 @@ all_shared<B>::all_shared(const communicator& world, const ensemble_layout& layo
   my_pieces_ = detail::pieces_of_trainer(pieces_, role_.member, role_.rank_in_member);
   shards_ = layout_.shards_of(role_.member, role_.rank_in_member);
   batch_.offsets.resize(static_cast<std::size_t>(shards_.count) + 1);
-  ring_.resize(static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_))));
-  for (auto& r : ring_) {
-    r = std::make_shared<round>();
+  const auto rounds_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_)));
+  ring_ = detail::batch_ring<round>(rounds_in_flight, [&](round& r) {
     for (int c : my_pieces_) {
       const std::size_t bytes = detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity);
-      r->send.emplace_back(bytes + detail::guard_bytes);
-      r->recv.emplace_back(bytes * static_cast<std::size_t>(members_));
+      r.send.emplace_back(bytes + detail::guard_bytes);
+      r.recv.emplace_back(bytes * static_cast<std::size_t>(members_));
     }
-  }
+  });
 }
 
 template <class B>
@@ -135,9 +132,8 @@ template <class B>
 void all_shared<B>::post_free_rounds() {
   while (next_round_ < rounds_) {
     const std::int64_t g = next_round_;
-    round& r = round_of(g);
-    if (r.index >= 0) return;
-    r.index = g;
+    if (!ring_.claim(g)) return;  // still holds an earlier round
+    round& r = ring_.at(g);
     r.clear();
     const std::int64_t step = g * members_ + role_.member;
     for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
@@ -153,8 +149,7 @@ void all_shared<B>::post_free_rounds() {
           span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(send.data()), bytes),
           span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(r.recv[i].data()), r.recv[i].size())));
     }
-    pump_.add(ring_[static_cast<std::size_t>(g % static_cast<std::int64_t>(ring_.size()))],
-              cat("all_shared: allgather of round ", g));
+    pump_.add(ring_.shared(g), cat("all_shared: allgather of round ", g));
     ++next_round_;
   }
 }
@@ -163,15 +158,15 @@ template <class B>
 std::optional<batch> all_shared<B>::next() {
   check(role_.kind == role::trainer, "all_shared", "next() is for trainer ranks; this rank is a producer");
   if (lent_round_ >= 0 && lent_round_ != next_step_ / members_) {
-    round_of(lent_round_).index = -1;
+    ring_.release(lent_round_);
     lent_round_ = -1;
   }
   if (next_step_ >= options_.steps) return std::nullopt;
   trace::span traced(trace::names::feed_wait, next_step_, "step", "feed");
   post_free_rounds();
   const std::int64_t step = next_step_, g = step / members_;
-  round& r = round_of(g);
-  check(r.index == g, "all_shared", cat("round ", g, " was never posted"));
+  check(ring_.holder(g) == g, "all_shared", cat("round ", g, " was never posted"));
+  round& r = ring_.at(g);
   pump_.await(r, cat("all_shared: allgather of round ", g));
   std::size_t shard = 0;
   batch_.offsets[0] = 0;
@@ -204,15 +199,8 @@ template <class B>
 void all_shared<B>::drain() noexcept {
   try {
     lent_round_ = -1;
-    for (;;) {
-      post_free_rounds();
-      std::shared_ptr<round> oldest;
-      for (auto& r : ring_)
-        if (r->index >= 0 && (!oldest || r->index < oldest->index)) oldest = r;
-      if (!oldest) break;
-      pump_.await(*oldest, cat("all_shared: allgather of round ", oldest->index));
-      oldest->index = -1;
-    }
+    ring_.drain([&] { post_free_rounds(); },
+                [&](round& r, std::int64_t g) { pump_.await(r, cat("all_shared: allgather of round ", g)); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n(all_shared: while draining the stream in the destructor)\n", e.what());
   }

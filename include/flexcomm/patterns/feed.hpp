@@ -1,8 +1,8 @@
 // The vocabulary every feed shares: the trainer's loader, the options, the flow-control policy
 // and the batch a trainer gets from next(). local_feed, one_to_many and all_shared all speak it;
 // how they move batches is in feed/: pump.hpp (requests in flight, driven by the progress
-// engine), wire.hpp (a piece of a step on the wire) and agreement.hpp (options every rank must
-// share).
+// engine), ring.hpp (the steps a feed keeps in flight, one slot each), wire.hpp (a piece of a
+// step on the wire) and agreement.hpp (options every rank must share).
 #pragma once
 
 #include <cstddef>

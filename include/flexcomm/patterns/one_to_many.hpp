@@ -22,6 +22,7 @@
 #include "../backend/contract.hpp"
 #include "feed.hpp"
 #include "feed/pump.hpp"
+#include "feed/ring.hpp"
 #include "feed/wire.hpp"
 #include "feed/agreement.hpp"
 
@@ -82,7 +83,7 @@ class one_to_many {
     int credit = 1;                 // trainer: what it sends
     std::vector<int> credits_in;    // producer: one per trainer
     bool posted = false;     // its requests were handed to the pump
-    std::int64_t step = -1;
+    std::int64_t step = -1;  // of its requests, named when a wait fails
   };
 
   void start(const std::shared_ptr<transfer>& t, const char* what, std::int64_t step);
@@ -97,7 +98,6 @@ class one_to_many {
   // Trainer side.
   std::size_t ring_size() const;
   void post_free_slots();
-  transfer& slot_of(std::int64_t step) { return *ring_[static_cast<std::size_t>(step % static_cast<std::int64_t>(ring_.size()))]; }
   void wait_for(std::int64_t step);
   std::int64_t choose_step();
   void drain() noexcept;
@@ -117,7 +117,7 @@ class one_to_many {
   std::size_t piece_size_ = 0;
 
   detail::pump<transfer> pump_;
-  std::vector<std::shared_ptr<transfer>> ring_;
+  detail::batch_ring<transfer> ring_;
   std::int64_t next_post_ = 0, next_step_ = 0, lent_ = -1, skipped_ = 0;
   detail::batch_storage batch_;
   bool produced_ = false;
@@ -174,12 +174,10 @@ one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& la
   my_pieces_ = detail::pieces_of_trainer(pieces_, role_.member, role_.rank_in_member);
   shards_ = layout_.shards_of(role_.member, role_.rank_in_member);
   batch_.offsets.resize(static_cast<std::size_t>(shards_.count) + 1);
-  ring_.resize(ring_size());
-  for (auto& t : ring_) {
-    t = std::make_shared<transfer>();
+  ring_ = detail::batch_ring<transfer>(ring_size(), [&](transfer& t) {
     for (int c : my_pieces_)
-      t->slots.emplace_back(detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity));
-  }
+      t.slots.emplace_back(detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity));
+  });
   post_free_slots();
 }
 
@@ -209,9 +207,8 @@ template <class B>
 void one_to_many<B>::post_free_slots() {
   while (next_post_ < options_.steps) {
     const std::int64_t s = next_post_;
-    transfer& t = slot_of(s);
-    if (t.step >= 0) return;  // still holds an earlier step
-    t.step = s;
+    if (!ring_.claim(s)) return;  // still holds an earlier step
+    transfer& t = ring_.at(s);
     t.clear();
     const int producer = producer_of(s);
     const int from = producer_world_rank_[static_cast<std::size_t>(producer)];
@@ -223,7 +220,7 @@ void one_to_many<B>::post_free_slots() {
                       span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0, piece_tag),
              from);
     }
-    start(ring_[static_cast<std::size_t>(s % static_cast<std::int64_t>(ring_.size()))], "receive", s);
+    start(ring_.shared(s), "receive", s);
     ++next_post_;
   }
 }
@@ -231,9 +228,9 @@ void one_to_many<B>::post_free_slots() {
 template <class B>
 void one_to_many<B>::wait_for(std::int64_t step) {
   trace::span traced(trace::names::feed_wait, step, "step", "feed");
-  transfer& t = slot_of(step);
-  check(t.step == step, "one_to_many", cat("step ", step, " was never posted (ring holds step ", t.step, ")"));
-  await(t, "receive");
+  const std::int64_t held = ring_.holder(step);
+  check(held == step, "one_to_many", cat("step ", step, " was never posted (ring holds step ", held, ")"));
+  await(ring_.at(step), "receive");
 }
 
 // Under skip_ahead, rank 0 of the member picks the step, so that all its ranks deliver the same.
@@ -242,8 +239,9 @@ std::int64_t one_to_many<B>::choose_step() {
   std::int64_t target = next_step_;
   if (options_.flow.kind != flow_control::policy::skip_ahead) return target;
   if (member_comm_.rank() == 0) {
-    for (const auto& t : ring_)
-      if (t->step > target && t->wake.fired.load(std::memory_order_acquire)) target = std::max(target, t->step);
+    ring_.for_each_held([&](std::int64_t step, transfer& t) {
+      if (step > target && t.wake.fired.load(std::memory_order_acquire)) target = std::max(target, step);
+    });
     if (target - next_step_ <= options_.flow.max_behind) target = next_step_;
   }
   if (member_comm_.size() > 1) B::ibcast(member_comm_, span<std::int64_t>(&target, 1), 0).wait();
@@ -254,7 +252,7 @@ template <class B>
 std::optional<batch> one_to_many<B>::next() {
   check(role_.kind == role::trainer, "one_to_many", "next() is for trainer ranks; this rank is a producer");
   if (lent_ >= 0) {
-    slot_of(lent_).step = -1;
+    ring_.release(lent_);
     lent_ = -1;
     post_free_slots();
   }
@@ -263,15 +261,15 @@ std::optional<batch> one_to_many<B>::next() {
   for (; next_step_ < target; ++next_step_, ++skipped_) {
     // A skipped step is received all the same (broadcasts are collective) and then dropped.
     wait_for(next_step_);
-    transfer& t = slot_of(next_step_);
+    transfer& t = ring_.at(next_step_);
     for (std::size_t i = 0; i < my_pieces_.size(); ++i)
       detail::read_piece("one_to_many", span<const std::byte>(t.slots[i].data(), t.slots[i].size()), next_step_,
                          pieces_[static_cast<std::size_t>(my_pieces_[i])].shards, options_.shard_capacity);
-    t.step = -1;
+    ring_.release(next_step_);
     post_free_slots();
   }
   wait_for(target);
-  transfer& t = slot_of(target);
+  transfer& t = ring_.at(target);
   std::size_t shard = 0;
   batch_.offsets[0] = 0;
   if (my_pieces_.size() > 1) batch_.bytes.clear();
@@ -305,21 +303,21 @@ void one_to_many<B>::produce() {
   const int me = role_.producer;
   // Round-robin: steps me, me + P, ...; a per-host producer: every step.
   const std::int64_t first = layout_.per_host() ? 0 : me, P = layout_.per_host() ? 1 : layout_.producers();
-  const std::size_t depth = static_cast<std::size_t>(options_.depth);
+  const std::int64_t depth = options_.depth;
   const communicator& credits = credit_comms_[static_cast<std::size_t>(me)];
   if (credits.size() == 1) return;  // a host without trainers: nobody to feed
   std::vector<int> mine;  // the pieces this producer loads and ships
   for (std::size_t c = 0; c < pieces_.size(); ++c)
     if (ships_[index_of(me, static_cast<int>(c))]) mine.push_back(static_cast<int>(c));
-  std::vector<std::shared_ptr<transfer>> ring(depth), ready(depth);
-  for (std::size_t i = 0; i < depth; ++i) {
-    ring[i] = std::make_shared<transfer>();
+  // `ring` (pieces) and `ready` (credits) are addressed by k, this producer's k-th step, not by
+  // the step: its steps are P apart, and every one of the `depth` slots is to be used.
+  detail::batch_ring<transfer> ring(static_cast<std::size_t>(depth), [&](transfer& t) {
     for (int c : mine)
-      ring[i]->slots.emplace_back(detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity) +
-                                  detail::guard_bytes);
-    ready[i] = std::make_shared<transfer>();
-    ready[i]->credits_in.resize(static_cast<std::size_t>(credits.size()));
-  }
+      t.slots.emplace_back(detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity) +
+                           detail::guard_bytes);
+  });
+  detail::batch_ring<transfer> ready(static_cast<std::size_t>(depth),
+                                     [&](transfer& t) { t.credits_in.resize(static_cast<std::size_t>(credits.size())); });
   // The world rank behind every rank of each communicator this producer posts on, named when
   // a wait times out.
   auto world_ranks = [](const communicator& comm) {
@@ -331,46 +329,46 @@ void one_to_many<B>::produce() {
   std::vector<std::vector<int>> piece_peers;
   for (int c : mine) piece_peers.push_back(world_ranks(comm_of(me, c)));
   // The credits of step s (the k-th of this producer) are asked for `depth` steps ahead.
-  auto ask_credits = [&](std::int64_t s, std::size_t k) {
-    auto& r = ready[k % depth];
-    r->clear();
+  auto ask_credits = [&](std::int64_t s, std::int64_t k) {
+    transfer& r = ready.at(k);
+    r.clear();
     for (int trainer = 1; trainer < credits.size(); ++trainer)
-      r->post(B::irecv(credits, span<int>(&r->credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
-              credit_peers[static_cast<std::size_t>(trainer)]);
-    start(r, "credits", s);
+      r.post(B::irecv(credits, span<int>(&r.credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
+             credit_peers[static_cast<std::size_t>(trainer)]);
+    start(ready.shared(k), "credits", s);
   };
-  for (std::size_t k = 0; k < depth && first + static_cast<std::int64_t>(k) * P < options_.steps; ++k)
-    ask_credits(first + static_cast<std::int64_t>(k) * P, k);
+  for (std::int64_t k = 0; k < depth && first + k * P < options_.steps; ++k) ask_credits(first + k * P, k);
   std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
-  std::size_t k = 0;
+  std::int64_t k = 0;
   for (std::int64_t s = first; s < options_.steps; s += P, ++k) {
-    auto& t = ring[k % depth];
-    if (t->posted) await(*t, "send");  // its sends finished: the slot can be refilled
+    transfer& t = ring.at(k);
+    if (t.posted) await(t, "send");  // its sends finished: the slot can be refilled
     // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
     // only its owners stop.
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const auto& piece = pieces_[static_cast<std::size_t>(mine[i])];
-      auto& slot = t->slots[i];
+      auto& slot = t.slots[i];
       detail::fill_piece(load_, s, piece.first_shard, piece.shards, options_.shard_capacity, span<std::byte>(slot));
       if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
         failure.assign(slot.begin(), slot.end());
     }
-    await(*ready[k % depth], "credits");
-    t->clear();
+    await(ready.at(k), "credits");
+    t.clear();
     for (std::size_t i = 0; i < mine.size(); ++i) {
-      auto& slot = t->slots[i];
+      auto& slot = t.slots[i];
       const std::size_t bytes = slot.size() - detail::guard_bytes;
       const communicator& comm = comm_of(me, mine[i]);
       for (int r = 1; r < comm.size(); ++r)
-        t->post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes), r,
-                         piece_tag),
-                piece_peers[i][static_cast<std::size_t>(r)]);
+        t.post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes), r,
+                        piece_tag),
+               piece_peers[i][static_cast<std::size_t>(r)]);
     }
-    start(t, "send", s);
-    if (s + static_cast<std::int64_t>(depth) * P < options_.steps) ask_credits(s + static_cast<std::int64_t>(depth) * P, k + depth);
+    start(ring.shared(k), "send", s);
+    if (s + depth * P < options_.steps) ask_credits(s + depth * P, k + depth);
   }
-  for (auto& t : ring)
-    if (t->posted) await(*t, "send");
+  ring.for_each([&](transfer& t) {
+    if (t.posted) await(t, "send");
+  });
   if (!failure.empty()) detail::piece_failure("one_to_many", span<const std::byte>(failure.data(), failure.size()),
                                               options_.shard_capacity);
 }
@@ -379,18 +377,9 @@ void one_to_many<B>::produce() {
 template <class B>
 void one_to_many<B>::drain() noexcept {
   try {
-    if (lent_ >= 0) slot_of(lent_).step = -1;
+    if (lent_ >= 0) ring_.release(lent_);
     lent_ = -1;
-    for (;;) {
-      post_free_slots();
-      // Wait for the oldest step still in the ring, free it, repeat.
-      std::shared_ptr<transfer> oldest;
-      for (auto& t : ring_)
-        if (t->step >= 0 && (!oldest || t->step < oldest->step)) oldest = t;
-      if (!oldest) break;
-      await(*oldest, "receive");
-      oldest->step = -1;
-    }
+    ring_.drain([&] { post_free_slots(); }, [&](transfer& t, std::int64_t) { await(t, "receive"); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n(one_to_many: while draining the stream in the destructor)\n", e.what());
   }

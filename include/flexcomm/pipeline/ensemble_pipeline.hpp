@@ -11,13 +11,15 @@
 //              auto all = ctx.collect().template gather<float>();
 //            });
 //
-// Every communicator is built in the constructor, collectively over `world`, in one fixed order
-// on every rank: the member communicators, the feed's, the collect's, then each member's sync.
-// A per-host layout ("producers=per-host") is placed on the world's hosts before all of them.
+// The constructor builds, collectively over `world`, in one fixed order on every rank: the member
+// communicators, a duplicate of `world` for the feed, the collect's, then each member's sync.
+// The feed's own communicators are built in run(), on that duplicate, when the feed is made with
+// the loader run() is given: run() is collective too, and the duplicate keeps them apart from
+// whatever the trainer does on `world` in between. A per-host layout ("producers=per-host") is
+// placed on the world's hosts before all of them.
 #pragma once
 
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -28,6 +30,7 @@
 #include "../core/span.hpp"
 #include "../backend/contract.hpp"
 #include "../patterns/feed.hpp"
+#include "../patterns/feed/agreement.hpp"
 #include "../patterns/sync.hpp"
 
 namespace flexcomm {
@@ -141,8 +144,9 @@ class ensemble_pipeline {
   bool is_trainer() const noexcept { return role_.kind == role::trainer; }
   bool is_aggregator() const noexcept { return collect_.is_aggregator(); }
 
-  // Runs this rank's role: producers run the feed's loop, trainers `train(ctx)`; then the
-  // aggregator runs `aggregate(ctx)`. Collective over the world; once per pipeline.
+  // Makes the feed with `load`, then runs this rank's role: producers run the feed's loop,
+  // trainers `train(ctx)`; then the aggregator runs `aggregate(ctx)`. Collective over the world;
+  // once per pipeline.
   template <class Train, class Aggregate>
   void run(loader load, Train&& train, Aggregate&& aggregate);
   template <class Train>
@@ -162,11 +166,19 @@ class ensemble_pipeline {
     return placed;
   }
 
+  // The feed is made by run(), but a mistake in its options is reported here, before the collect
+  // and the syncs are set up, and on every rank at once (one reduction, as the feeds agree).
+  static communicator feed_world(const communicator& world, const ensemble_layout& layout, const feed_options& o) {
+    detail::agree<backend>(world, layout, o, detail::option_problem(o), "ensemble_pipeline");
+    return world.dup("ensemble_pipeline feed");
+  }
+
   ensemble_layout layout_;
   rank_role role_;
   communicator member_comm_;
-  std::shared_ptr<loader> load_;  // set by run(); the feed calls it through this slot
-  std::optional<Feed> feed_;
+  communicator feed_world_;  // before feed_: the feed's communicators are split from it
+  feed_options feed_options_;
+  std::optional<Feed> feed_;  // made by run(), which has the loader
   Collect collect_;
   std::optional<Sync> sync_;
   bool ran_ = false;
@@ -181,13 +193,8 @@ ensemble_pipeline<Feed, Sync, Collect>::ensemble_pipeline(const communicator& wo
       role_(layout_.role_of(world.rank())),
       member_comm_(world.split(role_.kind == role::trainer ? role_.member : communicator::undefined,
                                role_.rank_in_member, cat("member ", role_.member))),
-      load_(std::make_shared<loader>()),
-      feed_(std::in_place, world, layout_,
-            [slot = load_](std::int64_t step, int shard, span<std::byte> out) -> std::size_t {
-              check(static_cast<bool>(*slot), "ensemble_pipeline", "the feed asked for data before run()");
-              return (*slot)(step, shard, out);
-            },
-            opt.feed),
+      feed_world_(feed_world(world, layout_, opt.feed)),
+      feed_options_(opt.feed),
       collect_(world, layout_) {
   if (role_.kind == role::trainer) sync_.emplace(member_comm_, opt.sync);
 }
@@ -198,7 +205,7 @@ void ensemble_pipeline<Feed, Sync, Collect>::run(loader load, Train&& train, Agg
   check(!ran_, "ensemble_pipeline", "run() runs once per pipeline (a feed's stream is consumed once)");
   check(static_cast<bool>(load), "ensemble_pipeline", "run() needs a loader");
   ran_ = true;
-  *load_ = std::move(load);
+  feed_.emplace(feed_world_, layout_, std::move(load), feed_options_);
   context ctx(*this);
   if (role_.kind == role::producer) {
     feed_->produce();
