@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "../core/datatype.hpp"
 #include "../core/error.hpp"
 #include "../core/hosts.hpp"
 #include "../core/layout.hpp"
@@ -28,6 +29,18 @@ inline constexpr bool holds_host_memory = B::memory == memory_space::host;
 // buckets and segments in flight to one peer, as overlapped_ring does.
 template <class B>
 inline constexpr bool matches_by_tag = B::tag_matched_p2p;
+
+// Which element types B's operations carry and reduce, with every op (sum, prod, min, max,
+// avg): each type flexcomm names a dtype for (core/datatype.hpp) on mpi, nccl and staged alike
+// (MPI reduces 16-bit floats with flexcomm's own operators, NCCL natively). A backend that
+// carries fewer says so with `template <class T> static constexpr bool carries = ...;`.
+template <class B, class T, class = void>
+struct carries_type : std::bool_constant<is_element_v<T>> {};
+template <class B, class T>
+struct carries_type<B, T, std::void_t<decltype(B::template carries<T>)>>
+    : std::bool_constant<is_element_v<T> && B::template carries<T>> {};
+template <class B, class T>
+inline constexpr bool carries = carries_type<B, std::remove_cv_t<T>>::value;
 
 // The host backend beside B: B itself, or for a device backend the one its communicators are
 // built over (`using host_backend = mpi;`), which carries an adapter's checks and a preset's feed

@@ -2,7 +2,7 @@
 //
 //   struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> { ... };
 //
-// and supplies the native half: begin<T>(), its record of one operation (number, flight
+// and supplies the native half: op_start<T>, its record of one operation (number, flight
 // recorder, what every rank must agree on), and post_*(), the call into MPI, NCCL or a staging
 // lane. This half checks the arguments against the communicator (roots, peers, counts, sizes,
 // memory space) before anything is posted that a peer could wait for, names the operation for
@@ -19,6 +19,7 @@
 #include "../core/error.hpp"
 #include "../core/span.hpp"
 #include "arguments.hpp"
+#include "contract.hpp"
 
 namespace flexcomm {
 
@@ -28,9 +29,8 @@ namespace detail {
 template <class T> struct identity { using type = T; };
 template <class T> using identity_t = typename identity<T>::type;
 
-// The agreement hooks of a backend whose calls are not checked across ranks here (nccl: NCCL
-// itself hangs on mismatched calls, and the timeout names who did not arrive; staged: each of
-// its chunks is an MPI operation, checked by the MPI backend on the transport).
+// The agreement hooks of a backend whose calls are checked elsewhere: staged's chunks are MPI
+// operations on its transport, each checked there by the MPI backend (mpi/call_check.hpp).
 struct unchecked_calls {
   void agree_on(op) noexcept {}
   void agree_on_root(int) noexcept {}
@@ -49,6 +49,18 @@ Request traced(Request r, const char* kind, const Communicator& comm) {
 
 template <class Backend, class Communicator, class Request, class Stream>
 struct operations {
+ private:
+  // Said once, before the errors a type without a dtype would cause further in.
+  template <class T>
+  static constexpr bool element() {
+    static_assert(carries<Backend, T>,
+                  "flexcomm operations carry float, double, std::int32_t, std::int64_t, std::uint8_t, flexcomm::half "
+                  "and flexcomm::bfloat16 (and what the backend's `carries` allows); convert other element types "
+                  "first");
+    return true;
+  }
+
+ public:
   using communicator = Communicator;
   using request = Request;
   // The execution context an operation is ordered on: no_stream for host backends; for device
@@ -60,9 +72,9 @@ struct operations {
   // order both sides issue their calls.
   template <class T>
   static request isend(const communicator& comm, span<T> buf, int dest, int tag, stream s = {}) {
+    static_assert(element<std::remove_const_t<T>>());
     using E = std::remove_const_t<T>;
-    auto start =
-        Backend::template begin<E>(comm, s, "isend", buf.size(), "", dest, tag, cat(", to ", dest, ", tag ", tag));
+    typename Backend::template op_start<E> start(comm, s, "isend", buf.size(), dtype_of<E>, "", dest, tag, cat(", to ", dest, ", tag ", tag));
     detail::check_rank_of(dest, comm.size(), "peer", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "send");
     return Backend::post_isend(comm, start, span<const E>(buf.data(), buf.size()), dest, tag, s);
@@ -70,8 +82,9 @@ struct operations {
 
   template <class T>
   static request irecv(const communicator& comm, span<T> buf, int source, int tag, stream s = {}) {
+    static_assert(element<std::remove_const_t<T>>());
     static_assert(!std::is_const_v<T>, "irecv writes into its buffer: pass a span of non-const elements");
-    auto start = Backend::template begin<T>(comm, s, "irecv", buf.size(), "", source, tag,
+    typename Backend::template op_start<T> start(comm, s, "irecv", buf.size(), dtype_of<T>, "", source, tag,
                                             cat(", from ", source, ", tag ", tag));
     detail::check_rank_of(source, comm.size(), "peer", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "receive");
@@ -80,7 +93,8 @@ struct operations {
 
   template <class T>
   static request ibcast(const communicator& comm, span<T> buf, int root, stream s = {}) {
-    auto start = Backend::template begin<T>(comm, s, "ibcast", buf.size(), "", root, -1, cat(", root ", root));
+    static_assert(element<std::remove_const_t<T>>());
+    typename Backend::template op_start<T> start(comm, s, "ibcast", buf.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "broadcast");
     start.agree_on_root(root);
@@ -92,7 +106,8 @@ struct operations {
   template <class T>
   static request iallreduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv, op o,
                             stream s = {}) {
-    auto start = Backend::template begin<T>(comm, s, "iallreduce", recv.size(), name_of(o), -1, -1,
+    static_assert(element<std::remove_const_t<T>>());
+    typename Backend::template op_start<T> start(comm, s, "iallreduce", recv.size(), dtype_of<T>, name_of(o), -1, -1,
                                             cat(", ", name_of(o)));
     detail::check_same_size(send.size(), recv.size(), start.what());
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
@@ -110,7 +125,8 @@ struct operations {
   template <class T>
   static request ireduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv, op o,
                          int root, stream s = {}) {
-    auto start = Backend::template begin<T>(comm, s, "ireduce", send.size(), name_of(o), root, -1,
+    static_assert(element<std::remove_const_t<T>>());
+    typename Backend::template op_start<T> start(comm, s, "ireduce", send.size(), dtype_of<T>, name_of(o), root, -1,
                                             cat(", ", name_of(o), ", root ", root));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     const bool at_root = comm.rank() == root;
@@ -128,7 +144,8 @@ struct operations {
   template <class T>
   static request igatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                           span<const int> counts, int root, stream s = {}) {
-    auto start = Backend::template begin<T>(comm, s, "igatherv", send.size(), "", root, -1, cat(", root ", root));
+    static_assert(element<std::remove_const_t<T>>());
+    typename Backend::template op_start<T> start(comm, s, "igatherv", send.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     const bool at_root = comm.rank() == root;
     detail::blocks layout;
@@ -147,7 +164,8 @@ struct operations {
   template <class T>
   static request iallgather(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                             stream s = {}) {
-    auto start = Backend::template begin<T>(comm, s, "iallgather", send.size(), "", -1, -1, "");
+    static_assert(element<std::remove_const_t<T>>());
+    typename Backend::template op_start<T> start(comm, s, "iallgather", send.size(), dtype_of<T>, "", -1, -1, "");
     detail::check_allgather_sizes(send.size(), recv.size(), comm.size(), start.what());
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
     Backend::check_buffer(recv.data(), recv.size_bytes(), start.what(), "receive");
@@ -158,7 +176,8 @@ struct operations {
   template <class T>
   static request iallgatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                              span<const int> counts, stream s = {}) {
-    auto start = Backend::template begin<T>(comm, s, "iallgatherv", send.size(), "", -1, -1, "");
+    static_assert(element<std::remove_const_t<T>>());
+    typename Backend::template op_start<T> start(comm, s, "iallgatherv", send.size(), dtype_of<T>, "", -1, -1, "");
     auto layout = detail::allgatherv_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), start.what());
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
     Backend::check_buffer(recv.data(), recv.size_bytes(), start.what(), "receive");
@@ -173,7 +192,8 @@ struct operations {
   template <class T>
   static request ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                                  span<const int> counts, op o, stream s = {}) {
-    auto start = Backend::template begin<T>(comm, s, "ireduce_scatter", send.size(), name_of(o), -1, -1,
+    static_assert(element<std::remove_const_t<T>>());
+    typename Backend::template op_start<T> start(comm, s, "ireduce_scatter", send.size(), dtype_of<T>, name_of(o), -1, -1,
                                             cat(", ", name_of(o)));
     auto layout =
         detail::reduce_scatter_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), start.what());

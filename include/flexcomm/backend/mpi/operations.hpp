@@ -22,6 +22,7 @@
 #include "../../core/watchdog.hpp"
 #include "../contract.hpp"
 #include "../operations.hpp"
+#include "call_check.hpp"
 #include "communicator.hpp"
 #include "request.hpp"
 #include "types.hpp"
@@ -31,13 +32,13 @@ namespace flexcomm {
 
 namespace detail {
 // One operation being posted: recorded in the flight recorder at once (so that a failure while
-// posting is recorded too), its consistency check posted just before the MPI call, and both
-// handed to the request.
-class mpi_op_start {
+// posting is recorded too), its consistency check (call_check.hpp) posted just before the MPI
+// call, and both handed to the request.
+class mpi_op_start : public call_signature {
  public:
-  mpi_op_start(const mpi_communicator& comm, const char* name, std::size_t count, dtype type, const char* redop,
-               int peer, int tag, const std::string& extra)
-      : state_(comm.watch_state()) {
+  mpi_op_start(const mpi_communicator& comm, no_stream, const char* name, std::size_t count, dtype type,
+               const char* redop, int peer, int tag, const std::string& extra)
+      : call_signature(comm.watch_state(), name, type, count) {
     if (state_) {
       check(!state_->poisoned(), cat("mpi ", name, " on ", comm.name()),
             cat("communicator '", comm.name(), "' is unusable: ", state_->poison_reason()));
@@ -46,48 +47,23 @@ class mpi_op_start {
       seq_ = mutable_comm(comm).next_sequence();
     }
     what_ = describe_operation("mpi", name, comm.name(), seq_, count, type, extra);
-    signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
-                        check_label::current()};
   }
   mpi_op_start(const mpi_op_start&) = delete;
   mpi_op_start& operator=(const mpi_op_start&) = delete;
   ~mpi_op_start() {
     if (state_ && seq_) state_->recorder().finish(seq_, op_state::failed);  // never reached MPI
-    if (check_ && check_->req != MPI_REQUEST_NULL) {
-      // The check went out but the operation did not: the peers' matching is now off.
-      static_cast<void>(check_.release());
-      state_->poison(cat("posting ", what_, " failed after its consistency check went out"));
-    }
+    posting_failed(what_);
   }
 
   const std::string& what() const noexcept { return what_; }
 
-  // Fields every rank must agree on, besides the operation, type and count.
-  void agree_on(op o) { signature_.value[mpi_signature::redop] = static_cast<long long>(o); }
-  void agree_on_root(int root) { signature_.value[mpi_signature::root] = root; }
-  void agree_on_counts(span<const int> counts) {
-    signature_.value[mpi_signature::counts_hash] = hash_counts(counts.data(), counts.size());
-  }
-  void count_varies() { signature_.value[mpi_signature::count] = -1; }
-
-  // Posts the consistency check (FLEXCOMM_CHECK) for a collective, just before the MPI call.
-  void check_collective(int comm_size) {
-    if (!state_ || comm_size < 2 || state_->side() == MPI_COMM_NULL || !checks_enabled()) return;
-    check_ = std::make_unique<mpi_signature_check>();
-    check_->mine = signature_;
-    if (!check_->post(state_->side())) check_.reset();
-  }
-
   mpi_request finish(MPI_Request r, std::function<void()> then = {}) {
-    return mpi_request(r, what_, std::move(then), state_, std::exchange(seq_, 0), std::move(check_));
+    return mpi_request(r, what_, std::move(then), state_, std::exchange(seq_, 0), take());
   }
 
  private:
-  std::shared_ptr<mpi_comm_state> state_;
   std::uint64_t seq_ = 0;
   std::string what_;
-  mpi_signature signature_;
-  std::unique_ptr<mpi_signature_check> check_;
 };
 
 template <class T>
@@ -123,13 +99,10 @@ struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
 
  private:
   friend struct operations<mpi, mpi_communicator, mpi_request, no_stream>;
+  template <class T>
+  using op_start = detail::mpi_op_start;
   using start = detail::mpi_op_start;
 
-  template <class T>
-  static start begin(const communicator& comm, stream, const char* name, std::size_t count, const char* redop,
-                     int peer, int tag, const std::string& extra) {
-    return start(comm, name, count, dtype_of<T>, redop, peer, tag, extra);
-  }
   // Host memory, or device memory where this MPI is CUDA-aware: MPI itself is the judge.
   static void check_buffer(const void*, std::size_t, const std::string&, const char*) noexcept {}
 

@@ -10,7 +10,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "../../core/error.hpp"
@@ -18,6 +17,7 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "../request.hpp"
+#include "call_check.hpp"
 #include "communicator.hpp"
 #include "types.hpp"
 #include "watchdog.hpp"
@@ -44,7 +44,7 @@ class mpi_request : public basic_request<mpi_request> {
   mpi_request& operator=(mpi_request&& o) noexcept { return take(std::move(o)); }
   ~mpi_request() { finish_pending(); }
 
-  bool pending() const noexcept { return req_ != MPI_REQUEST_NULL || (check_ && check_->req != MPI_REQUEST_NULL); }
+  bool pending() const noexcept { return req_ != MPI_REQUEST_NULL || check_.pending(); }
   const std::string& what() const noexcept { return what_; }
 
   // Marks this request as collective `kind` on `comm` in the trace: arrival now, end when it
@@ -56,28 +56,22 @@ class mpi_request : public basic_request<mpi_request> {
   // True once the operation has finished (and its epilogue has run).
   bool test() {
     if (!pending()) return true;
-    if (check_ && check_->req != MPI_REQUEST_NULL) test_check();
+    if (check_.pending()) test_check();
     if (req_ != MPI_REQUEST_NULL) {
       int flag = 0;
       // A single-request MPI_Test reports errors (truncation included) in its return code.
       const int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
         req_ = MPI_REQUEST_NULL;
-        // Ranks that disagree on the call explain the failure better than MPI does.
-        if (check_ && check_->req != MPI_REQUEST_NULL) {
-          const auto deadline = std::chrono::steady_clock::now() + watchdog::grace(limit(inherit));
-          while (check_->req != MPI_REQUEST_NULL && std::chrono::steady_clock::now() < deadline) {
-            test_check();
-            std::this_thread::yield();
-          }
-        }
+        if (check_.pending())
+          check_.settle(*state_, seq_, what_, watchdog::grace(limit(inherit)), [&] { record(op_state::failed); });
         record(op_state::failed);
         trace_.end();
         fail(what_, detail::mpi_error_text(rc));
       }
       if (!flag) return false;
     }
-    if (check_ && check_->req != MPI_REQUEST_NULL) return false;
+    if (check_.pending()) return false;
     record(op_state::completed);
     trace_.end();
     if (then_) std::exchange(then_, {})();
@@ -106,17 +100,7 @@ class mpi_request : public basic_request<mpi_request> {
   }
 
   void test_check() {
-    int flag = 0;
-    if (MPI_Test(&check_->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      check_->req = MPI_REQUEST_NULL;  // no side channel: no check
-      return;
-    }
-    if (!flag || check_->agreed()) return;
-    const auto seq = seq_;
-    record(op_state::failed);
-    std::string detail = state_->disagreement(check_->mine, watchdog::grace(limit(inherit)));
-    state_->poison(cat("ranks disagreed on #", seq, " (", what_, ")"));
-    fail(what_, cat(detail, " (FLEXCOMM_CHECK)"));
+    check_.test(*state_, seq_, what_, watchdog::grace(limit(inherit)), [&] { record(op_state::failed); });
   }
 
   [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
@@ -133,7 +117,7 @@ class mpi_request : public basic_request<mpi_request> {
     if (state_ && seq_) state_->recorder().finish(seq_, op_state::abandoned);
     seq_ = 0;
     req_ = MPI_REQUEST_NULL;
-    if (check_) static_cast<void>(check_.release());
+    check_.abandon();
     watchdog::instance().abandon();
     return true;
   }
@@ -144,7 +128,7 @@ class mpi_request : public basic_request<mpi_request> {
     std::swap(then_, o.then_);
     std::swap(state_, o.state_);
     std::swap(seq_, o.seq_);
-    std::swap(check_, o.check_);
+    check_.swap(o.check_);
     trace_.swap(o.trace_);
   }
 
@@ -153,7 +137,7 @@ class mpi_request : public basic_request<mpi_request> {
   std::function<void()> then_;
   std::shared_ptr<detail::mpi_comm_state> state_;
   std::uint64_t seq_ = 0;
-  std::unique_ptr<detail::mpi_signature_check> check_;
+  detail::riding_check check_;
   trace::collective_mark trace_;
 };
 

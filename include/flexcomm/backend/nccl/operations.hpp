@@ -24,6 +24,7 @@
 #include "../cuda/reduce_kernels.cuh"
 #include "../mpi.hpp"
 #include "../operations.hpp"
+#include "../mpi/call_check.hpp"
 #include "communicator.hpp"
 #include "request.hpp"
 #include "state.hpp"
@@ -33,25 +34,30 @@ namespace flexcomm {
 
 namespace detail {
 // One operation being issued: in the flight recorder at once, under the number its errors name,
-// and marked failed there if it never reaches NCCL (a bad argument, a failed enqueue).
-class nccl_op_start : public unchecked_calls {
+// and marked failed there if it never reaches NCCL (a bad argument, a failed enqueue). Its
+// consistency check rides on the bookkeeping kept over the control communicator (call_check.hpp).
+class nccl_op_start : public call_signature {
  public:
-  nccl_op_start(const nccl_communicator& comm, const char* name, std::size_t count, dtype type, const char* redop,
-                int peer, int tag, const std::string& extra)
-      : state_(comm.state(cat("nccl ", name, " on ", comm.name()))) {
-    seq_ = state_.record(op_record::posting(name, count, type, redop, peer, tag));
+  nccl_op_start(const nccl_communicator& comm, cudaStream_t, const char* name, std::size_t count, dtype type,
+                const char* redop, int peer, int tag, const std::string& extra)
+      : call_signature(comm.state(cat("nccl ", name, " on ", comm.name())).watch, name, type, count),
+        nccl_(comm.state(name)) {
+    seq_ = nccl_.record(op_record::posting(name, count, type, redop, peer, tag));
     what_ = describe_operation("nccl", name, comm.name(), seq_, count, type, extra);
   }
   nccl_op_start(const nccl_op_start&) = delete;
   nccl_op_start& operator=(const nccl_op_start&) = delete;
-  ~nccl_op_start() { state_.finish(seq_, op_state::failed); }
+  ~nccl_op_start() {
+    nccl_.finish(seq_, op_state::failed);
+    posting_failed(what_);
+  }
 
   const std::string& what() const noexcept { return what_; }
   // The operation reached NCCL: its request owns the record from here.
-  std::uint64_t take() noexcept { return std::exchange(seq_, 0); }
+  std::uint64_t take_sequence() noexcept { return std::exchange(seq_, 0); }
 
  private:
-  nccl_state& state_;
+  nccl_state& nccl_;
   std::string what_;
   std::uint64_t seq_ = 0;
 };
@@ -75,8 +81,8 @@ nccl_request nccl_launch_op(const nccl_communicator& comm, cudaStream_t s, nccl_
   launch->done = cuda::event::create(what);
   launch->done.record(stream, what);
   launch->launched = true;
-  launch->sequence = start.take();
-  return nccl_request(comm.shared_state(), std::move(launch), what);
+  launch->sequence = start.take_sequence();
+  return nccl_request(comm.shared_state(), std::move(launch), what, riding_check(start.take()));
 }
 
 inline auto no_epilogue() {
@@ -104,7 +110,7 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
   st.require_usable(what);
   auto launch = std::make_shared<nccl_launch>();
   launch->done = cuda::event::create(what);
-  launch->sequence = start.take();
+  launch->sequence = start.take_sequence();
   st.deferred.push_back({send, buf.data(), buf.size(), nccl_type(dtype_of<std::remove_const_t<T>>), peer, s, launch});
   return nccl_request(comm.shared_state(), std::move(launch), what);
 }
@@ -126,13 +132,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
 
  private:
   friend struct operations<nccl, nccl_communicator, nccl_request, cudaStream_t>;
-  using start = detail::nccl_op_start;
-
   template <class T>
-  static start begin(const communicator& comm, stream, const char* name, std::size_t count, const char* redop,
-                     int peer, int tag, const std::string& extra) {
-    return start(comm, name, count, dtype_of<T>, redop, peer, tag, extra);
-  }
+  using op_start = detail::nccl_op_start;
+  using start = detail::nccl_op_start;
 
   // NCCL reads and writes through device pointers only: a host pointer is a named error, not a crash.
   static void check_buffer(const void* p, std::size_t bytes, const std::string& what, const char* which) {

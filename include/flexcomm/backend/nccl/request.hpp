@@ -17,6 +17,7 @@
 #include "../../core/error.hpp"
 #include "../../core/watchdog.hpp"
 #include "../request.hpp"
+#include "../mpi/call_check.hpp"
 #include "communicator.hpp"
 #include "state.hpp"
 #include "types.hpp"
@@ -27,8 +28,8 @@ class nccl_request : public basic_request<nccl_request> {
  public:
   nccl_request() = default;
   nccl_request(std::shared_ptr<detail::nccl_state> state, std::shared_ptr<detail::nccl_launch> launch,
-               std::string what)
-      : state_(std::move(state)), launch_(std::move(launch)), what_(std::move(what)) {}
+               std::string what, detail::riding_check check = {})
+      : state_(std::move(state)), launch_(std::move(launch)), what_(std::move(what)), check_(std::move(check)) {}
   nccl_request(nccl_request&& o) noexcept { swap(o); }
   nccl_request& operator=(nccl_request&& o) noexcept { return take(std::move(o)); }
   ~nccl_request() { finish_pending(); }
@@ -39,6 +40,14 @@ class nccl_request : public basic_request<nccl_request> {
   bool test() {
     if (!pending()) return true;
     auto& st = *state_;
+    if (check_.pending() && st.watch) {
+      // Mismatched calls would leave NCCL's kernels waiting for each other: abort, then say who.
+      check_.test(*st.watch, launch_->sequence, what_, watchdog::grace(st.timeout()), [&] {
+        std::lock_guard<std::mutex> lock(st.mutex);
+        st.abort_locked(cat(what_, ": the ranks disagreed on the call"));
+        end(op_state::failed);
+      });
+    }
     {
       std::lock_guard<std::mutex> lock(st.mutex);
       if (st.aborted) {
@@ -61,6 +70,7 @@ class nccl_request : public basic_request<nccl_request> {
       }
     }
     if (launch_->done.done(what_)) {
+      if (check_.pending()) return false;
       end(op_state::completed);
       return true;
     }
@@ -98,6 +108,7 @@ class nccl_request : public basic_request<nccl_request> {
     auto& st = *state_;
     const auto seq = launch_->sequence;
     end(op_state::timed_out);
+    check_.abandon();
     std::string report;
     if (st.watch) {
       st.watch->announce();
@@ -125,11 +136,13 @@ class nccl_request : public basic_request<nccl_request> {
     std::swap(state_, o.state_);
     std::swap(launch_, o.launch_);
     std::swap(what_, o.what_);
+    check_.swap(o.check_);
   }
 
   std::shared_ptr<detail::nccl_state> state_;
   std::shared_ptr<detail::nccl_launch> launch_;
   std::string what_;
+  detail::riding_check check_;
 };
 
 }  // namespace flexcomm

@@ -35,8 +35,9 @@ namespace detail {
 template <bool Direct, class T>
 class staged_builder : public unchecked_calls {
  public:
-  staged_builder(const staged_communicator<Direct>& comm, cudaStream_t s, const char* name,
-                 std::size_t count, const std::string& extra)
+  // The type, op, peer and tag are recorded by the MPI operations of each chunk.
+  staged_builder(const staged_communicator<Direct>& comm, cudaStream_t s, const char* name, std::size_t count, dtype,
+                 const char*, int, int, const std::string& extra)
       : comm_(comm),
         lane_(comm.lane(cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name()))),
         guard_(lane_.device, comm.name()) {
@@ -187,13 +188,10 @@ struct basic_staged : cuda::device_work,
  private:
   friend front;
   template <class T>
-  using start = detail::staged_builder<Direct, T>;
-
+  using op_start = detail::staged_builder<Direct, T>;
   template <class T>
-  static start<T> begin(const communicator& comm, stream s, const char* name, std::size_t count, const char*, int,
-                        int, const std::string& extra) {
-    return start<T>(comm, s, name, count, extra);
-  }
+  using start = op_start<T>;
+
   // The buffers are read and written by cudaMemcpyAsync (or a CUDA-aware MPI), which report a
   // bad pointer through the operation's own error.
   static void check_buffer(const void*, std::size_t, const std::string&, const char*) noexcept {}

@@ -1,0 +1,118 @@
+// The consistency check (FLEXCOMM_CHECK) that rides beside one collective: what every rank must
+// agree on (operation, type, count, op, root, counts, the adapter's label), posted as a small
+// allreduce on the communicator's side channel just before the collective, and tested with it.
+// On a difference the ranks swap signatures, so that each names who disagrees, and the
+// communicator is poisoned. MPI collectives carry it, and NCCL's, over their control
+// communicator's bookkeeping (NCCL itself would hang on mismatched calls).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/span.hpp"
+#include "../../core/watchdog.hpp"
+#include "watchdog.hpp"
+
+namespace flexcomm::detail {
+
+// While an operation is being posted: its signature, filled in by the front end.
+class call_signature {
+ public:
+  call_signature(std::shared_ptr<mpi_comm_state> state, const char* name, dtype type, std::size_t count)
+      : state_(std::move(state)) {
+    signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
+                        check_label::current()};
+  }
+  call_signature(const call_signature&) = delete;
+  call_signature& operator=(const call_signature&) = delete;
+
+  // Fields every rank must agree on, besides the operation, type and count.
+  void agree_on(op o) { signature_.value[mpi_signature::redop] = static_cast<long long>(o); }
+  void agree_on_root(int root) { signature_.value[mpi_signature::root] = root; }
+  void agree_on_counts(span<const int> counts) {
+    signature_.value[mpi_signature::counts_hash] = hash_counts(counts.data(), counts.size());
+  }
+  void count_varies() { signature_.value[mpi_signature::count] = -1; }
+
+  // Posts the check for a collective, just before the collective itself.
+  void check_collective(int comm_size) {
+    if (!state_ || comm_size < 2 || state_->side() == MPI_COMM_NULL || !checks_enabled()) return;
+    check_ = std::make_unique<mpi_signature_check>();
+    check_->mine = signature_;
+    if (!check_->post(state_->side())) check_.reset();
+  }
+
+  // Posting the operation failed after its check went out: the peers' matching is now off.
+  void posting_failed(const std::string& what) noexcept {
+    if (!check_ || check_->req == MPI_REQUEST_NULL) return;
+    static_cast<void>(check_.release());
+    state_->poison(cat("posting ", what, " failed after its consistency check went out"));
+  }
+
+  std::unique_ptr<mpi_signature_check> take() noexcept { return std::move(check_); }
+
+ protected:
+  std::shared_ptr<mpi_comm_state> state_;
+
+ private:
+  mpi_signature signature_;
+  std::unique_ptr<mpi_signature_check> check_;
+};
+
+// After posting: the check in flight beside the operation, owned by its request.
+class riding_check {
+ public:
+  riding_check() = default;
+  explicit riding_check(std::unique_ptr<mpi_signature_check> check) : check_(std::move(check)) {}
+
+  bool pending() const noexcept { return check_ && check_->req != MPI_REQUEST_NULL; }
+
+  // Tests the check; on a disagreement, `failed()` (the request's own bookkeeping), the
+  // communicator poisoned, and an error naming who disagrees.
+  template <class Failed>
+  void test(mpi_comm_state& state, std::uint64_t seq, const std::string& what, std::chrono::milliseconds grace,
+            Failed&& failed) {
+    int flag = 0;
+    if (MPI_Test(&check_->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      check_->req = MPI_REQUEST_NULL;  // no side channel: no check
+      return;
+    }
+    if (!flag || check_->agreed()) return;
+    failed();
+    std::string detail = state.disagreement(check_->mine, grace);
+    state.poison(cat("ranks disagreed on #", seq, " (", what, ")"));
+    fail(what, cat(detail, " (FLEXCOMM_CHECK)"));
+  }
+
+  // The operation itself failed: ranks that disagree on the call explain it better than the
+  // library does, so the check gets a grace period to finish.
+  template <class Failed>
+  void settle(mpi_comm_state& state, std::uint64_t seq, const std::string& what, std::chrono::milliseconds grace,
+              Failed&& failed) {
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    while (pending() && std::chrono::steady_clock::now() < deadline) {
+      test(state, seq, what, grace, failed);
+      std::this_thread::yield();
+    }
+  }
+
+  // The library may still write into the check's buffers: keep them alive; the job ends.
+  void abandon() noexcept {
+    if (check_) static_cast<void>(check_.release());
+  }
+
+  void swap(riding_check& o) noexcept { std::swap(check_, o.check_); }
+
+ private:
+  std::unique_ptr<mpi_signature_check> check_;
+};
+
+}  // namespace flexcomm::detail
