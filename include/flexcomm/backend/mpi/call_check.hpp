@@ -1,4 +1,4 @@
-// The consistency check (FLEXCOMM_CHECK) that rides beside one collective: what every rank must
+// An operation's record while it is posted, and the consistency check (FLEXCOMM_CHECK) that rides beside one collective: what every rank must
 // agree on (operation, type, count, op, root, counts, the adapter's label), posted as a small
 // allreduce on the communicator's side channel just before the collective, and tested with it.
 // On a difference the ranks swap signatures, so that each names who disagrees, and the
@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "../../core/datatype.hpp"
+#include "../arguments.hpp"
 #include "../../core/error.hpp"
 #include "../../core/span.hpp"
 #include "../../core/watchdog.hpp"
@@ -23,16 +24,40 @@
 
 namespace flexcomm::detail {
 
-// While an operation is being posted: its signature, filled in by the front end.
-class call_signature {
+// One operation being posted, as every backend whose bookkeeping is an mpi_comm_state records
+// it (mpi, and nccl over its control communicator): in the flight recorder at once, under the
+// number its errors name (so that a failure while posting is recorded too), and its signature,
+// filled in by the front end and posted as the consistency check just before the library call.
+// The backend's request takes over the record and the check.
+class operation_record {
  public:
-  call_signature(std::shared_ptr<mpi_comm_state> state, const char* name, dtype type, std::size_t count)
+  operation_record(std::shared_ptr<mpi_comm_state> state, const char* backend, const std::string& comm,
+                   const char* name, std::size_t count, dtype type, const char* redop, int peer, int tag,
+                   const std::string& extra, std::uint64_t unrecorded_sequence)
       : state_(std::move(state)) {
+    if (state_) {
+      check(!state_->poisoned(), cat(backend, " ", name, " on ", comm),
+            cat("communicator '", comm, "' is unusable: ", state_->poison_reason()));
+      seq_ = state_->recorder().enqueue(op_record::posting(name, count, type, redop, peer, tag));
+    } else {
+      seq_ = unrecorded_sequence;
+    }
+    what_ = describe_operation(backend, name, comm, seq_, count, type, extra);
     signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
                         check_label::current()};
   }
-  call_signature(const call_signature&) = delete;
-  call_signature& operator=(const call_signature&) = delete;
+  operation_record(const operation_record&) = delete;
+  operation_record& operator=(const operation_record&) = delete;
+  ~operation_record() {
+    if (state_ && seq_) state_->recorder().finish(seq_, op_state::failed);  // never reached the library
+    if (check_ && check_->req != MPI_REQUEST_NULL) {
+      // The check went out but the operation did not: the peers' matching is now off.
+      static_cast<void>(check_.release());
+      state_->poison(cat("posting ", what_, " failed after its consistency check went out"));
+    }
+  }
+
+  const std::string& what() const noexcept { return what_; }
 
   // Fields every rank must agree on, besides the operation, type and count.
   void agree_on(op o) { signature_.value[mpi_signature::redop] = static_cast<long long>(o); }
@@ -50,19 +75,15 @@ class call_signature {
     if (!check_->post(state_->side())) check_.reset();
   }
 
-  // Posting the operation failed after its check went out: the peers' matching is now off.
-  void posting_failed(const std::string& what) noexcept {
-    if (!check_ || check_->req == MPI_REQUEST_NULL) return;
-    static_cast<void>(check_.release());
-    state_->poison(cat("posting ", what, " failed after its consistency check went out"));
-  }
-
-  std::unique_ptr<mpi_signature_check> take() noexcept { return std::move(check_); }
-
- protected:
-  std::shared_ptr<mpi_comm_state> state_;
+  // The operation reached the library: its request owns the record and the check from here.
+  std::uint64_t take_sequence() noexcept { return std::exchange(seq_, 0); }
+  std::unique_ptr<mpi_signature_check> take_check() noexcept { return std::move(check_); }
+  const std::shared_ptr<mpi_comm_state>& state() const noexcept { return state_; }
 
  private:
+  std::shared_ptr<mpi_comm_state> state_;
+  std::uint64_t seq_ = 0;
+  std::string what_;
   mpi_signature signature_;
   std::unique_ptr<mpi_signature_check> check_;
 };

@@ -31,39 +31,18 @@
 namespace flexcomm {
 
 namespace detail {
-// One operation being posted: recorded in the flight recorder at once (so that a failure while
-// posting is recorded too), its consistency check (call_check.hpp) posted just before the MPI
-// call, and both handed to the request.
-class mpi_op_start : public call_signature {
+// One operation being posted (call_check.hpp), handed to its request with its check.
+class mpi_op_start : public operation_record {
  public:
   mpi_op_start(const mpi_communicator& comm, no_stream, const char* name, std::size_t count, dtype type,
                const char* redop, int peer, int tag, const std::string& extra)
-      : call_signature(comm.watch_state(), name, type, count) {
-    if (state_) {
-      check(!state_->poisoned(), cat("mpi ", name, " on ", comm.name()),
-            cat("communicator '", comm.name(), "' is unusable: ", state_->poison_reason()));
-      seq_ = state_->recorder().enqueue(op_record::posting(name, count, type, redop, peer, tag));
-    } else {
-      seq_ = mutable_comm(comm).next_sequence();
-    }
-    what_ = describe_operation("mpi", name, comm.name(), seq_, count, type, extra);
-  }
-  mpi_op_start(const mpi_op_start&) = delete;
-  mpi_op_start& operator=(const mpi_op_start&) = delete;
-  ~mpi_op_start() {
-    if (state_ && seq_) state_->recorder().finish(seq_, op_state::failed);  // never reached MPI
-    posting_failed(what_);
-  }
-
-  const std::string& what() const noexcept { return what_; }
+      : operation_record(comm.watch_state(), "mpi", comm.name(), name, count, type, redop, peer, tag, extra,
+                         comm.watch_state() ? 0 : mutable_comm(comm).next_sequence()) {}
 
   mpi_request finish(MPI_Request r, std::function<void()> then = {}) {
-    return mpi_request(r, what_, std::move(then), state_, std::exchange(seq_, 0), take());
+    const auto seq = take_sequence();
+    return mpi_request(r, what(), std::move(then), state(), seq, take_check());
   }
-
- private:
-  std::uint64_t seq_ = 0;
-  std::string what_;
 };
 
 template <class T>

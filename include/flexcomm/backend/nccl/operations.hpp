@@ -33,33 +33,14 @@
 namespace flexcomm {
 
 namespace detail {
-// One operation being issued: in the flight recorder at once, under the number its errors name,
-// and marked failed there if it never reaches NCCL (a bad argument, a failed enqueue). Its
-// consistency check rides on the bookkeeping kept over the control communicator (call_check.hpp).
-class nccl_op_start : public call_signature {
+// One operation being issued (mpi/call_check.hpp), recorded and checked in the bookkeeping kept
+// over the control communicator.
+class nccl_op_start : public operation_record {
  public:
   nccl_op_start(const nccl_communicator& comm, cudaStream_t, const char* name, std::size_t count, dtype type,
                 const char* redop, int peer, int tag, const std::string& extra)
-      : call_signature(comm.state(cat("nccl ", name, " on ", comm.name())).watch, name, type, count),
-        nccl_(comm.state(name)) {
-    seq_ = nccl_.record(op_record::posting(name, count, type, redop, peer, tag));
-    what_ = describe_operation("nccl", name, comm.name(), seq_, count, type, extra);
-  }
-  nccl_op_start(const nccl_op_start&) = delete;
-  nccl_op_start& operator=(const nccl_op_start&) = delete;
-  ~nccl_op_start() {
-    nccl_.finish(seq_, op_state::failed);
-    posting_failed(what_);
-  }
-
-  const std::string& what() const noexcept { return what_; }
-  // The operation reached NCCL: its request owns the record from here.
-  std::uint64_t take_sequence() noexcept { return std::exchange(seq_, 0); }
-
- private:
-  nccl_state& nccl_;
-  std::string what_;
-  std::uint64_t seq_ = 0;
+      : operation_record(comm.state(cat("nccl ", name, " on ", comm.name())).watch, "nccl", comm.name(), name, count,
+                         type, redop, peer, tag, extra, 0) {}
 };
 
 // Issues one operation: deferred point-to-point first (call order is NCCL order), then the
@@ -82,7 +63,7 @@ nccl_request nccl_launch_op(const nccl_communicator& comm, cudaStream_t s, nccl_
   launch->done.record(stream, what);
   launch->launched = true;
   launch->sequence = start.take_sequence();
-  return nccl_request(comm.shared_state(), std::move(launch), what, riding_check(start.take()));
+  return nccl_request(comm.shared_state(), std::move(launch), what, riding_check(start.take_check()));
 }
 
 inline auto no_epilogue() {

@@ -119,7 +119,6 @@ struct nccl_state {
 
   std::chrono::milliseconds timeout() const { return watch ? watch->timeout() : default_timeout(); }
 
-  std::uint64_t record(const op_record& r) { return watch ? watch->recorder().enqueue(r) : 0; }
   void finish(std::uint64_t seq, op_state s) {
     if (watch && seq) watch->recorder().finish(seq, s);
   }
