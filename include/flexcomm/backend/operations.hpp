@@ -26,8 +26,12 @@ namespace flexcomm {
 namespace detail {
 // Keeps T out of deduction in `send` parameters: T comes from the receive buffer alone, so a
 // span<T> passed as a send converts to span<const T>.
-template <class T> struct identity { using type = T; };
-template <class T> using identity_t = typename identity<T>::type;
+template <class T>
+struct identity {
+  using type = T;
+};
+template <class T>
+using identity_t = typename identity<T>::type;
 
 // The agreement hooks of a backend whose calls are checked elsewhere: staged's chunks are MPI
 // operations on its transport, each checked there by the MPI backend (mpi/call_check.hpp).
@@ -74,7 +78,8 @@ struct operations {
   static request isend(const communicator& comm, span<T> buf, int dest, int tag, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     using E = std::remove_const_t<T>;
-    typename Backend::template op_start<E> start(comm, s, "isend", buf.size(), dtype_of<E>, "", dest, tag, cat(", to ", dest, ", tag ", tag));
+    typename Backend::template op_start<E> start(comm, s, "isend", buf.size(), dtype_of<E>, "", dest, tag,
+                                                 cat(", to ", dest, ", tag ", tag));
     detail::check_rank_of(dest, comm.size(), "peer", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "send");
     return Backend::post_isend(comm, start, span<const E>(buf.data(), buf.size()), dest, tag, s);
@@ -85,7 +90,7 @@ struct operations {
     static_assert(element<std::remove_const_t<T>>());
     static_assert(!std::is_const_v<T>, "irecv writes into its buffer: pass a span of non-const elements");
     typename Backend::template op_start<T> start(comm, s, "irecv", buf.size(), dtype_of<T>, "", source, tag,
-                                            cat(", from ", source, ", tag ", tag));
+                                                 cat(", from ", source, ", tag ", tag));
     detail::check_rank_of(source, comm.size(), "peer", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "receive");
     return Backend::post_irecv(comm, start, buf, source, tag, s);
@@ -94,7 +99,8 @@ struct operations {
   template <class T>
   static request ibcast(const communicator& comm, span<T> buf, int root, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
-    typename Backend::template op_start<T> start(comm, s, "ibcast", buf.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
+    typename Backend::template op_start<T> start(comm, s, "ibcast", buf.size(), dtype_of<T>, "", root, -1,
+                                                 cat(", root ", root));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "broadcast");
     start.agree_on_root(root);
@@ -108,7 +114,7 @@ struct operations {
                             stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     typename Backend::template op_start<T> start(comm, s, "iallreduce", recv.size(), dtype_of<T>, name_of(o), -1, -1,
-                                            cat(", ", name_of(o)));
+                                                 cat(", ", name_of(o)));
     detail::check_same_size(send.size(), recv.size(), start.what());
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
     Backend::check_buffer(recv.data(), recv.size_bytes(), start.what(), "receive");
@@ -123,11 +129,11 @@ struct operations {
 
   // recv is significant at the root only (and may be empty elsewhere).
   template <class T>
-  static request ireduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv, op o,
-                         int root, stream s = {}) {
+  static request ireduce(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv, op o, int root,
+                         stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     typename Backend::template op_start<T> start(comm, s, "ireduce", send.size(), dtype_of<T>, name_of(o), root, -1,
-                                            cat(", ", name_of(o), ", root ", root));
+                                                 cat(", ", name_of(o), ", root ", root));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     const bool at_root = comm.rank() == root;
     detail::check_root_receive(at_root, send.size(), recv.size(), start.what());
@@ -145,7 +151,8 @@ struct operations {
   static request igatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                           span<const int> counts, int root, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
-    typename Backend::template op_start<T> start(comm, s, "igatherv", send.size(), dtype_of<T>, "", root, -1, cat(", root ", root));
+    typename Backend::template op_start<T> start(comm, s, "igatherv", send.size(), dtype_of<T>, "", root, -1,
+                                                 cat(", root ", root));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     const bool at_root = comm.rank() == root;
     detail::blocks layout;
@@ -193,8 +200,8 @@ struct operations {
   static request ireduce_scatter(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                                  span<const int> counts, op o, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
-    typename Backend::template op_start<T> start(comm, s, "ireduce_scatter", send.size(), dtype_of<T>, name_of(o), -1, -1,
-                                            cat(", ", name_of(o)));
+    typename Backend::template op_start<T> start(comm, s, "ireduce_scatter", send.size(), dtype_of<T>, name_of(o), -1,
+                                                 -1, cat(", ", name_of(o)));
     auto layout =
         detail::reduce_scatter_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), start.what());
     const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]);

@@ -189,15 +189,13 @@ struct basic_staged : cuda::device_work,
   friend front;
   template <class T>
   using op_start = detail::staged_builder<Direct, T>;
-  template <class T>
-  using start = op_start<T>;
 
   // The buffers are read and written by cudaMemcpyAsync (or a CUDA-aware MPI), which report a
   // bad pointer through the operation's own error.
   static void check_buffer(const void*, std::size_t, const std::string&, const char*) noexcept {}
 
   template <class T>
-  static request post_isend(const communicator& comm, start<T>& b, span<const T> buf, int dest, int tag, stream) {
+  static request post_isend(const communicator& comm, op_start<T>& b, span<const T> buf, int dest, int tag, stream) {
     b.chunks(buf.size(), false);
     const T* from = buf.data();
     if constexpr (!Direct) {
@@ -216,7 +214,7 @@ struct basic_staged : cuda::device_work,
   }
 
   template <class T>
-  static request post_irecv(const communicator& comm, start<T>& b, span<T> buf, int source, int tag, stream) {
+  static request post_irecv(const communicator& comm, op_start<T>& b, span<T> buf, int source, int tag, stream) {
     b.chunks(buf.size(), false);
     T* device = buf.data();
     T* into = device;
@@ -238,7 +236,7 @@ struct basic_staged : cuda::device_work,
   }
 
   template <class T>
-  static request post_ibcast(const communicator& comm, start<T>& b, span<T> buf, int root, stream) {
+  static request post_ibcast(const communicator& comm, op_start<T>& b, span<T> buf, int root, stream) {
     const bool at_root = comm.rank() == root;
     b.chunks(buf.size(), !Direct);
     T* device = buf.data();
@@ -259,7 +257,7 @@ struct basic_staged : cuda::device_work,
   }
 
   template <class T>
-  static request post_iallreduce(const communicator& comm, start<T>& b, span<const T> send, span<T> recv, op o,
+  static request post_iallreduce(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv, op o,
                                  stream) {
     constexpr bool direct = detail::direct_reduction<Direct, T>;
     b.chunks(recv.size(), !direct);
@@ -288,7 +286,7 @@ struct basic_staged : cuda::device_work,
 
   // `recv` is empty except at the root.
   template <class T>
-  static request post_ireduce(const communicator& comm, start<T>& b, span<const T> send, span<T> recv, op o,
+  static request post_ireduce(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv, op o,
                               int root, stream) {
     const bool at_root = comm.rank() == root;
     constexpr bool direct = detail::direct_reduction<Direct, T>;
@@ -317,7 +315,7 @@ struct basic_staged : cuda::device_work,
   }
 
   template <class T>
-  static request post_igatherv(const communicator& comm, start<T>& b, span<const T> send, span<T> recv,
+  static request post_igatherv(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv,
                                span<const int> counts, detail::blocks layout, int root, stream) {
     b.chunks(send.size(), false);
     T* device = recv.data();
@@ -335,14 +333,14 @@ struct basic_staged : cuda::device_work,
   }
 
   template <class T>
-  static request post_iallgather(const communicator& comm, start<T>& b, span<const T> send, span<T> recv, stream) {
+  static request post_iallgather(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv, stream) {
     return post_gathered(comm, b, send, recv, recv.size(), [](auto* t, auto from, auto into) {
       return mpi::iallgather<T>(*t, from, into);
     });
   }
 
   template <class T>
-  static request post_iallgatherv(const communicator& comm, start<T>& b, span<const T> send, span<T> recv,
+  static request post_iallgatherv(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv,
                                   span<const int> counts, detail::blocks layout, stream) {
     return post_gathered(comm, b, send, recv, layout.total, [counts](auto* t, auto from, auto into) {
       return mpi::iallgatherv<T>(*t, from, into, counts);
@@ -351,7 +349,7 @@ struct basic_staged : cuda::device_work,
 
   // `recv` is exactly this rank's block.
   template <class T>
-  static request post_ireduce_scatter(const communicator& comm, start<T>& b, span<const T> send, span<T> recv,
+  static request post_ireduce_scatter(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv,
                                       span<const int> counts, detail::blocks, op o, stream) {
     constexpr bool direct = detail::direct_reduction<Direct, T>;
     const std::size_t mine = recv.size();
@@ -388,7 +386,7 @@ struct basic_staged : cuda::device_work,
 
   // allgather and allgatherv: the whole send buffer, one chunk, `total` elements back.
   template <class T, class Gather>
-  static request post_gathered(const communicator& comm, start<T>& b, span<const T> send, span<T> recv,
+  static request post_gathered(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv,
                                std::size_t total, Gather gather) {
     b.chunks(send.size(), false);
     T* device = recv.data();
