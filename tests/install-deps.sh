@@ -15,6 +15,6 @@ flexcomm_install() {
 }
 flexcomm_install mpich libmpich-dev libboost-test-dev libboost-program-options-dev meson ninja-build \
                  pkg-config g++ zlib1g-dev libeigen3-dev nlohmann-json3-dev dataset-fashion-mnist \
-                 iproute2 gdb
+                 iproute2 gdb cmake make
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 true
