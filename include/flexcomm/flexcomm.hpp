@@ -2,6 +2,11 @@
 // Include this one header; CUDA parts join in when the build has CUDA (FLEXCOMM_HAVE_CUDA).
 #pragma once
 
+// The pkg-config file carries no -std flag (it would lower a consumer's -std=c++20): say it here.
+#if __cplusplus < 201703L
+#error "flexcomm needs C++17 or later (-std=c++17; g++ 11 and later default to it)"
+#endif
+
 #include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "core/gaps.hpp"
