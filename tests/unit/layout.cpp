@@ -75,6 +75,9 @@ BOOST_AUTO_TEST_CASE(validation_says_what_is_wrong) {
   BOOST_TEST(contains(error_of([] { fc::ensemble_layout::parse("members=99999999999x2"); }), "exceeds"));
   BOOST_TEST(contains(error_of([] { fc::ensemble_layout::parse("members=1000000x1000000"); }), "too many"));
   BOOST_TEST(contains(error_of([] { fc::ensemble_layout::parse("members=2 aggregator=2"); }), "aggregator is world rank 2"));
+  // Read as a count ("one aggregator"), aggregator= would be out of range here: say what it is.
+  BOOST_TEST(contains(error_of([] { fc::ensemble_layout::parse("producers=1 members=1 aggregator=2"); }),
+                      "aggregator= names the world rank that gathers results, unlike producers=, a count"));
   BOOST_TEST(contains(error_of([] { fc::ensemble_layout::parse("members=2").require_producers("one_to_many"); }),
                       "one_to_many: this feed needs producer ranks"));
 }

@@ -35,6 +35,12 @@ struct rank_role {
 };
 
 // Tag of a layout with one producer on each host: ensemble_layout(producers_per_host, {2, 1}).
+namespace detail {
+// Said wherever an aggregator is out of range: producers= counts ranks, aggregator= names one.
+inline constexpr const char* aggregator_is_a_rank =
+    " (aggregator= names the world rank that gathers results, unlike producers=, a count)";
+}  // namespace detail
+
 struct per_host_tag {
   explicit per_host_tag() = default;
 };
@@ -42,19 +48,26 @@ inline constexpr per_host_tag producers_per_host{};
 
 class ensemble_layout {
  public:
-  // Text: "producers=1 members=4x2", "members=2,2,4 aggregator=3", "producers=per-host
-  // members=2,1"; keys in any order, producers and aggregator optional (0).
+  // Text: key=value items separated by spaces, in any order ("producers=1 members=4x2",
+  // "members=2,2,4 aggregator=3", "producers=per-host members=2,1"):
+  //   producers=P     a count: world ranks 0..P-1 produce (default 0); or per-host
+  //   members=a,b,..  each member's rank count, in member order (KxN: K members of N ranks);
+  //                   member 0 takes the ranks after the producers, then member 1, ...
+  //   aggregator=R    a world rank, not a count (default 0): the rank that gathers results.
+  //                   With producers=1, aggregator=1 is member 0's first trainer.
   static ensemble_layout parse(std::string_view text);
 
   // FLEXCOMM_LAYOUT when set, otherwise `fallback`; lets a job script change the layout.
   static ensemble_layout from_env(std::string_view fallback);
 
+  // `producers` ranks (a count), then the members' ranks; `aggregator` is a world rank.
   ensemble_layout(int producers, std::vector<int> member_sizes, int aggregator = 0)
       : producers_(producers), member_sizes_(std::move(member_sizes)), aggregator_(aggregator) {
     check(producers_ >= 0, "layout", cat("producers must be >= 0, got ", producers_));
     check_members();
     check(aggregator_ >= 0 && aggregator_ < world_size(), "layout",
-          cat("aggregator is world rank ", aggregator_, " but the layout has ranks 0..", world_size() - 1));
+          cat("aggregator is world rank ", aggregator_, " but the layout has ranks 0..", world_size() - 1,
+              detail::aggregator_is_a_rank));
   }
 
   // One producer per host, not yet placed: placed_on(hosts) says which rank does what. The
@@ -264,7 +277,8 @@ inline ensemble_layout ensemble_layout::placed_on(const host_map& hosts) const {
         cat("layout '", str(), "' needs ", h + trainers(), " ranks, world has ", n, " (a producer on each of ", h,
             " hosts ", hosts.str(), " and ", trainers(), " trainers)"));
   check(aggregator_ < n, "layout",
-        cat("aggregator is world rank ", aggregator_, " but layout '", str(), "' has ranks 0..", n - 1));
+        cat("aggregator is world rank ", aggregator_, " but layout '", str(), "' has ranks 0..", n - 1,
+            detail::aggregator_is_a_rank));
   auto p = std::make_shared<placement>();
   p->roles.resize(static_cast<std::size_t>(n));
   p->host_producer.resize(static_cast<std::size_t>(n));

@@ -69,7 +69,11 @@ class pipeline_context {
   int rank_in_member() const noexcept { return pipe_.role_.rank_in_member; }
   int member_size() const { return member() < 0 ? 0 : pipe_.layout_.member_size(member()); }
   int members() const noexcept { return pipe_.layout_.members(); }
+  // Whether this rank trains: always in the trainer function; in the aggregate function, whether
+  // the aggregator is also a trainer (true) or a producer (false).
   bool is_trainer() const noexcept { return pipe_.role_.kind == role::trainer; }
+  // Whether this rank is the layout's aggregator (world rank layout().aggregator()): the one rank
+  // that runs the aggregate function and may call collect().gather() / reduce().
   bool is_aggregator() const noexcept { return pipe_.collect_.is_aggregator(); }
   const ensemble_layout& layout() const noexcept { return pipe_.layout_; }
 
@@ -128,6 +132,10 @@ class ensemble_pipeline {
   using communicator = typename backend::communicator;
   using context = pipeline_context<ensemble_pipeline>;
 
+  // What a preset's `options` is too (Preset::options): the feed's (patterns/feed.hpp: steps,
+  // shard_capacity, depth, flow; every rank must pass the same) and each member's sync's
+  // (patterns/sync.hpp: bucket_bytes, op, segment_bytes, segments_in_flight, launch_when_full,
+  // hierarchical). A preset's configure(o) returns them as that preset runs.
   struct options {
     feed_options feed;
     sync_options sync;
@@ -141,6 +149,8 @@ class ensemble_pipeline {
   ensemble_pipeline& operator=(const ensemble_pipeline&) = delete;
 
   const ensemble_layout& layout() const noexcept { return layout_; }
+  // This rank's roles, known from construction: a trainer (else a producer), and whether it is
+  // the aggregator, which may be either.
   bool is_trainer() const noexcept { return role_.kind == role::trainer; }
   bool is_aggregator() const noexcept { return collect_.is_aggregator(); }
 

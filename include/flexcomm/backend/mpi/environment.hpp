@@ -170,9 +170,16 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
 }
 }  // namespace detail
 
+// One per process, made before and destroyed after every flexcomm object that communicates.
+// MPI comes up with MPI_THREAD_MULTIPLE (the progress engine calls MPI from its own thread); if
+// the program or a framework brought MPI up already, flexcomm uses it, requires
+// MPI_THREAD_MULTIPLE of it, and leaves MPI_Finalize to whoever started it.
 class environment {
  public:
+  // Where main's argc/argv are not at hand (inside a library, a Python extension): MPI allows
+  // MPI_Init_thread(nullptr, nullptr).
   environment() : environment(nullptr, nullptr) {}
+  // argc and argv go to MPI_Init_thread.
   environment(int& argc, char**& argv) : environment(&argc, &argv) {}
 
   environment(const environment&) = delete;
