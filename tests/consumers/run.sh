@@ -2,14 +2,13 @@
 # Proves the three ways of using flexcomm from another project: installs flexcomm (meson install)
 # into a staging prefix, builds tests/consumers/consumer.cpp with the installed CMake package
 # (find_package) and pkg-config file, and as a Meson subproject of the source tree, and runs each
-# at 2 ranks. Prints "consumer X: ok|FAILED" per consumer; exits 1 if any failed.
+# at 1, 2, 3 and 4 ranks. Prints "consumer X: ok|FAILED (seconds)" per consumer; exits 1 if any failed.
 #   tests/consumers/run.sh [WORK_DIR]   (default build-consumers; emptied first)
 # The consumers use the MPI that the installed flexcomm.pc names (mpich, or Open MPI's ompi*),
 # with that MPI's own compiler wrapper and launcher, whatever Debian's mpi alternative points at.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-$root/build-consumers}
-ranks=2
 rm -rf "$work" && mkdir -p "$work" || exit 1
 work=$(cd "$work" && pwd)
 prefix=$work/staging
@@ -40,27 +39,36 @@ case "$(pkg-config --print-requires flexcomm)" in
 esac
 command -v "$mpicxx" >/dev/null || mpicxx=mpicxx
 command -v "$mpiexec" >/dev/null || mpiexec=mpiexec
-launch=("$mpiexec" -n "$ranks")
+launch=("$mpiexec")
 # Open MPI refuses root and more ranks than cores unless told.
 case "$("$mpiexec" --version 2>&1)" in
   *"Open MPI"*) launch+=(--oversubscribe); [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root) ;;
 esac
 
-report() {  # report NAME STATUS
-  if [ "$2" -eq 0 ]; then echo "consumer $1: ok"; else echo "consumer $1: FAILED"; failed=1; fi
+# Runs a consumer at each rank count, telling it how many ranks it must find.
+run_at_each_size() {  # NAME PROGRAM
+  local n
+  for n in 1 2 3 4; do step "$1" "${launch[@]}" -n "$n" "$2" "$n" || return 1; done
+}
+
+started=$SECONDS
+report() {  # report NAME STATUS: one line, with the seconds since the last one
+  local took="($((SECONDS - started)) s)"
+  started=$SECONDS
+  if [ "$2" -eq 0 ]; then echo "consumer $1: ok $took"; else echo "consumer $1: FAILED $took"; failed=1; fi
 }
 
 # CMake: find_package(flexcomm) through CMAKE_PREFIX_PATH.
 (step cmake cmake -S "$root/tests/consumers/cmake" -B "$work/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
       -DMPI_CXX_COMPILER="$(command -v "$mpicxx")" &&
  step cmake cmake --build "$work/cmake" &&
- step cmake "${launch[@]}" "$work/cmake/consumer" "$ranks")
+ run_at_each_size cmake "$work/cmake/consumer")
 report cmake $?
 
 # pkg-config: a plain Makefile, `pkg-config --cflags --libs flexcomm`.
 (mkdir -p "$work/pkgconfig" && cd "$work/pkgconfig" &&
  step pkgconfig make -f "$root/tests/consumers/pkgconfig/Makefile" &&
- step pkgconfig "${launch[@]}" "$work/pkgconfig/consumer" "$ranks")
+ run_at_each_size pkgconfig "$work/pkgconfig/consumer")
 report pkgconfig $?
 
 # Meson: the consumer's tree beside a subprojects/flexcomm link to this source tree; the
@@ -69,7 +77,7 @@ report pkgconfig $?
  ln -s "$root" "$work/src/meson/subprojects/flexcomm" &&
  step meson meson setup "$work/meson" "$work/src/meson" --force-fallback-for=flexcomm &&
  step meson meson compile -C "$work/meson" &&
- step meson "${launch[@]}" "$work/meson/consumer" "$ranks")
+ run_at_each_size meson "$work/meson/consumer")
 report meson $?
 
 exit $failed
