@@ -42,7 +42,7 @@ command -v "$mpiexec" >/dev/null || mpiexec=mpiexec
 launch=("$mpiexec")
 # Open MPI refuses root and more ranks than cores unless told.
 case "$("$mpiexec" --version 2>&1)" in
-  *"Open MPI"*) launch+=(--oversubscribe); [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root) ;;
+  *"Open MPI"*|*OpenRTE*) launch+=(--oversubscribe); [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root) ;;
 esac
 
 # Runs a consumer at each rank count, telling it how many ranks it must find.
