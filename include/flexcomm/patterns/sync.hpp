@@ -62,6 +62,14 @@ struct sync_options {
   // FLEXCOMM_HIERARCHICAL=auto|on|off.
   // Host backends only; device backends stay flat.
   hierarchy hierarchical = hierarchy_from_env();
+  // subgroup_allreduce: a member whose ranks all share one host (2+ ranks) reduces each bucket
+  // through one shared-memory segment instead of the backend's allreduce, on backends that have
+  // one (has_host_shared_memory: mpi), synchronously when the bucket is launched: automatic, on
+  // (and a member spanning hosts is an error), or off. FLEXCOMM_SHM=auto|on|off. Hierarchical
+  // averaging, when on, takes precedence.
+  shared_memory_use shared_memory = shared_memory_from_env();
+  // Bytes of each rank's slot of the segment; a larger bucket goes through in chunks.
+  std::size_t shared_memory_slot_bytes = std::size_t{4} << 20;
 };
 
 // Which gradients share which bucket. Formed at a member's first step from the order in which
