@@ -3,6 +3,9 @@
 //   mpiexec -n 4 build/benchmarks/allreduce -b 4K -e 64M -f 2 -n 20 -w 5 -c 1 -j allreduce.json
 // --hierarchical 1 adds both adapters averaging hierarchically (reduce in each host, across the
 // host leaders, broadcast in each host) beside the flat ones: the comparison across hosts.
+// "subgroup_allreduce" is the backend's allreduce (shared memory off); "subgroup_allreduce shm"
+// is the same adapter with sync_options.shared_memory automatic, i.e. through one shared-memory
+// segment when the world is on one host (its flat allreduce otherwise).
 // busbw = algbw * 2(n-1)/n (nccl-tests' allreduce factor).
 #include <boost/program_options.hpp>
 
@@ -135,8 +138,12 @@ int main(int argc, char** argv) {
   const std::size_t lo = fc::parse_bytes(begin, "-b"), hi = fc::parse_bytes(end, "-e");
   fc::check(factor > 1, "allreduce", "-f must be > 1");
   const bool root = world.rank() == 0;
-  std::vector<std::string> names{"MPI_Allreduce", "subgroup_allreduce", "overlapped_ring"};
-  if (tiers) names.insert(names.end(), {"subgroup_allreduce hier", "overlapped_ring hier"});
+  std::vector<std::string> names{"MPI_Allreduce", "subgroup_allreduce", "subgroup_allreduce shm", "overlapped_ring"};
+  std::vector<std::string> labels{"", "subgroup", "sub-shm", "ring"};
+  if (tiers) {
+    names.insert(names.end(), {"subgroup_allreduce hier", "overlapped_ring hier"});
+    labels.insert(labels.end(), {"sub-hier", "ring-hier"});
+  }
   const std::size_t impls = names.size();
   const auto hosts = fc::hosts_of(world);  // collective
   if (root) {
@@ -148,12 +155,13 @@ int main(int argc, char** argv) {
     std::printf(" busbw ratio vs MPI\n");
     std::printf("# %10s %12s %8s %6s %5s |", "(B)", "(elements)", "", "", "");
     for (std::size_t i = 0; i < impls; ++i) std::printf(" %9s %8s %8s %7s  |", "time(us)", "algbw", "busbw", "#wrong");
-    for (std::size_t i = 1; i < impls; ++i) std::printf(" %9s", i == 1 ? "subgroup" : i == 2 ? "ring" : i == 3 ? "sub-hier" : "ring-hier");
+    for (std::size_t i = 1; i < impls; ++i) std::printf(" %9s", labels[i].c_str());
     std::printf("\n");
   }
   std::string records;
   std::vector<double> sum_busbw(impls, 0.0);
   int rows = 0;
+  bool shm_used = false;
   fc::visit_dtype(type, [&](auto element) {
     using T = decltype(element);
     for (double size = static_cast<double>(lo); size <= static_cast<double>(hi) * 1.0000001; size *= factor) {
@@ -167,6 +175,10 @@ int main(int argc, char** argv) {
       options.segments_in_flight = lanes;
       // Without -H the adapters choose as a user's would (FLEXCOMM_HIERARCHICAL, else automatic).
       if (tiers) options.hierarchical = fc::hierarchy::off;
+      options.shared_memory = fc::shared_memory_use::automatic;
+      fc::subgroup_allreduce<mpi> subgroup_shm(world, options);
+      shm_used = subgroup_shm.shared_memory();
+      options.shared_memory = fc::shared_memory_use::off;
       fc::subgroup_allreduce<mpi> subgroup(world, options);
       fc::overlapped_ring<mpi> ring(world, options);
       std::optional<fc::subgroup_allreduce<mpi>> subgroup_tiers;
@@ -189,7 +201,7 @@ int main(int argc, char** argv) {
             MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), mt, mo, world.native());
             if (o == fc::op::avg) fc::divide_by(buf.data(), count, world.size());
           },
-          through(subgroup), through(ring)};
+          through(subgroup), through(subgroup_shm), through(ring)};
       if (tiers) {
         once.push_back(through(*subgroup_tiers));
         once.push_back(through(*ring_tiers));
@@ -218,7 +230,7 @@ int main(int argc, char** argv) {
   if (root) {
     std::printf("# Avg bus bandwidth:");
     for (std::size_t i = 0; i < impls; ++i) std::printf(" %s %.3f GB/s;", names[i].c_str(), sum_busbw[i] / std::max(rows, 1));
-    std::printf("\n");
+    std::printf("\n# subgroup_allreduce shm went through shared memory: %s\n", shm_used ? "yes" : "no");
     if (!json.empty()) {
       std::ofstream out(json);
       out << "{\"benchmark\": \"allreduce\", \"ranks\": " << world.size() << ", \"segment\": \"" << segment
