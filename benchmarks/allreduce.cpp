@@ -103,7 +103,7 @@ result measure(const mpi::communicator& comm, std::vector<T>& buf, fc::op o, int
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string begin, end, type_name, op_name, json, segment;
+  std::string begin, end, type_name, op_name, json, segment, shm_slot;
   double factor;
   int iters, warmup, check, lanes, tiers;
   po::options_description opts("allreduce (nccl-tests flags)");
@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
       ("op,o", po::value(&op_name)->default_value("sum"), "sum prod min max avg")
       ("segment,s", po::value(&segment)->default_value("1M"), "overlapped_ring segment bytes")
       ("lanes,l", po::value(&lanes)->default_value(2), "overlapped_ring segments in flight")
+      ("shm_slot,S", po::value(&shm_slot)->default_value("16M"), "subgroup_allreduce shm: bytes of each rank's slot")
       ("hierarchical,H", po::value(&tiers)->default_value(0),
        "1: also both adapters forced hierarchical (the flat ones forced flat)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)");
@@ -176,6 +177,7 @@ int main(int argc, char** argv) {
       // Without -H the adapters choose as a user's would (FLEXCOMM_HIERARCHICAL, else automatic).
       if (tiers) options.hierarchical = fc::hierarchy::off;
       options.shared_memory = fc::shared_memory_use::automatic;
+      options.shared_memory_slot_bytes = fc::parse_bytes(shm_slot, "-S");
       fc::subgroup_allreduce<mpi> subgroup_shm(world, options);
       shm_used = subgroup_shm.shared_memory();
       options.shared_memory = fc::shared_memory_use::off;

@@ -41,7 +41,7 @@ namespace flexcomm {
 class mpi_host_reducer {
  public:
   // Bytes of each rank's slot unless told otherwise: a bucket larger than this goes in chunks.
-  static constexpr std::size_t default_slot_bytes = std::size_t{4} << 20;
+  static constexpr std::size_t default_slot_bytes = std::size_t{16} << 20;
 
   mpi_host_reducer() = default;
 
