@@ -139,10 +139,12 @@ BOOST_AUTO_TEST_CASE(segment_reuse_under_many_calls) {
 }
 
 // subgroup_allreduce with the path on and off: the same bits, equal to the exact reference;
-// the path is taken exactly when the member has 2+ ranks.
+// the path is taken exactly when the member has 2+ ranks. Launched when full for sum only (the
+// launch point does not change the reduction; 6 ranks on 2 cores keep the test short).
 BOOST_AUTO_TEST_CASE_TEMPLATE(subgroup_on_and_off_give_the_same_bits, T, element_types) {
   for (fc::op o : all_ops) {
     for (bool early : {false, true}) {
+      if (early && o != fc::op::sum) continue;
       fc::sync_options options;
       options.op = o;
       options.bucket_bytes = 4096;
