@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fc = flexcomm;
@@ -113,12 +115,68 @@ bool all_same(const std::vector<std::vector<T>>& a, const std::vector<std::vecto
 // The reducer itself, over the world (one real host here): every type and op, sizes 0, 1, below
 // the rank count, not divisible by it and over several slots (small slots: many chunks), three
 // steps on one reducer (the segment reused), equal to the exact reference and MPI_Allreduce.
+// Small-path thresholds of 0 (every size in chunks), 256 and 4096 bytes send some sizes each way.
 BOOST_AUTO_TEST_CASE_TEMPLATE(reducer_equals_mpi_allreduce_for_every_type_and_op, T, element_types) {
-  for (std::size_t slot : {std::size_t{64}, std::size_t{1000}}) {
-    mpi::host_reducer reducer(world(), slot);
+  const std::pair<std::size_t, std::size_t> shapes[] = {{64, 0}, {1000, 256}, {4096, 4096}};
+  for (const auto& [slot, small] : shapes) {
+    mpi::host_reducer reducer(world(), slot, small);
     std::string detail;
     BOOST_TEST(all_ranks(reducer_agrees<T>(reducer, world(), 3, detail)),
-               "slot " << slot << " bytes (" << reducer.slot_bytes() << " used): " << detail);
+               "slot " << slot << " bytes (" << reducer.slot_bytes() << " used), small path up to " << small
+                       << ": " << detail);
+  }
+}
+
+// Tasks started back to back and polled by another thread (the progress engine), small and
+// large interleaved: they run in start order, and each result is right.
+BOOST_AUTO_TEST_CASE(tasks_on_the_engine_run_in_start_order) {
+  mpi::host_reducer reducer(world(), 256, 128);
+  const auto ranks = world_ranks_of(world());
+  std::vector<std::vector<std::int64_t>> data;
+  std::vector<std::shared_ptr<fc::completion>> done;
+  for (int i = 0; i < 40; ++i) {
+    const std::size_t n = (i % 3 == 0) ? 5 + static_cast<std::size_t>(i) : 200 + 13 * static_cast<std::size_t>(i);
+    data.push_back(gradient<std::int64_t>(world().rank(), i, 2, n));
+  }
+  for (auto& d : data) {
+    auto task = reducer.start(d.data(), d.size(), fc::op::sum);
+    done.push_back(fc::progress_engine::instance().submit([task] { return task->poll(); }, task->what()));
+  }
+  for (auto& d : done) d->wait();
+  bool ok = true;
+  for (std::size_t i = 0; i < data.size(); ++i)
+    ok = ok && same(data[i], reference<std::int64_t>(fc::op::sum, ranks, static_cast<int>(i), 2, data[i].size()));
+  BOOST_TEST(all_ranks(ok));
+}
+
+// overlapped_ring on one host takes the shared-memory path instead of the ring; same bits.
+BOOST_AUTO_TEST_CASE(overlapped_ring_on_one_host_goes_through_shared_memory) {
+  for (fc::op o : {fc::op::sum, fc::op::avg}) {
+    fc::sync_options options;
+    options.op = o;
+    options.bucket_bytes = 2048;
+    options.shared_memory_slot_bytes = 1024;
+    options.hierarchical = fc::hierarchy::off;
+    std::vector<std::vector<float>> got[2];
+    bool used[2] = {false, true};
+    for (int on = 0; on < 2; ++on) {
+      options.shared_memory = on ? fc::shared_memory_use::on : fc::shared_memory_use::off;
+      fc::overlapped_ring<mpi> sync(world(), options);
+      used[on] = sync.shared_memory();
+      const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 70000};
+      for (int step = 0; step < 3; ++step) {
+        std::vector<std::vector<float>> grads(sizes.size());
+        for (std::size_t i = 0; i < sizes.size(); ++i)
+          grads[i] = gradient<float>(world().rank(), step, static_cast<int>(i), sizes[i]);
+        for (std::size_t i = sizes.size(); i-- > 0;) sync.ready(static_cast<int>(i), fc::span<float>(grads[i]));
+        sync.finish();
+        for (auto& g : grads) got[on].push_back(std::move(g));
+      }
+    }
+    BOOST_TEST(used[1] == (world().size() > 1));
+    BOOST_TEST(!used[0]);
+    BOOST_TEST(all_ranks(all_same(got[0], got[1])), "op " << fc::name_of(o));
+    BOOST_TEST(all_ranks(all_same(got[1], subgroup_reference<float>(world(), o))), "op " << fc::name_of(o));
   }
 }
 
@@ -230,25 +288,33 @@ BOOST_AUTO_TEST_CASE(settings_and_agreement) {
 
 // A rank that never arrives: the others' wait becomes a flexcomm::error after the timeout, naming
 // the operation, the waiting rank and the rank that had not arrived.
+// Both paths: the large one (small threshold 0) and the one-round small one.
 BOOST_AUTO_TEST_CASE(timeout_names_who_did_not_arrive) {
   const int n = world().size();
   if (n < 2) return;
-  mpi::host_reducer reducer(world(), 4096);
-  reducer.set_timeout(std::chrono::milliseconds{300});
-  std::vector<float> data(100, 1.0f);
-  std::string message;
-  if (world().rank() != n - 1) {
-    message = error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); });
-    BOOST_TEST(contains(message, fc::cat("rank ", world().rank())), message);
-    BOOST_TEST(contains(message, fc::cat("not arrived: rank ", n - 1)), message);
-    BOOST_TEST(contains(message, "shared-memory allreduce"), message);
+  for (const std::size_t small : {std::size_t{0}, std::size_t{4096}}) {
+    mpi::host_reducer reducer(world(), 4096, small);
+    reducer.set_timeout(std::chrono::milliseconds{300});
+    std::vector<float> data(100, 1.0f);
+    std::string message;
+    if (world().rank() != n - 1) {
+      message = error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); });
+      BOOST_TEST(contains(message, fc::cat("rank ", world().rank())), message);
+      BOOST_TEST(contains(message, fc::cat("not arrived: rank ", n - 1)), message);
+      BOOST_TEST(contains(message, "shared-memory allreduce"), message);
+    }
+    MPI_Barrier(world().native());
+    if (world().rank() == n - 1) {
+      // Late: on the large path its peers gave up after copying in, so it times out one stage
+      // later; on the small path everything it needs is there, and it finishes.
+      message = error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); });
+      if (small == 0) BOOST_TEST(contains(message, "timed out"), message);
+      if (small != 0) BOOST_TEST(message.empty(), message);
+    }
+    if (small == 0) BOOST_TEST(all_ranks(contains(message, "timed out")));
+    // The ranks that timed out refuse further use; the late one finds its peers gone.
+    const auto next = error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); });
+    BOOST_TEST((contains(next, "unusable") || contains(next, "timed out")), next);
+    MPI_Barrier(world().native());
   }
-  MPI_Barrier(world().native());
-  if (world().rank() == n - 1) {
-    // Late: its peers gave up after copying in, so it times out one stage later.
-    message = error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); });
-    BOOST_TEST(contains(message, "timed out"), message);
-  }
-  BOOST_TEST(all_ranks(contains(message, "timed out")));
-  BOOST_TEST(contains(error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); }), "unusable"));
 }

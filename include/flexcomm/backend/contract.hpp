@@ -58,9 +58,10 @@ using host_backend_t = typename host_backend_of<B>::type;
 
 // Whether B can allreduce host buffers through shared memory among ranks that share a host: B
 // declares `using host_reducer = ...;`, a type made collectively over a communicator whose ranks
-// are all on one host, as `host_reducer(comm, slot_bytes)`, with a blocking
-// `allreduce(T* data, std::size_t n, op o)` (every rank the same n, T, o, in the same order; avg
-// divides the sum by the rank count) that times out as the communicator's operations do.
+// are all on one host, as `host_reducer(comm, slot_bytes)`, with `start(T* data, n, op)` (a task
+// whose `poll()` advances without waiting and returns true once done, for the progress engine)
+// and a blocking `allreduce(T* data, n, op)`; every rank starts the same n, T and op in the same
+// order; avg divides the sum by the rank count; waits time out as the communicator's operations do.
 template <class B, class = void>
 struct host_shared_memory_of : std::false_type {};
 template <class B>

@@ -15,45 +15,10 @@
 #include "../core/datatype.hpp"
 #include "../core/progress.hpp"
 #include "hierarchical.hpp"
+#include "host_shared.hpp"
 #include "sync.hpp"
 
 namespace flexcomm {
-
-namespace detail {
-// The member's shared-memory reducer, where B has one (has_host_shared_memory) and it is used.
-template <class B, bool = has_host_shared_memory<B>>
-struct host_reducer_slot {
-  std::optional<typename B::host_reducer> reducer;
-  // Collective over `member` (the adapter's private duplicate), after `hosts` was learnt on it.
-  void setup(const typename B::communicator& member, const host_map& hosts, bool tiered, const sync_options& options,
-             const std::string& who) {
-    // The choice must be the same on every rank, and so must the op: each rank reduces its own
-    // share of every bucket with its own.
-    agreement same({static_cast<std::int64_t>(options.shared_memory), static_cast<std::int64_t>(options.op),
-                    static_cast<std::int64_t>(options.shared_memory_slot_bytes)});
-    B::iallreduce(member, same.buffer(), op::max).wait();
-    check(same.agreed(0), who,
-          cat("sync_options.shared_memory (FLEXCOMM_SHM) differs across the member's ranks; this rank has '",
-              name_of(options.shared_memory), "'"));
-    check(same.agreed(1), who,
-          cat("sync_options.op differs across the member's ranks; this rank has '", name_of(options.op), "'"));
-    check(same.agreed(2), who, "sync_options.shared_memory_slot_bytes differs across the member's ranks");
-    if (options.shared_memory == shared_memory_use::off || tiered) return;
-    if (options.shared_memory == shared_memory_use::on)
-      check(hosts.hosts() <= 1, who,
-            cat("sync_options.shared_memory (FLEXCOMM_SHM) is on, but the member spans ", hosts.hosts(), " hosts (",
-                hosts.str(), ")"));
-    if (hosts.hosts() != 1 || member.size() < 2) return;
-    reducer.emplace(member, options.shared_memory_slot_bytes);
-  }
-  explicit operator bool() const noexcept { return reducer.has_value(); }
-};
-template <class B>
-struct host_reducer_slot<B, false> {
-  void setup(const typename B::communicator&, const host_map&, bool, const sync_options&, const std::string&) {}
-  explicit operator bool() const noexcept { return false; }
-};
-}  // namespace detail
 
 // By default every bucket is launched in finish(), i.e. after backward (the classic "sync after
 // backward" that overlapped_ring is measured against). With sync_options.launch_when_full a bucket
@@ -108,13 +73,7 @@ class subgroup_allreduce {
                              });
       }
       detail::flight<B> f;
-      if constexpr (has_host_shared_memory<B>) {
-        // Synchronous: the bucket is reduced here, on the trainer's thread, when it is launched.
-        if (shm_) {
-          shm_.reducer->allreduce(static_cast<T*>(data), count, options_.op);
-          return f;
-        }
-      }
+      if (shm_) return shm_.launch(static_cast<T*>(data), count, options_.op, options_.launch_when_full);
       auto request = B::iallreduce(comm_, span<T>(static_cast<T*>(data), count), options_.op);
       if (options_.launch_when_full) {
         auto shared = std::make_shared<typename B::request>(std::move(request));
@@ -129,7 +88,7 @@ class subgroup_allreduce {
   typename B::communicator comm_;
   sync_options options_;
   detail::host_tiers<B> tiers_;  // the allreduce runs across host leaders when enabled
-  detail::host_reducer_slot<B> shm_;  // buckets go through shared memory when set
+  detail::host_shared<B> shm_;  // buckets go through shared memory when set
   detail::bucket_sync<B> sync_;  // last: destroyed first, so buckets in flight end before comm_
 };
 

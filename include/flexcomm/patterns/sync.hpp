@@ -62,11 +62,12 @@ struct sync_options {
   // FLEXCOMM_HIERARCHICAL=auto|on|off.
   // Host backends only; device backends stay flat.
   hierarchy hierarchical = hierarchy_from_env();
-  // subgroup_allreduce: a member whose ranks all share one host (2+ ranks) reduces each bucket
-  // through one shared-memory segment instead of the backend's allreduce, on backends that have
-  // one (has_host_shared_memory: mpi), synchronously when the bucket is launched: automatic, on
-  // (and a member spanning hosts is an error), or off. FLEXCOMM_SHM=auto|on|off. Hierarchical
-  // averaging, when on, takes precedence.
+  // A member whose ranks all share one host (2+ ranks) reduces each bucket through shared memory
+  // instead of the backend's allreduce (subgroup_allreduce) or the ring (overlapped_ring), on
+  // backends that have it (has_host_shared_memory: mpi): on the progress engine when buckets
+  // launch as they fill, else on the trainer's thread in finish(). automatic, on (and a member
+  // spanning hosts is an error), or off. FLEXCOMM_SHM=auto|on|off. Hierarchical averaging, when
+  // on, takes precedence.
   shared_memory_use shared_memory = shared_memory_from_env();
   // Bytes of each rank's slot of the segment (N ranks: N of them); a larger bucket goes through in
   // chunks. 16 MiB: measured on 2 cores, fewer, larger chunks were faster (docs/benchmarks.md).
