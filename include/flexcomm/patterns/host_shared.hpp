@@ -43,12 +43,20 @@ class host_shared {
   }
   explicit operator bool() const noexcept { return reducer_.has_value(); }
 
+  // The bucket bookkeeping's per-step check through the same segment (see bucket_sync).
+  template <class Sync>
+  void check_steps_of(Sync& sync) {
+    if (!reducer_) return;
+    sync.check_through([this](span<std::int64_t> v) { reducer_->allreduce(v.data(), v.size(), op::max); });
+  }
+
   // Reduces one bucket: on the progress engine while the trainer computes (`on_engine`), or here,
-  // on the trainer's thread, before returning (the small path then costs one round of flags).
+  // on the trainer's thread, before returning. A bucket small enough for the one-round path is
+  // always reduced here: the hop to the engine's thread and back would cost more than the round.
   template <class T>
   flight<B> launch(T* data, std::size_t count, op o, bool on_engine) {
     flight<B> f;
-    if (!on_engine) {
+    if (!on_engine || count * sizeof(T) <= reducer_->small_bytes()) {
       reducer_->allreduce(data, count, o);
       return f;
     }
@@ -66,6 +74,8 @@ class host_shared<B, false> {
  public:
   void setup(const typename B::communicator&, const host_map&, bool, const sync_options&, const std::string&) {}
   explicit operator bool() const noexcept { return false; }
+  template <class Sync>
+  void check_steps_of(Sync&) {}
   template <class T>
   flight<B> launch(T*, std::size_t, op, bool) {
     fail("shared-memory allreduce", "this backend has no shared-memory path");

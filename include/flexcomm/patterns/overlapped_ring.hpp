@@ -43,6 +43,7 @@ class overlapped_ring {
     check(options_.segments_in_flight > 0, "overlapped_ring",
           cat("sync_options.segments_in_flight must be positive, got ", options_.segments_in_flight));
     shm_.setup(ring_, tiers_.hosts(), tiers_.enabled(), options_, "overlapped_ring");
+    shm_.check_steps_of(sync_);
   }
 
   template <class T>

@@ -35,6 +35,7 @@ class subgroup_allreduce {
         tiers_(comm_, options_.hierarchical, flat_algorithm::backend_allreduce, "subgroup_allreduce"),
         sync_(member, options_, "subgroup_allreduce", options_.launch_when_full) {
     shm_.setup(comm_, tiers_.hosts(), tiers_.enabled(), options_, "subgroup_allreduce");
+    shm_.check_steps_of(sync_);
   }
 
   // Gradient `index` is final: it joins its bucket (the average lands here by finish()).

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -147,16 +148,23 @@ struct flight {
 
 // The cross-rank check of one step, one small nonblocking allreduce on the control
 // communicator: the step's fingerprint, and the highest misusing rank + 1.
+// `agree`, when set, does the max-reduction instead (blocking, on the member's ranks): the adapter's
+// shared-memory path, one round of flags instead of an MPI collective per step.
 template <class B>
 class signature_check {
  public:
-  void start(const typename B::communicator& comm, const fingerprint& f, bool misused) {
+  using agree_fn = std::function<void(span<std::int64_t>)>;
+
+  void start(const typename B::communicator& comm, const fingerprint& f, bool misused, const agree_fn& agree = {}) {
     same_.emplace(std::vector<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
-    request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
+    if (agree)
+      agree(same_->buffer());
+    else
+      request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
   }
   // Waits; an empty string when every rank handed over the same gradients and none misused.
   std::string verdict(const std::string& local_misuse, const std::string& sequence) {
-    request_->wait();
+    if (request_) request_->wait();
     request_.reset();
     if (!local_misuse.empty()) return local_misuse;
     if (same_->highest(1) > 0)
@@ -209,6 +217,11 @@ class bucket_sync {
 
   const bucket_plan& plan() const noexcept { return plan_; }
   int ranks() const noexcept { return control_.size(); }
+  // The step's cross-rank check goes through `agree` (a blocking max-reduction over the member's
+  // ranks) instead of the control communicator.
+  void check_through(typename signature_check<typename control_channel<B>::backend>::agree_fn agree) {
+    agree_ = std::move(agree);
+  }
 
   template <class T, class Launch>
   void ready(int index, span<T> grad, Launch&& launch) {
@@ -243,7 +256,7 @@ class bucket_sync {
     signature_check<typename control_channel<B>::backend> step_check;
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
-      step_check.start(control_, fingerprint(step_hash_).add(plan_.signature()), !misuse_.empty());
+      step_check.start(control_, fingerprint(step_hash_).add(plan_.signature()), !misuse_.empty(), agree_);
       verdict = step_check.verdict(misuse_, sequence_);
       if (!verdict.empty()) {
         plan_.clear();
@@ -267,7 +280,7 @@ class bucket_sync {
       // Every rank launches every bucket, in order, whatever was handed over: no peer waits
       // forever on a bucket this rank skipped.
       while (next_ < plan_.buckets().size()) launch_bucket(next_++, launch);
-      step_check.start(control_, step_hash_, !misuse_.empty());
+      step_check.start(control_, step_hash_, !misuse_.empty(), agree_);
       verdict = step_check.verdict(misuse_, sequence_);
     }
     std::exception_ptr failure;
@@ -357,6 +370,7 @@ class bucket_sync {
 
   // The signature exchange, kept apart from bucket traffic.
   typename control_channel<B>::backend::communicator control_;
+  typename signature_check<typename control_channel<B>::backend>::agree_fn agree_;
   std::string who_;
   bool launch_early_;
   bucket_plan plan_;

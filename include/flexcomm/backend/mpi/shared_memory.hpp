@@ -145,11 +145,13 @@ class host_allreduce {
   host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p)
       : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p) {
     if (n == 0) stage_ = stage::done;  // took no ticket and no steps
-    what_ = cat("shared-memory allreduce on ", seg_->comm.name(), " (", n, " x ", name_of(dtype_of<T>), ", ",
-                name_of(o), ")");
   }
 
-  const std::string& what() const noexcept { return what_; }
+  // Built when asked (an error, the engine's list of pending tasks), not per allreduce.
+  std::string what() const {
+    return cat("shared-memory allreduce on ", seg_->comm.name(), " (", n_, " x ", name_of(dtype_of<T>), ", ",
+               name_of(op_), ")");
+  }
   bool done() const noexcept { return stage_ == stage::done; }
 
   // Advances as far as it can without waiting; true once this rank's result is in place.
@@ -207,7 +209,7 @@ class host_allreduce {
   enum class stage { queued, small_write, small_reduce, large_write, large_reduce, large_gather, done };
   static constexpr std::size_t align = host_segment::line / sizeof(T) ? host_segment::line / sizeof(T) : 1;
 
-  std::string who() const { return cat(what_, ", rank ", seg_->rank); }
+  std::string who() const { return cat(what(), ", rank ", seg_->rank); }
   std::size_t per_chunk() const noexcept { return seg_->large_bytes / sizeof(T); }
   // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last.
   std::uint64_t step(int k) const noexcept { return plan_.first + 3 * chunk_ + static_cast<std::uint64_t>(k); }
@@ -288,7 +290,6 @@ class host_allreduce {
   stage stage_ = stage::queued;
   std::uint64_t chunk_ = 0;
   std::chrono::steady_clock::time_point since_;
-  std::string what_;
 };
 
 }  // namespace detail
