@@ -58,7 +58,8 @@ using host_backend_t = typename host_backend_of<B>::type;
 
 // Whether B can allreduce host buffers through shared memory among ranks that share a host: B
 // declares `using host_reducer = ...;`, a type made collectively over a communicator whose ranks
-// are all on one host, as `host_reducer(comm, slot_bytes)`, with `start(T* data, n, op)` (a task
+// are all on one host, as `host_reducer(comm, slot_bytes)` (collective `on_one_host(comm)` says
+// whether they are), with `start(T* data, n, op)` (a task
 // whose `poll()` advances without waiting and returns true once done, for the progress engine)
 // and a blocking `allreduce(T* data, n, op)`; every rank starts the same n, T and op in the same
 // order; avg divides the sum by the rank count; waits time out as the communicator's operations do.

@@ -39,6 +39,8 @@ class host_shared {
             cat("sync_options.shared_memory (FLEXCOMM_SHM) is on, but the member spans ", hosts.hosts(), " hosts (",
                 hosts.str(), ")"));
     if (hosts.hosts() != 1 || member.size() < 2) return;
+    // FLEXCOMM_HOSTS may pretend one host where MPI knows several: automatic then stays off.
+    if (options.shared_memory == shared_memory_use::automatic && !B::host_reducer::on_one_host(member)) return;
     reducer_.emplace(member, options.shared_memory_slot_bytes);
   }
   explicit operator bool() const noexcept { return reducer_.has_value(); }

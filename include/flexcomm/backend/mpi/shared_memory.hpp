@@ -313,6 +313,18 @@ class mpi_host_reducer {
                             std::size_t small_bytes = default_small_bytes)
       : segment_(std::make_shared<detail::host_segment>(comm, slot_bytes, small_bytes)) {}
 
+  // Collective over `comm`: whether MPI puts all its ranks on one host (the same answer on every
+  // rank), i.e. whether a reducer can be made over it.
+  static bool on_one_host(const mpi_communicator& comm) {
+    MPI_Comm shared = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &shared),
+              cat(comm.name(), ": split by host"));
+    int size = 0;
+    MPI_Comm_size(shared, &size);
+    MPI_Comm_free(&shared);
+    return size == comm.size();
+  }
+
   explicit operator bool() const noexcept { return segment_ != nullptr; }
   int size() const noexcept { return segment_ ? segment_->ranks : 0; }
   std::size_t slot_bytes() const noexcept { return segment_ ? segment_->large_bytes : 0; }
