@@ -3,12 +3,24 @@
 //   mpiexec -n 4 build/benchmarks/allreduce -b 4K -e 64M -f 2 -n 20 -w 5 -c 1 -j allreduce.json
 // --hierarchical 1 adds both adapters averaging hierarchically (reduce in each host, across the
 // host leaders, broadcast in each host) beside the flat ones: the comparison across hosts.
+// "subgroup_allreduce" is the backend's allreduce (shared memory off); "subgroup_allreduce shm"
+// is the same adapter with sync_options.shared_memory automatic, i.e. through one shared-memory
+// segment when the world is on one host (its flat allreduce otherwise).
+// "overlapped_ring shm" likewise, its buckets driven by the progress engine. When the world is on
+// one host two limits are measured in the same run: "probe", the plainest shared-memory
+// allreduce (every rank's data already in one shared mapping; each reduces its 1/N share in place,
+// then copies the others' shares; flags between the halves, no chunks, nothing copied in or out),
+// and "memcpy", one core copying the buffer once.
 // busbw = algbw * 2(n-1)/n (nccl-tests' allreduce factor).
 #include <boost/program_options.hpp>
 
 #include <flexcomm/flexcomm.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <new>
+#include <cstring>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -44,17 +56,17 @@ fc::op parse_op(const std::string& o) {
 
 // Small integers: every op stays exact in every type, so -c counts real errors.
 template <class T>
-void fill(std::vector<T>& buf, int rank) {
+void fill(fc::span<T> buf, int rank) {
   for (std::size_t i = 0; i < buf.size(); ++i)
     buf[i] = T(static_cast<float>((static_cast<std::size_t>(rank) + i) % 3 + 1));
 }
 
 template <class T>
-long count_wrong(const std::vector<T>& got, fc::op o, int ranks) {
+long count_wrong(fc::span<T> got, fc::op o, int ranks) {
   std::vector<T> want(got.size()), other(got.size());
-  fill(want, 0);
+  fill(fc::span<T>(want), 0);
   for (int r = 1; r < ranks; ++r) {
-    fill(other, r);
+    fill(fc::span<T>(other), r);
     fc::combine(o, want.data(), other.data(), want.size());
   }
   if (o == fc::op::avg) fc::divide_by(want.data(), want.size(), ranks);
@@ -70,7 +82,7 @@ double max_over_ranks(const mpi::communicator& comm, double v) {
 
 // Runs `once` w times, then n timed times; time is the slowest rank's mean.
 template <class T>
-result measure(const mpi::communicator& comm, std::vector<T>& buf, fc::op o, int warmup, int iters, bool check,
+result measure(const mpi::communicator& comm, fc::span<T> buf, fc::op o, int warmup, int iters, bool check,
                const std::function<void()>& once) {
   result r;
   fill(buf, comm.rank());
@@ -95,12 +107,81 @@ result measure(const mpi::communicator& comm, std::vector<T>& buf, fc::op o, int
   return r;
 }
 
+// The limit the shared-memory path is held against (see the top): the world's ranks on one host,
+// each one's data in its region of one shared window.
+template <class T>
+class shm_probe {
+ public:
+  shm_probe(const mpi::communicator& world, std::size_t count) : rank_(world.rank()), ranks_(world.size()), count_(count) {
+    MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host_);
+    int on_host = 0;
+    MPI_Comm_size(host_, &on_host);
+    one_host_ = on_host == ranks_;
+    if (!one_host_) return;
+    const std::size_t bytes = 64 + std::max<std::size_t>(count, 1) * sizeof(T);
+    void* mine = nullptr;
+    MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, host_, &mine, &window_);
+    new (mine) std::atomic<std::uint64_t>(0);
+    for (int r = 0; r < ranks_; ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void* base = nullptr;
+      MPI_Win_shared_query(window_, r, &size, &unit, &base);
+      regions_.push_back(static_cast<std::byte*>(base));
+    }
+    MPI_Barrier(host_);
+  }
+  ~shm_probe() {
+    if (window_ != MPI_WIN_NULL) MPI_Win_free(&window_);
+    MPI_Comm_free(&host_);
+  }
+  bool usable() const { return one_host_; }
+  fc::span<T> mine() const { return {data(rank_), count_}; }
+
+  void allreduce(fc::op o) {
+    const std::size_t share = (count_ + static_cast<std::size_t>(ranks_) - 1) / static_cast<std::size_t>(ranks_);
+    const auto lo = [&](int r) { return std::min(count_, share * static_cast<std::size_t>(r)); };
+    const auto hi = [&](int r) { return std::min(count_, lo(r) + share); };
+    arrive();
+    T* out = data(rank_) + lo(rank_);
+    for (int r = 0; r < ranks_; ++r)
+      if (r != rank_) fc::combine(o, out, data(r) + lo(rank_), hi(rank_) - lo(rank_));
+    if (o == fc::op::avg) fc::divide_by(out, hi(rank_) - lo(rank_), ranks_);
+    arrive();
+    for (int r = 0; r < ranks_; ++r)
+      if (r != rank_) std::memcpy(data(rank_) + lo(r), data(r) + lo(r), (hi(r) - lo(r)) * sizeof(T));
+    arrive();  // nobody changes its data for the next call while a peer still copies from it
+  }
+
+ private:
+  T* data(int r) const { return reinterpret_cast<T*>(regions_[static_cast<std::size_t>(r)] + 64); }
+  std::atomic<std::uint64_t>& flag(int r) const {
+    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions_[static_cast<std::size_t>(r)]));
+  }
+  void arrive() {
+    flag(rank_).store(++epoch_, std::memory_order_release);
+    fc::default_wait().until([&] {
+      for (int r = 0; r < ranks_; ++r)
+        if (flag(r).load(std::memory_order_acquire) < epoch_) return false;
+      return true;
+    });
+  }
+
+  int rank_, ranks_;
+  std::size_t count_;
+  MPI_Comm host_ = MPI_COMM_NULL;
+  MPI_Win window_ = MPI_WIN_NULL;
+  bool one_host_ = false;
+  std::vector<std::byte*> regions_;
+  std::uint64_t epoch_ = 0;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string begin, end, type_name, op_name, json, segment;
+  std::string begin, end, type_name, op_name, json, segment, shm_slot;
   double factor;
   int iters, warmup, check, lanes, tiers;
   po::options_description opts("allreduce (nccl-tests flags)");
@@ -115,6 +196,7 @@ int main(int argc, char** argv) {
       ("op,o", po::value(&op_name)->default_value("sum"), "sum prod min max avg")
       ("segment,s", po::value(&segment)->default_value("1M"), "overlapped_ring segment bytes")
       ("lanes,l", po::value(&lanes)->default_value(2), "overlapped_ring segments in flight")
+      ("shm_slot,S", po::value(&shm_slot)->default_value("16M"), "subgroup_allreduce shm: bytes of each rank's slot")
       ("hierarchical,H", po::value(&tiers)->default_value(0),
        "1: also both adapters forced hierarchical (the flat ones forced flat)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)");
@@ -135,8 +217,14 @@ int main(int argc, char** argv) {
   const std::size_t lo = fc::parse_bytes(begin, "-b"), hi = fc::parse_bytes(end, "-e");
   fc::check(factor > 1, "allreduce", "-f must be > 1");
   const bool root = world.rank() == 0;
-  std::vector<std::string> names{"MPI_Allreduce", "subgroup_allreduce", "overlapped_ring"};
-  if (tiers) names.insert(names.end(), {"subgroup_allreduce hier", "overlapped_ring hier"});
+  std::vector<std::string> names{"MPI_Allreduce",   "subgroup_allreduce",  "subgroup_allreduce shm",
+                                 "overlapped_ring", "overlapped_ring shm", "probe",
+                                 "memcpy"};
+  std::vector<std::string> labels{"", "subgroup", "sub-shm", "ring", "ring-shm", "probe", "memcpy"};
+  if (tiers) {
+    names.insert(names.end(), {"subgroup_allreduce hier", "overlapped_ring hier"});
+    labels.insert(labels.end(), {"sub-hier", "ring-hier"});
+  }
   const std::size_t impls = names.size();
   const auto hosts = fc::hosts_of(world);  // collective
   if (root) {
@@ -148,12 +236,13 @@ int main(int argc, char** argv) {
     std::printf(" busbw ratio vs MPI\n");
     std::printf("# %10s %12s %8s %6s %5s |", "(B)", "(elements)", "", "", "");
     for (std::size_t i = 0; i < impls; ++i) std::printf(" %9s %8s %8s %7s  |", "time(us)", "algbw", "busbw", "#wrong");
-    for (std::size_t i = 1; i < impls; ++i) std::printf(" %9s", i == 1 ? "subgroup" : i == 2 ? "ring" : i == 3 ? "sub-hier" : "ring-hier");
+    for (std::size_t i = 1; i < impls; ++i) std::printf(" %9s", labels[i].c_str());
     std::printf("\n");
   }
   std::string records;
   std::vector<double> sum_busbw(impls, 0.0);
   int rows = 0;
+  bool shm_used = false;
   fc::visit_dtype(type, [&](auto element) {
     using T = decltype(element);
     for (double size = static_cast<double>(lo); size <= static_cast<double>(hi) * 1.0000001; size *= factor) {
@@ -167,6 +256,14 @@ int main(int argc, char** argv) {
       options.segments_in_flight = lanes;
       // Without -H the adapters choose as a user's would (FLEXCOMM_HIERARCHICAL, else automatic).
       if (tiers) options.hierarchical = fc::hierarchy::off;
+      options.shared_memory = fc::shared_memory_use::automatic;
+      options.shared_memory_slot_bytes = fc::parse_bytes(shm_slot, "-S");
+      fc::subgroup_allreduce<mpi> subgroup_shm(world, options);
+      fc::overlapped_ring<mpi> ring_shm(world, options);
+      shm_used = subgroup_shm.shared_memory();
+      options.shared_memory = fc::shared_memory_use::off;
+      shm_probe<T> probe(world, count);
+      std::vector<T> copy(count);
       fc::subgroup_allreduce<mpi> subgroup(world, options);
       fc::overlapped_ring<mpi> ring(world, options);
       std::optional<fc::subgroup_allreduce<mpi>> subgroup_tiers;
@@ -189,17 +286,26 @@ int main(int argc, char** argv) {
             MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), mt, mo, world.native());
             if (o == fc::op::avg) fc::divide_by(buf.data(), count, world.size());
           },
-          through(subgroup), through(ring)};
+          through(subgroup), through(subgroup_shm), through(ring), through(ring_shm)};
       if (tiers) {
         once.push_back(through(*subgroup_tiers));
         once.push_back(through(*ring_tiers));
       }
       std::vector<result> r;
-      for (const auto& f : once) r.push_back(measure(world, buf, o, warmup, iters, check, f));
+      for (const auto& f : once) r.push_back(measure(world, fc::span<T>(buf), o, warmup, iters, check, f));
+      // The limits: the probe on its own shared buffers; a copy, timed alone, by every rank at
+      // once (as the ranks' copies run in the allreduces).
+      r.insert(r.begin() + 5, probe.usable() ? measure(world, probe.mine(), o, warmup, iters, check, [&] { probe.allreduce(o); })
+                                             : result{});
+      result copied = measure(world, fc::span<T>(buf), o, warmup, iters, false,
+                              [&] { std::memcpy(copy.data(), buf.data(), bytes); });
+      copied.busbw = copied.algbw;  // one pass over the buffer: no bus factor
+      r.insert(r.begin() + 6, copied);
       if (root) {
         std::printf("  %10zu %12zu %8s %6s %5s |", bytes, count, fc::name_of(type), fc::name_of(o), "-1");
         for (auto& x : r) std::printf(" %9.1f %8.3f %8.3f %7ld  |", x.time_us, x.algbw, x.busbw, x.wrong);
-        for (std::size_t i = 1; i < impls; ++i) std::printf(" %9.2f", r[i].busbw / r[0].busbw);
+        for (std::size_t i = 1; i < impls; ++i) std::printf(" %9.2f", r[0].busbw > 0 ? r[i].busbw / r[0].busbw : 0.0);
+        std::printf("  shm/probe %5.2f", r[5].busbw > 0 ? r[2].busbw / r[5].busbw : 0.0);
         std::printf("\n");
         std::fflush(stdout);
         for (std::size_t i = 0; i < impls; ++i) {
@@ -208,7 +314,8 @@ int main(int argc, char** argv) {
                              ", \"count\": ", count, ", \"type\": \"", fc::name_of(type), "\", \"redop\": \"",
                              fc::name_of(o), "\", \"ranks\": ", world.size(), ", \"time_us\": ", r[i].time_us,
                              ", \"algbw\": ", r[i].algbw, ", \"busbw\": ", r[i].busbw, ", \"wrong\": ", r[i].wrong,
-                             ", \"busbw_ratio_vs_mpi\": ", r[i].busbw / r[0].busbw, "}");
+                             ", \"busbw_ratio_vs_mpi\": ", r[i].busbw / r[0].busbw, ", \"busbw_ratio_vs_probe\": ",
+                             r[5].busbw > 0 ? r[i].busbw / r[5].busbw : 0.0, "}");
         }
       }
       ++rows;
@@ -218,7 +325,7 @@ int main(int argc, char** argv) {
   if (root) {
     std::printf("# Avg bus bandwidth:");
     for (std::size_t i = 0; i < impls; ++i) std::printf(" %s %.3f GB/s;", names[i].c_str(), sum_busbw[i] / std::max(rows, 1));
-    std::printf("\n");
+    std::printf("\n# subgroup_allreduce shm went through shared memory: %s\n", shm_used ? "yes" : "no");
     if (!json.empty()) {
       std::ofstream out(json);
       out << "{\"benchmark\": \"allreduce\", \"ranks\": " << world.size() << ", \"segment\": \"" << segment

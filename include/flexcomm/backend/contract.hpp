@@ -56,6 +56,20 @@ struct host_backend_of<B, std::void_t<typename B::host_backend>> {
 template <class B>
 using host_backend_t = typename host_backend_of<B>::type;
 
+// Whether B can allreduce host buffers through shared memory among ranks that share a host: B
+// declares `using host_reducer = ...;`, a type made collectively over a communicator whose ranks
+// are all on one host, as `host_reducer(comm, slot_bytes)` (collective `on_one_host(comm)` says
+// whether they are), with `start(T* data, n, op)` (a task
+// whose `poll()` advances without waiting and returns true once done, for the progress engine)
+// and a blocking `allreduce(T* data, n, op)`; every rank starts the same n, T and op in the same
+// order; avg divides the sum by the rank count; waits time out as the communicator's operations do.
+template <class B, class = void>
+struct host_shared_memory_of : std::false_type {};
+template <class B>
+struct host_shared_memory_of<B, std::void_t<typename B::host_reducer>> : std::true_type {};
+template <class B>
+inline constexpr bool has_host_shared_memory = host_shared_memory_of<B>::value;
+
 // The layout as it runs on `comm`: a per-host layout not yet placed is placed on the hosts of
 // comm's ranks (collective over comm: every rank calls this at the same point); any other layout
 // is returned as it is, without communication. Every backend says which of a communicator's

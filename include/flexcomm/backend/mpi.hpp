@@ -1,5 +1,5 @@
 // The MPI backend (see mpi/): communicator, request, operations, and the host map its
-// contract promises. The environment (MPI_Init and shutdown) and trace clock are in
+// contract promises, and its shared-memory reducer for ranks on one host (mpi/shared_memory.hpp). The environment (MPI_Init and shutdown) and trace clock are in
 // mpi/environment.hpp and mpi/trace.hpp.
 #pragma once
 
@@ -7,3 +7,4 @@
 #include "mpi/hosts.hpp"
 #include "mpi/operations.hpp"
 #include "mpi/request.hpp"
+#include "mpi/shared_memory.hpp"

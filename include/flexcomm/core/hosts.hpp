@@ -144,6 +144,31 @@ inline hierarchy hierarchy_from_env() {
   fail("FLEXCOMM_HIERARCHICAL", cat("cannot parse '", v, "': expected auto, on or off"));
 }
 
+// Whether subgroup_allreduce reduces through shared memory a member whose ranks all share one
+// host (backends with has_host_shared_memory): automatic (one host, 2+ ranks), on (the same, and
+// a member that spans hosts is an error), or off.
+enum class shared_memory_use { automatic, on, off };
+
+constexpr const char* name_of(shared_memory_use s) {
+  switch (s) {
+    case shared_memory_use::automatic: return "auto";
+    case shared_memory_use::on: return "on";
+    case shared_memory_use::off: return "off";
+  }
+  return "?";
+}
+
+// FLEXCOMM_SHM=auto|on|off, auto when unset.
+inline shared_memory_use shared_memory_from_env() {
+  const char* text = setting("FLEXCOMM_SHM");
+  if (!text) return shared_memory_use::automatic;
+  const std::string_view v(text);
+  if (v == "auto") return shared_memory_use::automatic;
+  if (v == "on" || v == "1") return shared_memory_use::on;
+  if (v == "off" || v == "0") return shared_memory_use::off;
+  fail("FLEXCOMM_SHM", cat("cannot parse '", v, "': expected auto, on or off"));
+}
+
 // How often a ring through the member's ranks in rank order steps from one host to another.
 // Ranks placed in host blocks (what Hydra does with a hostfile) cross once per host.
 inline int ring_crossings(const host_map& member) {

@@ -13,6 +13,7 @@
 #include "../core/progress.hpp"
 #include "../core/reduce.hpp"
 #include "hierarchical.hpp"
+#include "host_shared.hpp"
 #include "sync.hpp"
 
 namespace flexcomm {
@@ -41,6 +42,8 @@ class overlapped_ring {
     check(options_.segment_bytes > 0, "overlapped_ring", "sync_options.segment_bytes must be positive");
     check(options_.segments_in_flight > 0, "overlapped_ring",
           cat("sync_options.segments_in_flight must be positive, got ", options_.segments_in_flight));
+    shm_.setup(ring_, tiers_.hosts(), tiers_.enabled(), options_, "overlapped_ring");
+    shm_.check_steps_of(sync_);
   }
 
   template <class T>
@@ -54,6 +57,9 @@ class overlapped_ring {
   // True when buckets are averaged hierarchically across hosts (decided at construction).
   bool hierarchical() const noexcept { return tiers_.enabled(); }
   const host_map& hosts() const noexcept { return tiers_.hosts(); }
+  // True when buckets are reduced through shared memory, not round the ring (decided at
+  // construction: the member's ranks all share one host).
+  bool shared_memory() const noexcept { return static_cast<bool>(shm_); }
 
  private:
   auto launcher() {
@@ -69,6 +75,7 @@ class overlapped_ring {
   int next_tag_ = 0;
   std::uint64_t buckets_launched_ = 0;  // tracing: the buckets' sequence numbers
   detail::host_tiers<B> tiers_;  // the ring runs across host leaders when enabled
+  detail::host_shared<B> shm_;   // on one host, buckets go through shared memory instead
   detail::bucket_sync<B> sync_;  // last: destroyed first, so buckets in flight end before ring_
 };
 
@@ -210,6 +217,8 @@ detail::flight<B> overlapped_ring<B>::launch(dtype type, void* data, std::size_t
   return visit_dtype(type, [&](auto element) {
     using T = decltype(element);
     if (tiers_.enabled()) return launch_hierarchical(static_cast<T*>(data), count);
+    // On one host a ring only adds copies: every rank reaches every peer's memory directly.
+    if (shm_) return shm_.launch(static_cast<T*>(data), count, options_.op, true);
     const std::size_t segment = std::max<std::size_t>(1, options_.segment_bytes / sizeof(T));
     auto ring = std::make_shared<detail::ring_allreduce<B, T>>(ring_, static_cast<T*>(data), count, options_.op,
                                                                  segment, options_.segments_in_flight, next_tag_);

@@ -1,14 +1,21 @@
 // subgroup_allreduce<B>: the baseline Sync. Each bucket is averaged by the backend's own
-// nonblocking allreduce on the member's communicator, so gradients never mix across members.
+// nonblocking allreduce on the member's communicator, so gradients never mix across members;
+// a member whose ranks all share one host reduces through shared memory instead, where the
+// backend can (sync_options.shared_memory).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "../backend/contract.hpp"
+#include "../core/agreement.hpp"
 #include "../core/datatype.hpp"
 #include "../core/progress.hpp"
 #include "hierarchical.hpp"
+#include "host_shared.hpp"
 #include "sync.hpp"
 
 namespace flexcomm {
@@ -26,7 +33,10 @@ class subgroup_allreduce {
       : comm_(member.dup(cat(member.name(), " subgroup_allreduce"))),
         options_(options),
         tiers_(comm_, options_.hierarchical, flat_algorithm::backend_allreduce, "subgroup_allreduce"),
-        sync_(member, options_, "subgroup_allreduce", options_.launch_when_full) {}
+        sync_(member, options_, "subgroup_allreduce", options_.launch_when_full) {
+    shm_.setup(comm_, tiers_.hosts(), tiers_.enabled(), options_, "subgroup_allreduce");
+    shm_.check_steps_of(sync_);
+  }
 
   // Gradient `index` is final: it joins its bucket (the average lands here by finish()).
   template <class T>
@@ -42,6 +52,8 @@ class subgroup_allreduce {
   // True when buckets are averaged hierarchically across hosts (decided at construction).
   bool hierarchical() const noexcept { return tiers_.enabled(); }
   const host_map& hosts() const noexcept { return tiers_.hosts(); }
+  // True when buckets are reduced through shared memory (decided at construction).
+  bool shared_memory() const noexcept { return static_cast<bool>(shm_); }
 
  private:
   auto launcher() {
@@ -62,6 +74,7 @@ class subgroup_allreduce {
                              });
       }
       detail::flight<B> f;
+      if (shm_) return shm_.launch(static_cast<T*>(data), count, options_.op, options_.launch_when_full);
       auto request = B::iallreduce(comm_, span<T>(static_cast<T*>(data), count), options_.op);
       if (options_.launch_when_full) {
         auto shared = std::make_shared<typename B::request>(std::move(request));
@@ -76,6 +89,7 @@ class subgroup_allreduce {
   typename B::communicator comm_;
   sync_options options_;
   detail::host_tiers<B> tiers_;  // the allreduce runs across host leaders when enabled
+  detail::host_shared<B> shm_;  // buckets go through shared memory when set
   detail::bucket_sync<B> sync_;  // last: destroyed first, so buckets in flight end before comm_
 };
 

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -62,6 +63,16 @@ struct sync_options {
   // FLEXCOMM_HIERARCHICAL=auto|on|off.
   // Host backends only; device backends stay flat.
   hierarchy hierarchical = hierarchy_from_env();
+  // A member whose ranks all share one host (2+ ranks) reduces each bucket through shared memory
+  // instead of the backend's allreduce (subgroup_allreduce) or the ring (overlapped_ring), on
+  // backends that have it (has_host_shared_memory: mpi): on the progress engine when buckets
+  // launch as they fill, else on the trainer's thread in finish(). automatic, on (and a member
+  // spanning hosts is an error), or off. FLEXCOMM_SHM=auto|on|off. Hierarchical averaging, when
+  // on, takes precedence.
+  shared_memory_use shared_memory = shared_memory_from_env();
+  // Bytes of each rank's slot of the segment (N ranks: N of them); a larger bucket goes through in
+  // chunks. 16 MiB: measured on 2 cores, fewer, larger chunks were faster (docs/benchmarks.md).
+  std::size_t shared_memory_slot_bytes = std::size_t{16} << 20;
 };
 
 // Which gradients share which bucket. Formed at a member's first step from the order in which
@@ -137,16 +148,23 @@ struct flight {
 
 // The cross-rank check of one step, one small nonblocking allreduce on the control
 // communicator: the step's fingerprint, and the highest misusing rank + 1.
+// `agree`, when set, does the max-reduction instead (blocking, on the member's ranks): the adapter's
+// shared-memory path, one round of flags instead of an MPI collective per step.
 template <class B>
 class signature_check {
  public:
-  void start(const typename B::communicator& comm, const fingerprint& f, bool misused) {
+  using agree_fn = std::function<void(span<std::int64_t>)>;
+
+  void start(const typename B::communicator& comm, const fingerprint& f, bool misused, const agree_fn& agree = {}) {
     same_.emplace(std::vector<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
-    request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
+    if (agree)
+      agree(same_->buffer());
+    else
+      request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
   }
   // Waits; an empty string when every rank handed over the same gradients and none misused.
   std::string verdict(const std::string& local_misuse, const std::string& sequence) {
-    request_->wait();
+    if (request_) request_->wait();
     request_.reset();
     if (!local_misuse.empty()) return local_misuse;
     if (same_->highest(1) > 0)
@@ -199,6 +217,11 @@ class bucket_sync {
 
   const bucket_plan& plan() const noexcept { return plan_; }
   int ranks() const noexcept { return control_.size(); }
+  // The step's cross-rank check goes through `agree` (a blocking max-reduction over the member's
+  // ranks) instead of the control communicator.
+  void check_through(typename signature_check<typename control_channel<B>::backend>::agree_fn agree) {
+    agree_ = std::move(agree);
+  }
 
   template <class T, class Launch>
   void ready(int index, span<T> grad, Launch&& launch) {
@@ -233,7 +256,7 @@ class bucket_sync {
     signature_check<typename control_channel<B>::backend> step_check;
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
-      step_check.start(control_, fingerprint(step_hash_).add(plan_.signature()), !misuse_.empty());
+      step_check.start(control_, fingerprint(step_hash_).add(plan_.signature()), !misuse_.empty(), agree_);
       verdict = step_check.verdict(misuse_, sequence_);
       if (!verdict.empty()) {
         plan_.clear();
@@ -257,7 +280,7 @@ class bucket_sync {
       // Every rank launches every bucket, in order, whatever was handed over: no peer waits
       // forever on a bucket this rank skipped.
       while (next_ < plan_.buckets().size()) launch_bucket(next_++, launch);
-      step_check.start(control_, step_hash_, !misuse_.empty());
+      step_check.start(control_, step_hash_, !misuse_.empty(), agree_);
       verdict = step_check.verdict(misuse_, sequence_);
     }
     std::exception_ptr failure;
@@ -347,6 +370,7 @@ class bucket_sync {
 
   // The signature exchange, kept apart from bucket traffic.
   typename control_channel<B>::backend::communicator control_;
+  typename signature_check<typename control_channel<B>::backend>::agree_fn agree_;
   std::string who_;
   bool launch_early_;
   bucket_plan plan_;

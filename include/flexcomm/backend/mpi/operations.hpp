@@ -52,9 +52,14 @@ std::function<void()> average_epilogue(op o, span<T> out, int ranks) {
 }
 }  // namespace detail
 
+class mpi_host_reducer;  // mpi/shared_memory.hpp
+
 struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
   static constexpr memory_space memory = memory_space::host;
   static constexpr bool tag_matched_p2p = true;
+  // An allreduce through one shared-memory segment for a communicator on one host (contract.hpp:
+  // has_host_shared_memory; mpi/shared_memory.hpp).
+  using host_reducer = mpi_host_reducer;
   // An adapter's own scratch space, in the memory this backend's buffers live in.
   template <class T>
   using buffer = std::vector<T>;

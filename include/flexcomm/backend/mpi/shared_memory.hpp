@@ -1,0 +1,381 @@
+// The MPI backend's intra-host allreduce through shared memory (MPI-3: a shared split and
+// MPI_Win_allocate_shared), the capability contract.hpp calls has_host_shared_memory:
+// mpi::host_reducer. Made collectively over a communicator whose ranks all share one host.
+//
+// Each rank owns a region of the segment: its progress counter (a cache line), two small slots
+// and one large slot. Every allreduce is a fixed number of steps (the same on every rank, from n
+// alone), and a rank publishes the last step it finished with a release store; a peer that needs
+// it waits with acquire loads, through the wait policy. Two paths:
+//   small (at most small_bytes): one round. Every rank copies its data into a small slot
+//     (alternating, so a fast rank never overwrites what a slow one still reads) and publishes;
+//     once all have, every rank reduces all slots itself, in rank order: identical bits
+//     everywhere, one synchronisation, no progress-thread hop.
+//   large: in chunks of at most a large slot, three steps each. For chunk c rank r
+//     1. copies into its slot the parts of the chunk its peers reduce (not its own share);
+//     2. once all have, reduces its share (a cache-line aligned 1/N) from its own buffer and the
+//        peers' slots into its own buffer, then copies the result into its slot;
+//     3. once all have, copies the peers' reduced shares out of their slots.
+//     Each element is reduced by one rank, so every rank ends with the same bits; the user's
+//     buffer is read and written once and only (N-1)/N of it crosses the segment each way.
+// An allreduce is a task (host_allreduce): poll() does what it can without waiting and returns,
+// so the progress engine can drive it during backward; allreduce() drives one on the caller's
+// thread. Tasks run in the order they were started (a ticket), whoever polls them.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/span.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/watchdog.hpp"
+#include "communicator.hpp"
+#include "types.hpp"
+
+namespace flexcomm {
+
+namespace detail {
+
+// The segment and the bookkeeping every task of one reducer shares; tasks hold it, so a task the
+// engine still polls never outlives it.
+class host_segment {
+ public:
+  static constexpr std::size_t line = 64;
+
+  host_segment(const mpi_communicator& comm, std::size_t large_bytes, std::size_t small_bytes)
+      : comm(comm.dup(cat(comm.name(), " shared memory"))),
+        rank(this->comm.rank()),
+        ranks(this->comm.size()),
+        large_bytes(round_up(std::max(large_bytes, line))),
+        small_bytes(round_up(small_bytes)) {
+    const std::string who = cat(this->comm.name(), ": shared-memory setup");
+    MPI_Comm shared = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(this->comm.native(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared), who);
+    int shared_size = 0;
+    MPI_Comm_size(shared, &shared_size);
+    MPI_Comm_free(&shared);
+    check(shared_size == ranks, who,
+          cat("the communicator's ", ranks, " ranks are not all on one host (", shared_size,
+              " share this rank's); shared memory needs one host"));
+    // Each rank allocates its own region, so its pages are first touched (placed) by its owner.
+    const std::size_t region = line + 2 * this->small_bytes + this->large_bytes;
+    void* mine = nullptr;
+    check_mpi(MPI_Win_allocate_shared(static_cast<MPI_Aint>(region), 1, MPI_INFO_NULL, this->comm.native(), &mine,
+                                      &window),
+              cat(who, " (MPI_Win_allocate_shared of ", region, " bytes per rank)"));
+    static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+    new (mine) std::atomic<std::uint64_t>(0);
+    regions.resize(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void* base = nullptr;
+      check_mpi(MPI_Win_shared_query(window, r, &size, &unit, &base), cat(who, " (MPI_Win_shared_query)"));
+      regions[static_cast<std::size_t>(r)] = static_cast<std::byte*>(base);
+    }
+    check_mpi(MPI_Barrier(this->comm.native()), cat(who, " (barrier)"));
+  }
+  host_segment(const host_segment&) = delete;
+  host_segment& operator=(const host_segment&) = delete;
+  ~host_segment() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // MPI_Win_free is collective: a segment whose peer never arrived leaks its window rather
+    // than hang in the destructor.
+    if (window != MPI_WIN_NULL && !finalized && !broken.load()) MPI_Win_free(&window);
+  }
+
+  std::atomic<std::uint64_t>& progress(int r) const noexcept {
+    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions[static_cast<std::size_t>(r)]));
+  }
+  std::byte* small_slot(int r, int which) const noexcept {
+    return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_bytes;
+  }
+  std::byte* large_slot(int r) const noexcept { return regions[static_cast<std::size_t>(r)] + line + 2 * small_bytes; }
+  void publish(std::uint64_t step) const noexcept { progress(rank).store(step, std::memory_order_release); }
+  // Whether every rank has finished `step`.
+  bool reached(std::uint64_t step) const noexcept {
+    for (int r = 0; r < ranks; ++r)
+      if (progress(r).load(std::memory_order_acquire) < step) return false;
+    return true;
+  }
+  // "2 (at step 5), 3 (at step 4)": the ranks that have not finished `step`.
+  std::string behind(std::uint64_t step) const {
+    std::string out;
+    for (int r = 0; r < ranks; ++r) {
+      const std::uint64_t p = progress(r).load(std::memory_order_acquire);
+      if (p < step) out += cat(out.empty() ? "" : ", ", r, " (at step ", p, ")");
+    }
+    return out;
+  }
+
+  static std::size_t round_up(std::size_t bytes) { return (bytes + line - 1) / line * line; }
+
+  mpi_communicator comm;
+  int rank = 0, ranks = 0;
+  std::size_t large_bytes = 0, small_bytes = 0;
+  MPI_Win window = MPI_WIN_NULL;
+  std::vector<std::byte*> regions;
+  std::atomic<std::uint64_t> serving{0};  // the ticket of the task allowed to run
+  std::atomic<bool> broken{false};         // a task timed out: no later one may run
+};
+
+// One allreduce through a host_segment: the steps [first + 1, first + steps] of every rank.
+template <class T>
+class host_allreduce {
+ public:
+  struct plan {
+    std::uint64_t ticket, first;  // steps already taken by earlier tasks
+    std::uint64_t free_after;     // the slot this task writes first is free once all reach this
+    int small_slot;               // -1: the large path
+  };
+
+  host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p)
+      : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p) {
+    if (n == 0) stage_ = stage::done;  // took no ticket and no steps
+  }
+
+  // Built when asked (an error, the engine's list of pending tasks), not per allreduce.
+  std::string what() const {
+    return cat("shared-memory allreduce on ", seg_->comm.name(), " (", n_, " x ", name_of(dtype_of<T>), ", ",
+               name_of(op_), ")");
+  }
+  bool done() const noexcept { return stage_ == stage::done; }
+
+  // Advances as far as it can without waiting; true once this rank's result is in place.
+  // Throws when a peer has not moved for the communicator's timeout, naming it.
+  bool poll() {
+    if (stage_ == stage::done) return true;
+    if (stage_ == stage::queued) {
+      if (seg_->broken.load(std::memory_order_acquire))
+        fail(who(), cat(seg_->comm.name(), " is unusable after an earlier timeout"));
+      if (seg_->serving.load(std::memory_order_acquire) != plan_.ticket) return false;
+      stage_ = plan_.small_slot >= 0 ? stage::small_write : stage::large_write;
+      since_ = std::chrono::steady_clock::now();
+    }
+    for (;;) {
+      switch (stage_) {
+        case stage::small_write:
+          if (!ready(plan_.free_after, "peers to finish reading the previous small allreduce")) return false;
+          std::memcpy(seg_->small_slot(seg_->rank, plan_.small_slot), data_, n_ * sizeof(T));
+          advance(stage::small_reduce, 1);
+          break;
+        case stage::small_reduce:
+          if (!ready(plan_.first + 1, "peers to copy their data in")) return false;
+          reduce_small();
+          advance(stage::done, 2);
+          return finish();
+        case stage::large_write:
+          if (!ready(chunk_ == 0 ? plan_.free_after : step(0), "peers to copy the previous chunk out")) return false;
+          write_chunk();
+          advance(stage::large_reduce, 1);
+          break;
+        case stage::large_reduce:
+          if (!ready(step(1), "peers to copy their chunk in")) return false;
+          reduce_share();
+          advance(stage::large_gather, 2);
+          break;
+        case stage::large_gather:
+          if (!ready(step(2), "peers to reduce their share")) return false;
+          gather_chunk();
+          seg_->publish(step(3));
+          since_ = std::chrono::steady_clock::now();
+          if ((++chunk_) * per_chunk() >= n_) {
+            stage_ = stage::done;
+            return finish();
+          }
+          stage_ = stage::large_write;
+          break;
+        case stage::queued:
+        case stage::done:
+          return true;
+      }
+    }
+  }
+
+ private:
+  enum class stage { queued, small_write, small_reduce, large_write, large_reduce, large_gather, done };
+  static constexpr std::size_t align = host_segment::line / sizeof(T) ? host_segment::line / sizeof(T) : 1;
+
+  std::string who() const { return cat(what(), ", rank ", seg_->rank); }
+  std::size_t per_chunk() const noexcept { return seg_->large_bytes / sizeof(T); }
+  // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last.
+  std::uint64_t step(int k) const noexcept { return plan_.first + 3 * chunk_ + static_cast<std::uint64_t>(k); }
+
+  bool ready(std::uint64_t needed, const char* for_what) {
+    if (seg_->reached(needed)) return true;
+    const auto limit = seg_->comm.timeout();
+    if (limit.count() > 0 && std::chrono::steady_clock::now() - since_ > limit) {
+      seg_->broken.store(true, std::memory_order_release);
+      fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
+                      "); not arrived: rank ", seg_->behind(needed)));
+    }
+    return false;
+  }
+  void advance(stage next, int k) {
+    seg_->publish(plan_.small_slot >= 0 ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
+    stage_ = next;
+    since_ = std::chrono::steady_clock::now();
+  }
+  bool finish() {
+    seg_->serving.store(plan_.ticket + 1, std::memory_order_release);
+    return true;
+  }
+
+  const T* small_of(int r) const {
+    return reinterpret_cast<const T*>(seg_->small_slot(r, plan_.small_slot));
+  }
+  void reduce_small() {
+    std::memcpy(data_, small_of(0), n_ * sizeof(T));
+    for (int r = 1; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
+    if (op_ == op::avg) divide_by(data_, n_, seg_->ranks);
+  }
+
+  // This chunk's elements [lo, hi) of the data and rank r's share of them, relative to lo.
+  std::size_t chunk_lo() const noexcept { return chunk_ * per_chunk(); }
+  std::size_t chunk_count() const noexcept { return std::min(per_chunk(), n_ - chunk_lo()); }
+  void share_of(int r, std::size_t& lo, std::size_t& hi) const noexcept {
+    const std::size_t count = chunk_count(), ranks = static_cast<std::size_t>(seg_->ranks);
+    std::size_t share = (count + ranks - 1) / ranks;
+    share = (share + align - 1) / align * align;  // no two ranks write one cache line
+    lo = std::min(count, share * static_cast<std::size_t>(r));
+    hi = std::min(count, lo + share);
+  }
+  T* large_of(int r) const { return reinterpret_cast<T*>(seg_->large_slot(r)); }
+
+  void write_chunk() {
+    std::size_t lo = 0, hi = 0;
+    share_of(seg_->rank, lo, hi);
+    const T* chunk = data_ + chunk_lo();
+    std::memcpy(large_of(seg_->rank), chunk, lo * sizeof(T));
+    std::memcpy(large_of(seg_->rank) + hi, chunk + hi, (chunk_count() - hi) * sizeof(T));
+  }
+  void reduce_share() {
+    std::size_t lo = 0, hi = 0;
+    share_of(seg_->rank, lo, hi);
+    if (hi == lo) return;
+    T* mine = data_ + chunk_lo() + lo;
+    for (int r = 0; r < seg_->ranks; ++r)
+      if (r != seg_->rank) combine(op_, mine, large_of(r) + lo, hi - lo);
+    if (op_ == op::avg) divide_by(mine, hi - lo, seg_->ranks);
+    std::memcpy(large_of(seg_->rank) + lo, mine, (hi - lo) * sizeof(T));
+  }
+  void gather_chunk() {
+    T* chunk = data_ + chunk_lo();
+    for (int r = 0; r < seg_->ranks; ++r) {
+      if (r == seg_->rank) continue;
+      std::size_t lo = 0, hi = 0;
+      share_of(r, lo, hi);
+      std::memcpy(chunk + lo, large_of(r) + lo, (hi - lo) * sizeof(T));
+    }
+  }
+
+  std::shared_ptr<host_segment> seg_;
+  T* data_;
+  std::size_t n_;
+  op op_;
+  plan plan_;
+  stage stage_ = stage::queued;
+  std::uint64_t chunk_ = 0;
+  std::chrono::steady_clock::time_point since_;
+};
+
+}  // namespace detail
+
+class mpi_host_reducer {
+ public:
+  // Bytes of each rank's large slot unless told otherwise: a larger bucket goes in chunks.
+  static constexpr std::size_t default_slot_bytes = std::size_t{16} << 20;
+  // Allreduces of at most this many bytes take the one-round path.
+  static constexpr std::size_t default_small_bytes = std::size_t{64} << 10;
+
+  template <class T>
+  using task = detail::host_allreduce<T>;
+
+  mpi_host_reducer() = default;
+
+  // Collective over `comm`, whose ranks must all share one host (MPI decides: a communicator
+  // that MPI_COMM_TYPE_SHARED would split is an error on every rank). Allocates
+  // slot_bytes + 2 x small_bytes (and a cache line) of shared memory per rank.
+  explicit mpi_host_reducer(const mpi_communicator& comm, std::size_t slot_bytes = default_slot_bytes,
+                            std::size_t small_bytes = default_small_bytes)
+      : segment_(std::make_shared<detail::host_segment>(comm, slot_bytes, small_bytes)) {}
+
+  // Collective over `comm`: whether MPI puts all its ranks on one host (the same answer on every
+  // rank), i.e. whether a reducer can be made over it.
+  static bool on_one_host(const mpi_communicator& comm) {
+    MPI_Comm shared = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &shared),
+              cat(comm.name(), ": split by host"));
+    int size = 0;
+    MPI_Comm_size(shared, &size);
+    MPI_Comm_free(&shared);
+    return size == comm.size();
+  }
+
+  explicit operator bool() const noexcept { return segment_ != nullptr; }
+  int size() const noexcept { return segment_ ? segment_->ranks : 0; }
+  std::size_t slot_bytes() const noexcept { return segment_ ? segment_->large_bytes : 0; }
+  std::size_t small_bytes() const noexcept { return segment_ ? segment_->small_bytes : 0; }
+  const mpi_communicator& communicator() const { return usable("communicator").comm; }
+  // The limit on each wait (the reducer's own duplicate follows FLEXCOMM_TIMEOUT unless set).
+  void set_timeout(std::chrono::milliseconds t) { usable("set_timeout").comm.set_timeout(t); }
+
+  // Starts an allreduce of data[0, n) in place: every rank starts the same n, T and o, in the
+  // same order. Avg is the sum divided by the rank count (integers truncate, as divide_by does).
+  // The task does nothing until polled; tasks run in the order they were started. `data` must
+  // stay valid until the task is done.
+  template <class T>
+  std::shared_ptr<task<T>> start(T* data, std::size_t n, op o) {
+    static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
+    auto& seg = usable("shared-memory allreduce");
+    if (n == 0) return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, 0, 0, -1});
+    typename task<T>::plan p{tickets_++, steps_, 0, -1};
+    if (n * sizeof(T) <= seg.small_bytes) {
+      p.small_slot = static_cast<int>(smalls_++ % 2);
+      p.free_after = small_free_[p.small_slot];
+      steps_ += 2;
+      small_free_[p.small_slot] = steps_;
+    } else {
+      p.free_after = large_free_;
+      const std::size_t per_chunk = seg.large_bytes / sizeof(T);
+      steps_ += 3 * ((n + per_chunk - 1) / per_chunk);
+      large_free_ = steps_;
+    }
+    return std::make_shared<task<T>>(segment_, data, n, o, p);
+  }
+
+  // Blocking allreduce on the calling thread: start() and poll until done, answering the
+  // watchdog's queries while waiting.
+  template <class T>
+  void allreduce(T* data, std::size_t n, op o) {
+    auto t = start(data, n, o);
+    wait_answering(default_wait(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
+                   [] { watchdog::instance().answer_queries(); });
+  }
+
+ private:
+  detail::host_segment& usable(const char* what) const {
+    check(segment_ != nullptr, what, "the shared-memory reducer was not set up (moved from?)");
+    return *segment_;
+  }
+
+  std::shared_ptr<detail::host_segment> segment_;
+  // Set by start() on the caller's thread, in start order: the same on every rank.
+  std::uint64_t tickets_ = 0, steps_ = 0, smalls_ = 0, large_free_ = 0;
+  std::uint64_t small_free_[2] = {0, 0};
+};
+
+}  // namespace flexcomm

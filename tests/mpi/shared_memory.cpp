@@ -1,0 +1,340 @@
+#define BOOST_TEST_MODULE mpi_shared_memory
+#include "mpi_fixture.hpp"
+#include "errors.hpp"
+#include "exact_values.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fc = flexcomm;
+using fc::mpi;
+using fc::testing::all_ops;
+using fc::testing::all_ranks;
+using fc::testing::contains;
+using fc::testing::element_types;
+using fc::testing::error_of;
+using fc::testing::gradient;
+using fc::testing::reference;
+using fc::testing::same;
+using fc::testing::world;
+
+static_assert(fc::has_host_shared_memory<mpi>, "the MPI backend reduces through shared memory");
+
+namespace {
+
+// Pretends the world's ranks sit on hosts (FLEXCOMM_HOSTS) while it lives; every rank sets the same.
+struct pretend_hosts {
+  explicit pretend_hosts(const std::string& blocks) { setenv("FLEXCOMM_HOSTS", blocks.c_str(), 1); }
+  ~pretend_hosts() { unsetenv("FLEXCOMM_HOSTS"); }
+};
+
+// The world's ranks on this rank's real host (the cluster suite runs this test across simulated
+// hosts): what a reducer can be made over.
+const mpi::communicator& this_host() {
+  static const mpi::communicator host = [] {
+    const auto hosts = fc::hosts_of(world());
+    return world().split(hosts.host_of(world().rank()), world().rank(), "this host");
+  }();
+  return host;
+}
+
+// Whether `member` takes the shared-memory path when it is allowed to: 2+ ranks, one real host.
+bool shm_possible(const mpi::communicator& member) {
+  return member.size() > 1 && mpi::host_reducer::on_one_host(member);
+}
+
+std::vector<int> world_ranks_of(const mpi::communicator& comm) {
+  std::vector<int> out;
+  for (int r = 0; r < comm.size(); ++r) out.push_back(comm.world_rank_of(r));
+  return out;
+}
+
+// Sizes 0, 1, below the rank count, not divisible by it, several cache lines, several slots.
+std::vector<std::size_t> sizes_for(int ranks, std::size_t slot_elements) {
+  return {0, 1, static_cast<std::size_t>(ranks > 1 ? ranks - 1 : 1), 1001, slot_elements + 3, 3 * slot_elements + 17};
+}
+
+bool bits_equal(const void* a, const void* b, std::size_t bytes) { return bytes == 0 || std::memcmp(a, b, bytes) == 0; }
+
+// Runs every op over `sizes` for `steps` steps through `reducer` (made over `comm`); true when each
+// result equals the exact reference, and at the first step MPI_Allreduce's result bit for bit
+// (MPICH's allreduce is slow with 5-6 ranks on two cores).
+template <class T>
+bool reducer_agrees(mpi::host_reducer& reducer, const mpi::communicator& comm, int steps, std::string& detail) {
+  const auto ranks = world_ranks_of(comm);
+  const int me = world().rank();
+  const auto sizes = sizes_for(comm.size(), reducer.slot_bytes() / sizeof(T));
+  bool ok = true;
+  for (int step = 0; step < steps; ++step)
+    for (fc::op o : all_ops)
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const std::size_t n = sizes[i];
+        auto mine = gradient<T>(me, step, static_cast<int>(i), n);
+        auto by_mpi = mine;
+        if (step == 0) mpi::iallreduce(comm, fc::span<T>(by_mpi), o).wait();
+        reducer.allreduce(mine.data(), n, o);
+        const auto want = reference<T>(o, ranks, step, static_cast<int>(i), n);
+        if (!same(mine, want) || (step == 0 && !bits_equal(mine.data(), by_mpi.data(), n * sizeof(T)))) {
+          ok = false;
+          detail = fc::cat("step ", step, " op ", fc::name_of(o), " ", n, " elements");
+        }
+      }
+  return ok;
+}
+
+// Three steps of subgroup_allreduce on `member` over gradients of awkward sizes: the results.
+template <class T>
+std::vector<std::vector<T>> run_subgroup(const mpi::communicator& member, const fc::sync_options& options,
+                                         bool& used_shm) {
+  const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 70000};
+  fc::subgroup_allreduce<mpi> sync(member, options);
+  used_shm = sync.shared_memory();
+  std::vector<std::vector<T>> out;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::vector<T>> grads(sizes.size());
+    for (std::size_t i = 0; i < sizes.size(); ++i) grads[i] = gradient<T>(world().rank(), step, static_cast<int>(i), sizes[i]);
+    for (std::size_t i = sizes.size(); i-- > 0;) sync.ready(static_cast<int>(i), fc::span<T>(grads[i]));
+    sync.finish();
+    for (auto& g : grads) out.push_back(std::move(g));
+  }
+  return out;
+}
+
+template <class T>
+std::vector<std::vector<T>> subgroup_reference(const mpi::communicator& member, fc::op o) {
+  const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 70000};
+  const auto ranks = world_ranks_of(member);
+  std::vector<std::vector<T>> out;
+  for (int step = 0; step < 3; ++step)
+    for (std::size_t i = 0; i < sizes.size(); ++i) out.push_back(reference<T>(o, ranks, step, static_cast<int>(i), sizes[i]));
+  return out;
+}
+
+template <class T>
+bool all_same(const std::vector<std::vector<T>>& a, const std::vector<std::vector<T>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || !bits_equal(a[i].data(), b[i].data(), a[i].size() * sizeof(T))) return false;
+  return true;
+}
+
+}  // namespace
+
+// The reducer itself, over the world (one real host here): every type and op, sizes 0, 1, below
+// the rank count, not divisible by it and over several slots (small slots: many chunks), three
+// steps on one reducer (the segment reused), equal to the exact reference and MPI_Allreduce.
+// Small-path thresholds of 0 (every size in chunks), 256 and 4096 bytes send some sizes each way.
+BOOST_AUTO_TEST_CASE_TEMPLATE(reducer_equals_mpi_allreduce_for_every_type_and_op, T, element_types) {
+  const std::pair<std::size_t, std::size_t> shapes[] = {{64, 0}, {1000, 256}, {4096, 4096}};
+  for (const auto& [slot, small] : shapes) {
+    mpi::host_reducer reducer(this_host(), slot, small);
+    std::string detail;
+    BOOST_TEST(all_ranks(reducer_agrees<T>(reducer, this_host(), 3, detail)),
+               "slot " << slot << " bytes (" << reducer.slot_bytes() << " used), small path up to " << small
+                       << ": " << detail);
+  }
+}
+
+// Tasks started back to back and polled by another thread (the progress engine), small and
+// large interleaved: they run in start order, and each result is right.
+BOOST_AUTO_TEST_CASE(tasks_on_the_engine_run_in_start_order) {
+  mpi::host_reducer reducer(this_host(), 256, 128);
+  const auto ranks = world_ranks_of(this_host());
+  std::vector<std::vector<std::int64_t>> data;
+  std::vector<std::shared_ptr<fc::completion>> done;
+  for (int i = 0; i < 40; ++i) {
+    const std::size_t n = (i % 3 == 0) ? 5 + static_cast<std::size_t>(i) : 200 + 13 * static_cast<std::size_t>(i);
+    data.push_back(gradient<std::int64_t>(world().rank(), i, 2, n));
+  }
+  for (auto& d : data) {
+    auto task = reducer.start(d.data(), d.size(), fc::op::sum);
+    done.push_back(fc::progress_engine::instance().submit([task] { return task->poll(); }, task->what()));
+  }
+  for (auto& d : done) d->wait();
+  bool ok = true;
+  for (std::size_t i = 0; i < data.size(); ++i)
+    ok = ok && same(data[i], reference<std::int64_t>(fc::op::sum, ranks, static_cast<int>(i), 2, data[i].size()));
+  BOOST_TEST(all_ranks(ok));
+}
+
+// overlapped_ring on one host takes the shared-memory path instead of the ring; same bits.
+BOOST_AUTO_TEST_CASE(overlapped_ring_on_one_host_goes_through_shared_memory) {
+  for (fc::op o : {fc::op::sum, fc::op::avg}) {
+    fc::sync_options options;
+    options.op = o;
+    options.bucket_bytes = 2048;
+    options.shared_memory_slot_bytes = 1024;
+    options.hierarchical = fc::hierarchy::off;
+    std::vector<std::vector<float>> got[2];
+    bool used[2] = {false, true};
+    for (int on = 0; on < 2; ++on) {
+      options.shared_memory = on ? fc::shared_memory_use::on : fc::shared_memory_use::off;
+      fc::overlapped_ring<mpi> sync(this_host(), options);
+      used[on] = sync.shared_memory();
+      const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 70000};
+      for (int step = 0; step < 3; ++step) {
+        std::vector<std::vector<float>> grads(sizes.size());
+        for (std::size_t i = 0; i < sizes.size(); ++i)
+          grads[i] = gradient<float>(world().rank(), step, static_cast<int>(i), sizes[i]);  // seeded by world rank
+        for (std::size_t i = sizes.size(); i-- > 0;) sync.ready(static_cast<int>(i), fc::span<float>(grads[i]));
+        sync.finish();
+        for (auto& g : grads) got[on].push_back(std::move(g));
+      }
+    }
+    BOOST_TEST(used[1] == (this_host().size() > 1));
+    BOOST_TEST(!used[0]);
+    BOOST_TEST(all_ranks(all_same(got[0], got[1])), "op " << fc::name_of(o));
+    BOOST_TEST(all_ranks(all_same(got[1], subgroup_reference<float>(this_host(), o))), "op " << fc::name_of(o));
+  }
+}
+
+// Many calls of many chunks on one small segment: a rank running ahead must not overwrite a slot
+// a peer still reads (each call's inputs differ, so a stale or early read changes the result).
+BOOST_AUTO_TEST_CASE(segment_reuse_under_many_calls) {
+  mpi::host_reducer reducer(this_host(), 128);
+  const auto ranks = world_ranks_of(this_host());
+  bool ok = true;
+  for (int step = 0; step < 100 && ok; ++step) {
+    const std::size_t n = 1 + static_cast<std::size_t>(step * 37) % 300;
+    auto mine = gradient<std::int32_t>(world().rank(), step, 1, n);
+    reducer.allreduce(mine.data(), n, fc::op::sum);
+    ok = same(mine, reference<std::int32_t>(fc::op::sum, ranks, step, 1, n));
+    BOOST_TEST_INFO("step " << step);
+  }
+  BOOST_TEST(all_ranks(ok));
+}
+
+// subgroup_allreduce with the path on and off: the same bits, equal to the exact reference;
+// the path is taken exactly when the member has 2+ ranks. Launched when full for sum only (the
+// launch point does not change the reduction; 6 ranks on 2 cores keep the test short).
+BOOST_AUTO_TEST_CASE_TEMPLATE(subgroup_on_and_off_give_the_same_bits, T, element_types) {
+  for (fc::op o : all_ops) {
+    for (bool early : {false, true}) {
+      if (early && o != fc::op::sum) continue;
+      fc::sync_options options;
+      options.op = o;
+      options.bucket_bytes = 4096;
+      options.launch_when_full = early;
+      options.shared_memory_slot_bytes = 1024;
+      options.hierarchical = fc::hierarchy::off;
+      bool on_used = false, off_used = true;
+      options.shared_memory = fc::shared_memory_use::on;
+      const auto on = run_subgroup<T>(this_host(), options, on_used);
+      options.shared_memory = fc::shared_memory_use::off;
+      const auto off = run_subgroup<T>(this_host(), options, off_used);
+      BOOST_TEST(on_used == (this_host().size() > 1));
+      BOOST_TEST(!off_used);
+      BOOST_TEST(all_ranks(all_same(on, off)), "op " << fc::name_of(o) << (early ? " launched when full" : ""));
+      BOOST_TEST(all_ranks(all_same(on, subgroup_reference<T>(this_host(), o))), "op " << fc::name_of(o));
+    }
+  }
+}
+
+// Two members (world split by rank parity), each over shared memory of its own: nothing mixes.
+BOOST_AUTO_TEST_CASE(two_members_never_mix) {
+  const int rank = world().rank();
+  auto member = world().split(rank % 2, rank, fc::cat("member ", rank % 2));
+  for (fc::op o : {fc::op::sum, fc::op::avg, fc::op::max}) {
+    fc::sync_options options;
+    options.op = o;
+    options.bucket_bytes = 1000;
+    options.shared_memory_slot_bytes = 512;
+    bool used = false;
+    const auto got = run_subgroup<float>(member, options, used);
+    // Across simulated hosts the parity members span hosts: the backend's allreduce then.
+    BOOST_TEST(used == shm_possible(member));
+    BOOST_TEST(all_ranks(all_same(got, subgroup_reference<float>(member, o))), "op " << fc::name_of(o));
+  }
+}
+
+// A member that pretends to span two hosts does not take the path (auto), and refuses on; one
+// pretend host takes it.
+BOOST_AUTO_TEST_CASE(pretended_hosts_decide) {
+  const int n = world().size();
+  fc::sync_options options;
+  options.op = fc::op::sum;
+  options.hierarchical = fc::hierarchy::off;
+  if (n > 1) {
+    pretend_hosts pretend(fc::cat("1+", n - 1));
+    bool used = true;
+    const auto got = run_subgroup<double>(world(), options, used);
+    BOOST_TEST(!used);
+    BOOST_TEST(all_ranks(all_same(got, subgroup_reference<double>(world(), options.op))));
+    options.shared_memory = fc::shared_memory_use::on;
+    const auto message = error_of([&] { fc::subgroup_allreduce<mpi> sync(world(), options); });
+    BOOST_TEST(all_ranks(contains(message, "spans 2 hosts")), message);
+    options.shared_memory = fc::shared_memory_use::automatic;
+  }
+  {
+    pretend_hosts pretend(std::to_string(n));
+    bool used = false;
+    const auto got = run_subgroup<double>(world(), options, used);
+    BOOST_TEST(used == shm_possible(world()));  // a pretended host that is really several: off
+    BOOST_TEST(all_ranks(all_same(got, subgroup_reference<double>(world(), options.op))));
+  }
+}
+
+// The choice and the op must agree across the member; FLEXCOMM_SHM parses auto, on, off only.
+BOOST_AUTO_TEST_CASE(settings_and_agreement) {
+  setenv("FLEXCOMM_SHM", "sometimes", 1);
+  BOOST_TEST(contains(error_of([] { fc::shared_memory_from_env(); }), "expected auto, on or off"));
+  setenv("FLEXCOMM_SHM", "off", 1);
+  BOOST_TEST((fc::shared_memory_from_env() == fc::shared_memory_use::off));
+  BOOST_TEST((fc::sync_options().shared_memory == fc::shared_memory_use::off));
+  unsetenv("FLEXCOMM_SHM");
+  BOOST_TEST((fc::shared_memory_from_env() == fc::shared_memory_use::automatic));
+  if (world().size() > 1) {
+    fc::sync_options options;
+    options.shared_memory = world().rank() == 0 ? fc::shared_memory_use::off : fc::shared_memory_use::automatic;
+    const auto message = error_of([&] { fc::subgroup_allreduce<mpi> sync(world(), options); });
+    BOOST_TEST(all_ranks(contains(message, "FLEXCOMM_SHM")), message);
+    options = {};
+    options.op = world().rank() == 0 ? fc::op::sum : fc::op::avg;
+    const auto op_message = error_of([&] { fc::subgroup_allreduce<mpi> sync(world(), options); });
+    BOOST_TEST(all_ranks(contains(op_message, "sync_options.op differs")), op_message);
+  }
+}
+
+// A rank that never arrives: the others' wait becomes a flexcomm::error after the timeout, naming
+// the operation, the waiting rank and the rank that had not arrived.
+// Both paths: the large one (small threshold 0) and the one-round small one. Over this rank's
+// host; a rank alone on its host (the 2+1+2 cluster layout) only joins the world-wide verdicts.
+BOOST_AUTO_TEST_CASE(timeout_names_who_did_not_arrive) {
+  const auto& host = this_host();
+  const int n = host.size();
+  const bool alone = n < 2;
+  for (const std::size_t small : {std::size_t{0}, std::size_t{4096}}) {
+    mpi::host_reducer reducer(host, 4096, small);
+    reducer.set_timeout(std::chrono::milliseconds{300});
+    std::vector<float> data(100, 1.0f);
+    std::string message = alone ? "timed out (alone on its host)" : "";
+    if (!alone && host.rank() != n - 1) {
+      message = error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); });
+      BOOST_TEST(contains(message, fc::cat("rank ", host.rank())), message);
+      BOOST_TEST(contains(message, fc::cat("not arrived: rank ", n - 1)), message);
+      BOOST_TEST(contains(message, "shared-memory allreduce"), message);
+    }
+    MPI_Barrier(host.native());
+    if (!alone && host.rank() == n - 1) {
+      // Late: on the large path its peers gave up after copying in, so it times out one stage
+      // later; on the small path everything it needs is there, and it finishes.
+      message = error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); });
+      if (small == 0) BOOST_TEST(contains(message, "timed out"), message);
+      if (small != 0) BOOST_TEST(message.empty(), message);
+    }
+    if (small == 0) BOOST_TEST(all_ranks(contains(message, "timed out")));
+    if (!alone) {
+      // The ranks that timed out refuse further use; the late one finds its peers gone.
+      const auto next = error_of([&] { reducer.allreduce(data.data(), data.size(), fc::op::sum); });
+      BOOST_TEST((contains(next, "unusable") || contains(next, "timed out")), next);
+    }
+    MPI_Barrier(host.native());
+  }
+}
