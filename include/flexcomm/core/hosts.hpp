@@ -120,54 +120,42 @@ inline host_map host_map::parse(std::string_view text) {
   return host_map(std::move(host));
 }
 
+// Settings that are automatic, on or off, and read as auto|on|off (also 1|0), auto when unset.
+template <class E>
+constexpr const char* auto_on_off_name(E e) {
+  switch (e) {
+    case E::automatic: return "auto";
+    case E::on: return "on";
+    case E::off: return "off";
+  }
+  return "?";
+}
+
+template <class E>
+E auto_on_off_from_env(const char* name) {
+  const char* text = setting(name);
+  if (!text) return E::automatic;
+  const std::string_view v(text);
+  if (v == "auto") return E::automatic;
+  if (v == "on" || v == "1") return E::on;
+  if (v == "off" || v == "0") return E::off;
+  fail(name, cat("cannot parse '", v, "': expected auto, on or off"));
+}
+
 // When a member spans hosts, its gradients may be averaged hierarchically: reduce within each
 // host, allreduce across the host leaders, broadcast within each host.
 enum class hierarchy { automatic, on, off };
+constexpr const char* name_of(hierarchy h) { return auto_on_off_name(h); }
+// FLEXCOMM_HIERARCHICAL.
+inline hierarchy hierarchy_from_env() { return auto_on_off_from_env<hierarchy>("FLEXCOMM_HIERARCHICAL"); }
 
-constexpr const char* name_of(hierarchy h) {
-  switch (h) {
-    case hierarchy::automatic: return "auto";
-    case hierarchy::on: return "on";
-    case hierarchy::off: return "off";
-  }
-  return "?";
-}
-
-// FLEXCOMM_HIERARCHICAL=auto|on|off, auto when unset.
-inline hierarchy hierarchy_from_env() {
-  const char* text = setting("FLEXCOMM_HIERARCHICAL");
-  if (!text) return hierarchy::automatic;
-  const std::string_view v(text);
-  if (v == "auto") return hierarchy::automatic;
-  if (v == "on" || v == "1") return hierarchy::on;
-  if (v == "off" || v == "0") return hierarchy::off;
-  fail("FLEXCOMM_HIERARCHICAL", cat("cannot parse '", v, "': expected auto, on or off"));
-}
-
-// Whether subgroup_allreduce reduces through shared memory a member whose ranks all share one
-// host (backends with has_host_shared_memory): automatic (one host, 2+ ranks), on (the same, and
-// a member that spans hosts is an error), or off.
+// Whether the Sync adapters reduce through shared memory a member whose ranks all share one host
+// (backends with has_host_shared_memory): automatic (one host, 2+ ranks), on (the same, and a
+// member that spans hosts is an error), or off.
 enum class shared_memory_use { automatic, on, off };
-
-constexpr const char* name_of(shared_memory_use s) {
-  switch (s) {
-    case shared_memory_use::automatic: return "auto";
-    case shared_memory_use::on: return "on";
-    case shared_memory_use::off: return "off";
-  }
-  return "?";
-}
-
-// FLEXCOMM_SHM=auto|on|off, auto when unset.
-inline shared_memory_use shared_memory_from_env() {
-  const char* text = setting("FLEXCOMM_SHM");
-  if (!text) return shared_memory_use::automatic;
-  const std::string_view v(text);
-  if (v == "auto") return shared_memory_use::automatic;
-  if (v == "on" || v == "1") return shared_memory_use::on;
-  if (v == "off" || v == "0") return shared_memory_use::off;
-  fail("FLEXCOMM_SHM", cat("cannot parse '", v, "': expected auto, on or off"));
-}
+constexpr const char* name_of(shared_memory_use s) { return auto_on_off_name(s); }
+// FLEXCOMM_SHM.
+inline shared_memory_use shared_memory_from_env() { return auto_on_off_from_env<shared_memory_use>("FLEXCOMM_SHM"); }
 
 // How often a ring through the member's ranks in rank order steps from one host to another.
 // Ranks placed in host blocks (what Hydra does with a hostfile) cross once per host.
