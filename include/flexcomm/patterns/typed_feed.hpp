@@ -18,6 +18,8 @@
 //     auto y = batch->labels<std::int64_t>();            // {samples}
 //     train(x, y, batch->epoch(), batch->last_in_epoch());
 //   }
+//   // or, in generic code (a pipeline's [&](auto& ctx)), with the batch's type named:
+//   for (const fc::typed_batch& batch : ctx.batches()) train(batch.as<float>(), ...);
 //
 // Each rank that loads (producers under one_to_many, each trainer otherwise) calls the loader for
 // its shards; the others need only the dataset's size and shapes, never the data.
@@ -29,6 +31,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -187,6 +190,12 @@ class typed_feed {
   // waits for a batch, calls the epoch-end callback for every epoch whose last step was delivered.
   std::optional<typed_batch> next();
 
+  // On trainers, the same as a range: for (const typed_batch& batch : feed) {...}. Naming the
+  // type spares generic code (a pipeline's `auto& ctx`) the `template` keyword before as<T>().
+  class iterator;
+  iterator begin();
+  iterator end() noexcept;
+
   // On trainers: f(epoch) once for each epoch, in order, as soon as the trainer asks for the batch
   // after that epoch's last step (and for every epoch left when the stream ends, so each trainer
   // sees every epoch's end exactly once, whatever it skipped).
@@ -219,6 +228,43 @@ class typed_feed {
   detail::aligned_bytes samples_, labels_;
   std::vector<std::int64_t> indices_;
 };
+
+// An input iterator over the rest of the stream; each increment is a next().
+template <class Feed>
+class typed_feed<Feed>::iterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = typed_batch;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const typed_batch*;
+  using reference = const typed_batch&;
+
+  iterator() = default;
+  explicit iterator(typed_feed* feed) : feed_(feed) { ++*this; }
+  const typed_batch& operator*() const { return *batch_; }
+  const typed_batch* operator->() const { return &*batch_; }
+  iterator& operator++() {
+    batch_.reset();
+    batch_ = feed_->next();
+    if (!batch_) feed_ = nullptr;
+    return *this;
+  }
+  bool operator==(const iterator& other) const noexcept { return feed_ == other.feed_; }
+  bool operator!=(const iterator& other) const noexcept { return feed_ != other.feed_; }
+
+ private:
+  typed_feed* feed_ = nullptr;
+  std::optional<typed_batch> batch_;
+};
+
+template <class Feed>
+typename typed_feed<Feed>::iterator typed_feed<Feed>::begin() {
+  return iterator(this);
+}
+template <class Feed>
+typename typed_feed<Feed>::iterator typed_feed<Feed>::end() noexcept {
+  return iterator();
+}
 
 // ---------------------------------------------------------------------------------------------
 
