@@ -349,3 +349,23 @@ BOOST_AUTO_TEST_CASE(rounds_left_ungathered_are_an_error_at_the_end) {
   });
   BOOST_TEST(all_ranks(world().rank() != 0 ? e.empty() : contains(e, "submitted 1 round (1..1) that the aggregator never gathered")), e);
 }
+
+// The feed as a range, in generic code: the batch's type is named, so as<T>() needs no keyword.
+BOOST_AUTO_TEST_CASE(a_typed_feed_is_a_range_of_its_batches) {
+  const auto layout = fc::ensemble_layout::parse(fc::cat("members=", world().size()));
+  fc::typed_feed<fc::all_shared<fc::mpi>> feed(world(), layout, dataset_of(shapes[1]));
+  auto visit = [](auto& generic) {
+    std::int64_t steps = 0, samples = 0;
+    for (const fc::typed_batch& batch : generic) {
+      steps += batch.step() == steps ? 1 : 1000;
+      samples += static_cast<std::int64_t>(batch.as<float>().numel() / 6);
+    }
+    return std::make_pair(steps, samples);
+  };
+  const auto [steps, samples] = visit(feed);
+  // All ranks of the one member together see every sample of every epoch.
+  std::int64_t total = samples;
+  fc::mpi::iallreduce(world(), fc::span<std::int64_t>(&total, 1), fc::op::sum).wait();
+  BOOST_TEST(all_ranks(steps == feed.plan().steps() && total == feed.plan().epochs() * feed.plan().size()),
+             steps << " steps, " << total << " samples");
+}
