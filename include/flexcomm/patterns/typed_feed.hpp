@@ -173,11 +173,14 @@ class typed_feed {
   // Which ranks call the dataset's loader: producers for a feed that ships from them, else trainers.
   static constexpr bool loads_on_producers = Feed::needs_producers;
 
-  // Collective over `world` (as Feed's constructor): agrees the dataset across ranks, then makes
-  // the byte feed with the options derived from it. `options` gives depth and flow; its steps and
-  // shard_capacity are derived (leave them 0).
+  // Collective over `world`, local_feed's too (the dataset is agreed in one reduction over it):
+  // agrees the dataset across ranks, then makes the byte feed with the options derived from it.
+  // `options` gives depth and flow; its steps and shard_capacity are derived (leave them 0).
   template <class Communicator>
   typed_feed(const Communicator& world, const ensemble_layout& layout, dataset data, feed_options options = {});
+  // Batches and the loader point into it.
+  typed_feed(const typed_feed&) = delete;
+  typed_feed& operator=(const typed_feed&) = delete;
 
   // The byte feed's options for this dataset on this layout: steps = epochs x steps per epoch,
   // shard_capacity = one shard_record of ceil(batch / shards) samples.
