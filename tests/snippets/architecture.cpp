@@ -52,10 +52,10 @@ void typed_feed_block(const mpi::communicator& world, const ensemble_layout& lay
   typed_feed<Feed> feed(world, layout, data, options);   // collective; options: depth, flow
   if (!feed.is_trainer()) feed.produce();
   feed.on_epoch_end([&](std::int64_t epoch) { evaluate(epoch); });
-  while (auto batch = feed.next()) {                     // on trainer ranks
-    tensor_view<float> x = batch->as<float>();           // {samples, 28, 28}, 64-byte aligned
-    tensor_view<std::int32_t> y = batch->labels<std::int32_t>();
-    train(x, y, batch->epoch(), batch->last_in_epoch());
+  for (const typed_batch& batch : feed) {                // on trainer ranks
+    tensor_view<float> x = batch.as<float>();            // {samples, 28, 28}, 64-byte aligned
+    tensor_view<std::int32_t> y = batch.labels<std::int32_t>();
+    train(x, y, batch.epoch(), batch.last_in_epoch());
   }
 }
 template void typed_feed_block<local_feed>(const mpi::communicator&, const ensemble_layout&, const feed_options&);
