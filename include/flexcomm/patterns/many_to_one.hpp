@@ -9,6 +9,9 @@
 //
 // submit() never waits for the aggregator: it copies the tensor into a buffer it owns and
 // hands the transfer to the progress engine, so a member does not stall on a slow aggregator.
+// The aggregator may take rounds as they come while it trains or produces (poll_rounds, never
+// waiting), or all of them up to the end round that trainers send with close() (gather_rounds):
+// one round per epoch, say, scored while the next epoch trains.
 #pragma once
 
 #include <cstddef>
