@@ -335,10 +335,15 @@ typed_feed<Feed>::typed_feed(const Communicator& world, const ensemble_layout& l
   feed_.emplace(world, layout, std::move(load), derived);
 }
 
+// Trainers call it from next(), where a failure reaches them; producers from their loader, whose
+// failures produce() rethrows (a trainer that loads never calls produce(), so not from there).
 template <class Feed>
 void typed_feed<Feed>::between_steps(std::function<void()> f) {
-  between_steps_ = f;
-  loading_->between_steps = std::move(f);
+  if (feed_->is_trainer()) {
+    between_steps_ = std::move(f);
+  } else {
+    loading_->between_steps = std::move(f);
+  }
 }
 
 template <class Feed>
