@@ -7,6 +7,7 @@
 #error "flexcomm needs C++17 or later (-std=c++17; g++ 11 and later default to it)"
 #endif
 
+#include "core/batching.hpp"
 #include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "core/gaps.hpp"
@@ -27,6 +28,9 @@
 #include "patterns/local_feed.hpp"
 #include "patterns/one_to_many.hpp"
 #include "patterns/all_shared.hpp"
+#include "patterns/dataset.hpp"
+#include "patterns/typed_batch.hpp"
+#include "patterns/typed_feed.hpp"
 #include "patterns/sync.hpp"
 #include "patterns/subgroup_allreduce.hpp"
 #include "patterns/overlapped_ring.hpp"
