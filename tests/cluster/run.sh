@@ -13,12 +13,13 @@
 #     --show-output         print every run's output (benchmarks), not only a failed run's
 #     --quick "ARGS"        arguments added to every run after the first (e.g. a Boost.Test
 #                           filter that leaves out the slowest cases of a repeated binary)
+#     --quick-first         the first run takes the --quick arguments too (--whole-first: it does not)
 #     --mpi mpich|openmpi   the implementation PROGRAM was built with (default mpich): its launcher,
 #                           mpiexec.mpich (Hydra) or mpiexec.openmpi (ORTE), started as below
 # Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1 net_stats=0 show=0 mpi=mpich
+hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1 net_stats=0 show=0 mpi=mpich quick_first=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -29,6 +30,8 @@ while [ $# -gt 0 ]; do
     --expect-status) expect=$2; shift 2 ;;
     --quick) quick=$2; shift 2 ;;
     --mpi) mpi=$2; shift 2 ;;
+    --quick-first) quick_first=1; shift ;;
+    --whole-first) quick_first=0; shift ;;
     --no-stacks) stacks=0; shift ;;
     --net-stats) net_stats=1; shift ;;
     --show-output) show=1; shift ;;
@@ -64,7 +67,7 @@ ranks() { pgrep -x "$comm"; }
 failed=0 hung=0 fallback=0
 for ((run = 1; run <= repeat; run++)); do
   log=$(mktemp)
-  extra=(); [ "$run" -gt 1 ] && [ -n "$quick" ] && read -r -a extra <<<"$quick"
+  extra=(); [ "$run" -gt $((1 - quick_first)) ] && [ -n "$quick" ] && read -r -a extra <<<"$quick"
   # The launcher runs in host 0; every other host is reached through launch.sh (as ssh).
   # FLEXCOMM_TEST_HOSTS tells the tests which host map they must find for themselves.
   export FLEXCOMM_TEST_HOSTS="$(IFS=+; echo "${counts[*]}")"
