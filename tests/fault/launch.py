@@ -307,9 +307,9 @@ def table(launches, n):
                 cells = [spec['what'].format(**f), spec['reports'].format(**f), tte, f"{r['wall']:.2f} s",
                          f"{r['rc']} ({status})"]
                 continue
-            other = spec_for(fault, launch['mpi'])
-            differs = other['reports'] != spec['reports'] or other['what'] != spec['what']
-            note = ('; ' + other['reports'].format(**fields(n, launch['mpi']))) if differs else ''
+            other, g = spec_for(fault, launch['mpi']), fields(n, launch['mpi'])
+            differs = other['reports'].format(**g) != spec['reports'].format(**f)
+            note = ('; ' + other['reports'].format(**g)) if differs else ''
             cells.append(f"{tte}, {r['wall']:.2f} s, {r['rc']} ({status}){note}")
         print(f"| `{fault}` | " + ' | '.join(cells) + ' |')
     return 0 if ok else 1
