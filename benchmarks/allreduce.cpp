@@ -228,8 +228,9 @@ int main(int argc, char** argv) {
   const std::size_t impls = names.size();
   const auto hosts = fc::hosts_of(world);  // collective
   if (root) {
-    std::printf("# flexcomm allreduce: %d ranks on %d host(s) (%s), %d per node, wait %s, in place, segment %s x %d in flight\n",
-                world.size(), hosts.hosts(), hosts.str().c_str(), env.ranks_on_node(), fc::name_of(env.wait().kind),
+    std::printf("# flexcomm allreduce on %s: %d ranks on %d host(s) (%s), %d per node, wait %s, in place, segment %s x %d "
+                "in flight\n", fc::mpi_implementation::name, world.size(), hosts.hosts(), hosts.str().c_str(),
+                env.ranks_on_node(), fc::name_of(env.wait().kind),
                 segment.c_str(), lanes);
     std::printf("# %10s %12s %8s %6s %5s |", "size", "count", "type", "redop", "root");
     for (const auto& n : names) std::printf(" %-39s |", n.c_str());

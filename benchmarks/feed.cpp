@@ -222,8 +222,9 @@ int main(int argc, char** argv) {
   const int shards = layout.shards_per_step();
   const auto wait = fc::default_wait();
   if (world.rank() == 0) {
-    std::printf("# flexcomm feed benchmark: layout '%s' (%d members, %d ranks, %d shards/step), %lld steps + %lld warm-up\n",
-                layout.str().c_str(), layout.members(), world.size(), shards, static_cast<long long>(cfg.steps),
+    std::printf("# flexcomm feed benchmark on %s: layout '%s' (%d members, %d ranks, %d shards/step), %lld steps + %lld "
+                "warm-up\n", fc::mpi_implementation::name, layout.str().c_str(), layout.members(), world.size(), shards,
+                static_cast<long long>(cfg.steps),
                 static_cast<long long>(cfg.warmup));
     std::printf("# wait policy %s (max sleep %lld us), %u cores, Fashion-MNIST test split (%zu images), elastic alpha %.1f sigma %.1f, "
                 "train on %zu images/step\n",

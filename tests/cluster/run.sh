@@ -13,10 +13,13 @@
 #     --show-output         print every run's output (benchmarks), not only a failed run's
 #     --quick "ARGS"        arguments added to every run after the first (e.g. a Boost.Test
 #                           filter that leaves out the slowest cases of a repeated binary)
+#     --quick-first         the first run takes the --quick arguments too (--whole-first: it does not)
+#     --mpi mpich|openmpi   the implementation PROGRAM was built with (default mpich): its launcher,
+#                           mpiexec.mpich (Hydra) or mpiexec.openmpi (ORTE), started as below
 # Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1 net_stats=0 show=0
+hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1 net_stats=0 show=0 mpi=mpich quick_first=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -26,6 +29,9 @@ while [ $# -gt 0 ]; do
     --id) id=$2; shift 2 ;;
     --expect-status) expect=$2; shift 2 ;;
     --quick) quick=$2; shift 2 ;;
+    --mpi) mpi=$2; shift 2 ;;
+    --quick-first) quick_first=1; shift ;;
+    --whole-first) quick_first=0; shift ;;
     --no-stacks) stacks=0; shift ;;
     --net-stats) net_stats=1; shift ;;
     --show-output) show=1; shift ;;
@@ -43,7 +49,11 @@ else
   IFS=+ read -r -a counts <<<"$hosts"
 fi
 n=0; hostfile=$(mktemp); for ((i = 0; i < ${#counts[@]}; i++)); do
-  echo "10.213.$id.$((i + 1)):${counts[$i]}" >>"$hostfile"; n=$((n + counts[i])); done
+  case "$mpi" in
+    openmpi) echo "10.213.$id.$((i + 1)) slots=${counts[$i]}" >>"$hostfile" ;;
+    *) echo "10.213.$id.$((i + 1)):${counts[$i]}" >>"$hostfile" ;;
+  esac
+  n=$((n + counts[i])); done
 cleanup() { "$here/hosts.sh" down "$id"; rm -f "$hostfile"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -57,14 +67,30 @@ ranks() { pgrep -x "$comm"; }
 failed=0 hung=0 fallback=0
 for ((run = 1; run <= repeat; run++)); do
   log=$(mktemp)
-  extra=(); [ "$run" -gt 1 ] && [ -n "$quick" ] && read -r -a extra <<<"$quick"
-  # Hydra runs in host 0; every rank's host is reached through launch.sh. UCX's TCP transport
-  # between hosts; MPICH's shared memory inside one.
+  extra=(); [ "$run" -gt $((1 - quick_first)) ] && [ -n "$quick" ] && read -r -a extra <<<"$quick"
+  # The launcher runs in host 0; every other host is reached through launch.sh (as ssh).
   # FLEXCOMM_TEST_HOSTS tells the tests which host map they must find for themselves.
-  ip netns exec "fc${id}h0" env UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_LAUNCHER_EXTRA_ARGS= \
-    FLEXCOMM_TEST_HOSTS="$(IFS=+; echo "${counts[*]}")" \
-    mpiexec -f "$hostfile" -n "$n" -launcher ssh -launcher-exec "$here/launch.sh" -iface eth0 \
-    "$prog" "$@" "${extra[@]}" >"$log" 2>&1 &
+  export FLEXCOMM_TEST_HOSTS="$(IFS=+; echo "${counts[*]}")"
+  case "$mpi" in
+    openmpi)
+      # ORTE: daemons started through launch.sh (plm_rsh_agent; each host named after its namespace,
+      # as launch.sh explains), out-of-band and MPI traffic over
+      # eth0 (TCP between hosts, shared memory inside one). Unlike Hydra it does not pass the
+      # environment to remote ranks: every FLEXCOMM_, UCX_ and PLAIN_ variable is named with -x.
+      forward=(); for v in $(compgen -e | grep -E '^(FLEXCOMM_|UCX_|PLAIN_)'); do forward+=(-x "$v"); done
+      ip netns exec "fc${id}h0" mpiexec.openmpi --hostfile "$hostfile" -n "$n" --oversubscribe \
+        --mca plm_rsh_agent "$here/launch.sh --own-hostname" --mca plm_rsh_no_tree_spawn 1 \
+        --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 --mca pml ob1 --mca btl self,vader,tcp \
+        "${forward[@]}" "$prog" "$@" "${extra[@]}" >"$log" 2>&1 &
+      ;;
+    *)
+      # Hydra: ranks started through launch.sh (-launcher ssh); UCX's TCP transport between
+      # hosts, MPICH's shared memory inside one.
+      ip netns exec "fc${id}h0" env UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_LAUNCHER_EXTRA_ARGS= \
+        mpiexec.mpich -f "$hostfile" -n "$n" -launcher ssh -launcher-exec "$here/launch.sh" -iface eth0 \
+        "$prog" "$@" "${extra[@]}" >"$log" 2>&1 &
+      ;;
+  esac
   pid=$!
   start=$SECONDS
   while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 0.2; done

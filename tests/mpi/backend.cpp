@@ -70,7 +70,9 @@ BOOST_AUTO_TEST_CASE(a_larger_message_than_the_buffer_is_an_error_not_an_overrun
     reported = std::string(e.what()).find("irecv") != std::string::npos && e.rank() == rank;
   }
   s.wait();
-  BOOST_TEST(fc::testing::all_ranks(reported && recv[16] == -1));
+  // Alone in the world, only the absence of an overrun can be checked under Open MPI.
+  const bool reportable = size > 1 || fc::mpi_implementation::reports_truncation_to_self;
+  BOOST_TEST(fc::testing::all_ranks((reported || !reportable) && recv[16] == -1));
 }
 
 BOOST_AUTO_TEST_CASE(split_dup_and_private_traffic) {

@@ -36,7 +36,11 @@ BOOST_AUTO_TEST_CASE(an_mpi_error_in_the_engine_reaches_the_caller) {
   auto r = std::make_shared<mpi::request>(mpi::irecv(world(), fc::span<int>(recv), (rank + size - 1) % size, 3));
   auto s = mpi::isend(world(), fc::span<const int>(send), (rank + 1) % size, 3);
   auto done = fc::progress_engine::instance().submit([r] { return r->test(); }, "short receive");
-  BOOST_CHECK_THROW(done->wait(), fc::error);
+  // Alone in the world under Open MPI, the short receive is no error (mpi/implementation.hpp).
+  if (size > 1 || fc::mpi_implementation::reports_truncation_to_self)
+    BOOST_CHECK_THROW(done->wait(), fc::error);
+  else
+    done->wait();
   s.wait();
   BOOST_TEST(fc::testing::all_ranks(true));
 }

@@ -28,6 +28,7 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "../mpi.hpp"
+#include "implementation.hpp"
 #include "trace.hpp"
 
 namespace flexcomm {
@@ -45,9 +46,8 @@ inline void (*&finalize_call())() {
 // and finalize PMI on its own behalf: the peers then finish, and mpiexec sees every rank leave
 // cleanly. Returns false where there is no such socket or Hydra does not answer in time.
 inline bool pmi_leave(std::chrono::milliseconds limit, bool barrier = true) {
-  const char* text = std::getenv("PMI_FD");
-  if (!text || !*text) return false;
-  const int fd = std::atoi(text);
+  const int fd = mpi_implementation::launcher_pmi_fd();
+  if (fd < 0) return false;
   const auto deadline = std::chrono::steady_clock::now() + limit;
   auto send_line = [&](const char* line) {
     for (std::size_t done = 0, n = std::strlen(line); done < n;) {
@@ -116,8 +116,7 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
     };
     // Watch where the finalizing thread waits: once seen in the PMI barrier, this rank is not the
     // one that hangs, and must not enter the barrier a second time.
-    const char* pmi_text = std::getenv("PMI_FD");
-    const int pmi_fd = pmi_text && *pmi_text ? std::atoi(pmi_text) : -1;
+    const int pmi_fd = mpi_implementation::launcher_pmi_fd();
     bool in_pmi_barrier = false;
     const auto deadline = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -140,9 +139,9 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
     }
     std::fprintf(stderr,
                  "flexcomm: rank %d: MPI_Finalize has not returned %.1f s after every rank passed the shutdown "
-                 "barrier (FLEXCOMM_FINALIZE_TIMEOUT; MPICH 4.0.2 over UCX's TCP transport, see "
-                 "docs/reliability.md); all flexcomm work is done, leaving with status %d\n",
-                 rank, std::chrono::duration<double>(barrier_needed ? limit : 2 * limit).count(), status);
+                 "barrier (FLEXCOMM_FINALIZE_TIMEOUT; %s); all flexcomm work is done, leaving with status %d\n",
+                 rank, std::chrono::duration<double>(barrier_needed ? limit : 2 * limit).count(),
+                 mpi_implementation::finalize_hang_note, status);
     std::fflush(stderr);
     if (pmi_fd >= 0) {
       // Park the finalizing thread first, so that it cannot talk to the launcher while the guard
@@ -258,12 +257,7 @@ class environment {
     MPI_Initialized(&initialized);
     int provided = MPI_THREAD_SINGLE;
     if (!initialized) {
-      // UCX (MPICH's transport) stops progressing a TCP interface as soon as this process has
-      // closed its last endpoint on it, while a peer may still be closing its own endpoint to
-      // us: inside MPI_Finalize that peer then waits for ever (UCX issue 8738; MPICH 4.0.2 also
-      // holds every rank in a PMI barrier there). Keeping progress on ends the hang (measured in
-      // docs/reliability.md); a value the user set wins.
-      setenv("UCX_ADAPTIVE_PROGRESS", "n", 0);
+      mpi_implementation::prepare_init();
       check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "environment: MPI_Init_thread");
       owns_mpi_ = true;
       // MPICH reports a failed MPI_Test (a truncated receive, say) through MPI_COMM_WORLD's handler:

@@ -19,20 +19,12 @@
 #include "../../core/settings.hpp"
 #include "../cuda/error.hpp"
 #include "../mpi.hpp"
+#include "../mpi/implementation.hpp"
 
 namespace flexcomm {
 
-// Whether this MPI library reads and writes device memory (asked of MPICH or Open MPI).
-inline bool mpi_is_cuda_aware() {
-#if defined(MPIX_GPU_SUPPORT_CUDA)
-  int supported = 0;
-  return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS && supported != 0;
-#elif defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() == 1;
-#else
-  return false;
-#endif
-}
+// Whether this MPI library reads and writes device memory (mpi/implementation.hpp asks it).
+inline bool mpi_is_cuda_aware() { return mpi_implementation::cuda_aware(); }
 
 namespace detail {
 inline std::size_t stage_chunk_bytes() {
