@@ -2,6 +2,7 @@
 // Include this one header; CUDA parts join in when the build has CUDA (FLEXCOMM_HAVE_CUDA).
 #pragma once
 
+#include "core/batching.hpp"
 #include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "core/gaps.hpp"
@@ -22,6 +23,9 @@
 #include "patterns/local_feed.hpp"
 #include "patterns/one_to_many.hpp"
 #include "patterns/all_shared.hpp"
+#include "patterns/dataset.hpp"
+#include "patterns/typed_batch.hpp"
+#include "patterns/typed_feed.hpp"
 #include "patterns/sync.hpp"
 #include "patterns/subgroup_allreduce.hpp"
 #include "patterns/overlapped_ring.hpp"

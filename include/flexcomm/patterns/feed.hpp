@@ -39,6 +39,10 @@ struct feed_options {
 };
 
 // One step as a trainer sees it: its shards, concatenated. Valid until the next next().
+// bytes() and every shard(i) start on an 8-byte boundary when every shard the loader wrote is a
+// multiple of 8 bytes long (the feeds lay pieces out in 8-byte units); nothing more is promised,
+// so a trainer that wants wider alignment (SIMD, a framework's tensors) copies, or uses
+// typed_feed, whose tensors are 64-byte aligned (typed_batch.hpp).
 class batch {
  public:
   batch(std::int64_t step, int first_shard, const std::byte* data, const std::size_t* offsets, int shards)

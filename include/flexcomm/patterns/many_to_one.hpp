@@ -32,7 +32,9 @@
 
 namespace flexcomm {
 
-// What the aggregator receives in one round of gather().
+// What the aggregator receives in one round of gather(), gather_rounds() or poll_rounds(). It
+// owns its data: member() and trainer() of a non-const gathered are mutable spans, which a
+// framework can wrap without a cast (torch::from_blob(each.member(m).data(), ...)).
 template <class T>
 struct gathered {
   std::vector<T> data;                      // every trainer's tensor, member by member, rank by rank
@@ -41,24 +43,39 @@ struct gathered {
   std::vector<int> member_sizes;            // ranks per member, to index rank_counts
 
   // A member's contribution: its ranks' tensors concatenated.
-  span<const T> member(int m) const {
+  span<const T> member(int m) const { return {data.data() + member_offset(m), member_counts[static_cast<std::size_t>(m)]}; }
+  span<T> member(int m) { return {data.data() + member_offset(m), member_counts[static_cast<std::size_t>(m)]}; }
+
+  // What rank r of member m submitted.
+  span<const T> trainer(int m, int r) const {
+    const std::size_t i = trainer_index(m, r);
+    return {data.data() + trainer_offset(i), rank_counts[i]};
+  }
+  span<T> trainer(int m, int r) {
+    const std::size_t i = trainer_index(m, r);
+    return {data.data() + trainer_offset(i), rank_counts[i]};
+  }
+
+ private:
+  std::size_t member_offset(int m) const {
     check(m >= 0 && static_cast<std::size_t>(m) < member_counts.size(), "many_to_one: gathered",
           cat("member ", m, " is not one of ", member_counts.size()));
     std::size_t offset = 0;
     for (int i = 0; i < m; ++i) offset += member_counts[static_cast<std::size_t>(i)];
-    return {data.data() + offset, member_counts[static_cast<std::size_t>(m)]};
+    return offset;
   }
-
-  // What rank r of member m submitted.
-  span<const T> trainer(int m, int r) const {
+  std::size_t trainer_index(int m, int r) const {
     check(m >= 0 && static_cast<std::size_t>(m) < member_sizes.size() && r >= 0 &&
               r < member_sizes[static_cast<std::size_t>(m)],
           "many_to_one: gathered", cat("member ", m, " rank ", r, " is not a trainer of this layout"));
-    std::size_t index = 0, offset = 0;
+    std::size_t index = 0;
     for (int i = 0; i < m; ++i) index += static_cast<std::size_t>(member_sizes[static_cast<std::size_t>(i)]);
-    index += static_cast<std::size_t>(r);
+    return index + static_cast<std::size_t>(r);
+  }
+  std::size_t trainer_offset(std::size_t index) const {
+    std::size_t offset = 0;
     for (std::size_t i = 0; i < index; ++i) offset += rank_counts[i];
-    return {data.data() + offset, rank_counts[index]};
+    return offset;
   }
 };
 
@@ -97,10 +114,30 @@ class many_to_one {
   // Waits until every tensor this rank submitted has reached the aggregator.
   void flush();
 
+  // On trainers: no round follows. Sends the end round (a round without data that every trainer
+  // submits last), after which the aggregator's gather_rounds() returns and poll_rounds() says so.
+  void close();
+  // This trainer has closed; on the aggregator, the end round has arrived.
+  bool closed() const noexcept { return closed_; }
+  bool finished() const noexcept { return finished_; }
+
   // On the aggregator: the next round, concatenated in member order. A trainer that is also the
   // aggregator submits its own tensor before gathering.
   template <class T>
   gathered<T> gather();
+
+  // On the aggregator, while it does other work (trains, produces): completes what has arrived of
+  // the rounds in flight without waiting, calls each(round, gathered<T>&) for every round that
+  // completes, in order, and returns true once the end round has arrived (every trainer closed).
+  // A trainer that aggregates takes part with each round it has submitted.
+  template <class T, class F>
+  bool poll_rounds(F&& each);
+  // On the aggregator: each(round, gathered<T>&) for every round up to the end round, waiting.
+  template <class T, class F>
+  void gather_rounds(F&& each);
+  // On the aggregator: waits for the end round; a round with data still before it is an error
+  // naming it as never gathered.
+  void finish();
 
   // On the aggregator: the next round, combined element-wise over members (a member's
   // contribution is its ranks' tensors concatenated; every member's must have the same length).
@@ -115,7 +152,27 @@ class many_to_one {
     typename B::request header_request, data_request;
   };
 
+  // The aggregator's round in flight: its header gather, then its data gather.
+  struct incoming {
+    std::int64_t header[2] = {-1, 0};
+    std::vector<std::int64_t> headers;
+    std::vector<int> twos, counts;
+    std::vector<std::uint8_t> mine, scratch;
+    std::shared_ptr<void> result;  // gathered<T> of the type that posted the data
+    dtype type = dtype::f32;
+    bool data_posted = false, end = false;
+    std::string mismatch;
+    typename B::request header_request, data_request;
+  };
+  enum class arrival { none, round, end };
+  // Takes the round in flight as far as it can (all the way with `wait`); fills `out` when a
+  // round with data completes.
+  template <class T>
+  arrival advance(bool wait, gathered<T>& out);
+
+  static constexpr std::int64_t end_type = -2;  // the header type of the end round
   std::string where(const char* what) const { return cat("many_to_one: ", what); }
+  void post(std::int64_t type, const std::uint8_t* data, std::size_t bytes);
   void prune();
 
   ensemble_layout layout_;
@@ -125,6 +182,9 @@ class many_to_one {
   std::vector<bool> comm_rank_is_trainer_;  // by rank in comm_
   std::vector<int> comm_world_rank_;        // by rank in comm_: the rank in the layout
   std::int64_t submitted_ = 0, collected_ = 0;
+  bool closed_ = false, finished_ = false;
+  bool any_type_ = false;  // finish(): the round is only looked at, whatever it carries
+  std::unique_ptr<incoming> in_;
   std::deque<std::shared_ptr<completion>> in_flight_;
   std::deque<std::vector<std::uint8_t>> own_;  // the aggregator's own submissions, with their types
   std::deque<std::int64_t> own_types_;
@@ -171,17 +231,29 @@ void many_to_one<B>::submit(span<T> tensor) {
   using E = std::remove_const_t<T>;
   static_assert(is_element_v<E>, "many_to_one::submit: the element type has no flexcomm dtype "
                                  "(use float, double, int32, int64, uint8, half or bfloat16)");
-  check(trainer_, where("submit"),
-        cat("only trainers submit; this rank is ",
+  check(!closed_, where("submit"), cat("round ", submitted_, ": this trainer has closed the stream (close())"));
+  post(static_cast<std::int64_t>(dtype_of<E>), reinterpret_cast<const std::uint8_t*>(tensor.data()),
+       tensor.size_bytes());
+}
+
+template <class B>
+void many_to_one<B>::close() {
+  check(!closed_, where("close"), "close() once per collect");
+  post(end_type, nullptr, 0);
+  closed_ = true;
+}
+
+template <class B>
+void many_to_one<B>::post(std::int64_t type, const std::uint8_t* data, std::size_t bytes) {
+  const char* what = type == end_type ? "close" : "submit";
+  check(trainer_, where(what),
+        cat("only trainers ", what, "; this rank is ",
             aggregator_ ? "the aggregator (a producer)" : "a producer", " of layout '", layout_.str(), "'"));
-  const auto bytes = tensor.size_bytes();
-  check(bytes <= static_cast<std::size_t>(INT32_MAX), where("submit"),
+  check(bytes <= static_cast<std::size_t>(INT32_MAX), where(what),
         cat("round ", submitted_, ": ", bytes, " bytes exceed what one round carries (", INT32_MAX, ")"));
-  const auto type = static_cast<std::int64_t>(dtype_of<E>);
   ++submitted_;
-  if (aggregator_) {  // gather() posts the round; until then the copy waits here
-    own_.emplace_back(reinterpret_cast<const std::uint8_t*>(tensor.data()),
-                      reinterpret_cast<const std::uint8_t*>(tensor.data()) + bytes);
+  if (aggregator_) {  // the aggregator's round posts it; until then the copy waits here
+    own_.emplace_back(data, data + bytes);
     own_types_.push_back(type);
     return;
   }
@@ -189,8 +261,7 @@ void many_to_one<B>::submit(span<T> tensor) {
   auto out = std::make_shared<outgoing>();
   out->header[0] = type;
   out->header[1] = static_cast<std::int64_t>(bytes);
-  out->bytes.assign(reinterpret_cast<const std::uint8_t*>(tensor.data()),
-                    reinterpret_cast<const std::uint8_t*>(tensor.data()) + bytes);
+  out->bytes.assign(data, data + bytes);
   // Header and data of a round are posted together, in round order, so they match the
   // aggregator's calls whenever it makes them.
   out->header_request = B::template igatherv<std::int64_t>(comm_, span<const std::int64_t>(out->header, 2),
@@ -199,7 +270,7 @@ void many_to_one<B>::submit(span<T> tensor) {
                                                          span<std::uint8_t>{}, span<const int>{}, root_);
   in_flight_.push_back(progress_engine::instance().submit(
       [out] { return out->header_request.test() && out->data_request.test(); },
-      cat("many_to_one: submit round ", submitted_ - 1, " (", bytes, " bytes) to the aggregator")));
+      cat("many_to_one: ", what, " round ", submitted_ - 1, " (", bytes, " bytes) to the aggregator")));
 }
 
 template <class B>
@@ -224,78 +295,173 @@ template <class B>
 template <class T>
 gathered<T> many_to_one<B>::gather() {
   trace::span traced(trace::names::collect, -1, "step", "collect");
+  const std::string what = cat("many_to_one: gather round ", collected_);
+  gathered<T> out;
+  if (advance<T>(true, out) == arrival::end)
+    fail(what, "every trainer has closed the stream (close()): no round is left to gather");
+  return out;
+}
+
+template <class B>
+template <class T, class F>
+bool many_to_one<B>::poll_rounds(F&& each) {
+  while (!finished_) {
+    const std::int64_t round = collected_;
+    gathered<T> out;
+    const arrival a = advance<T>(false, out);
+    if (a == arrival::none) return false;
+    if (a == arrival::round) each(round, out);
+  }
+  return true;
+}
+
+template <class B>
+void many_to_one<B>::finish() {
+  if (finished_) return;
+  const std::string what = cat("many_to_one: finish at round ", collected_);
+  any_type_ = true;
+  gathered<std::uint8_t> out;
+  arrival a;
+  try {
+    a = advance<std::uint8_t>(true, out);
+  } catch (...) {
+    any_type_ = false;
+    throw;
+  }
+  any_type_ = false;
+  check(a == arrival::end, what,
+        cat("the trainers submitted round ", collected_ - 1, ", which the aggregator never gathered (gather every "
+            "round, or collect them with gather_rounds / poll_rounds)"));
+}
+
+template <class B>
+template <class T, class F>
+void many_to_one<B>::gather_rounds(F&& each) {
+  while (!finished_) {
+    const std::int64_t round = collected_;
+    gathered<T> out;
+    if (advance<T>(true, out) == arrival::round) each(round, out);
+  }
+}
+
+template <class B>
+template <class T>
+typename many_to_one<B>::arrival many_to_one<B>::advance(bool wait, gathered<T>& out) {
   static_assert(is_element_v<T>, "many_to_one::gather<T>: T has no flexcomm dtype "
                                  "(use float, double, int32, int64, uint8, half or bfloat16)");
   const auto round = collected_;
   const std::string what = cat("many_to_one: gather round ", round);
   check(aggregator_, what,
         cat("only the aggregator (rank ", layout_.aggregator(), " of layout '", layout_.str(), "') gathers"));
-  check(!trainer_ || !own_.empty(), what,
-        "this aggregator is also a trainer and must submit() its own tensor before gather()");
-  ++collected_;
-  std::vector<std::uint8_t> mine;
-  std::int64_t header[2] = {-1, 0};
-  if (trainer_) {
-    mine = std::move(own_.front());
-    own_.pop_front();
-    header[0] = own_types_.front();
-    header[1] = static_cast<std::int64_t>(mine.size());
-    own_types_.pop_front();
-  }
+  check(!finished_, what, "every trainer has closed the stream (close()): no round is left to gather");
   const int ranks = comm_.size();
-  std::vector<std::int64_t> headers(2 * static_cast<std::size_t>(ranks));
-  const std::vector<int> twos(static_cast<std::size_t>(ranks), 2);
-  B::template igatherv<std::int64_t>(comm_, span<const std::int64_t>(header, 2), span<std::int64_t>(headers),
-                                     span<const int>(twos), root_)
-      .wait();
-
-  // Check everything first, but finish the round before throwing, so the trainers' transfers
-  // complete and the next round starts in step on every rank.
-  std::string mismatch;
-  std::vector<int> counts(static_cast<std::size_t>(ranks));
-  std::size_t total = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const auto type = headers[2 * static_cast<std::size_t>(r)];
-    const auto bytes = headers[2 * static_cast<std::size_t>(r) + 1];
-    counts[static_cast<std::size_t>(r)] = static_cast<int>(bytes);
-    total += static_cast<std::size_t>(bytes);
-    if (!comm_rank_is_trainer_[static_cast<std::size_t>(r)]) continue;
-    if (type != static_cast<std::int64_t>(dtype_of<T>) && mismatch.empty()) {
-      const auto who = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(r)]);
-      mismatch = cat("member ", who.member, " rank ", who.rank_in_member, " submitted ",
-                     type >= 0 && type <= static_cast<std::int64_t>(dtype::bf16) ? name_of(static_cast<dtype>(type))
-                                                                                 : "an unknown type",
-                     " but the aggregator gathers ", name_of(dtype_of<T>));
+  if (!in_) {
+    if (trainer_ && own_.empty()) {
+      check(!wait, what, "this aggregator is also a trainer and must submit() its own tensor before gather()");
+      return arrival::none;
     }
+    auto r = std::make_unique<incoming>();
+    if (trainer_) {
+      r->mine = std::move(own_.front());
+      own_.pop_front();
+      r->header[0] = own_types_.front();
+      r->header[1] = static_cast<std::int64_t>(r->mine.size());
+      own_types_.pop_front();
+    }
+    r->headers.resize(2 * static_cast<std::size_t>(ranks));
+    r->twos.assign(static_cast<std::size_t>(ranks), 2);
+    r->header_request = B::template igatherv<std::int64_t>(comm_, span<const std::int64_t>(r->header, 2),
+                                                           span<std::int64_t>(r->headers),
+                                                           span<const int>(r->twos), root_);
+    in_ = std::move(r);
   }
-  check(total <= static_cast<std::size_t>(INT32_MAX), what,
-        cat("the round carries ", total, " bytes, more than one gather moves (", INT32_MAX, ")"));
-  gathered<T> out;
-  std::vector<std::uint8_t> scratch;
-  span<std::uint8_t> landing;
-  if (mismatch.empty()) {
-    out.data.resize(total / sizeof(T));
-    landing = span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.data.data()), total);
-  } else {
-    scratch.resize(total);
-    landing = span<std::uint8_t>(scratch);
+  incoming& r = *in_;
+  if (!r.data_posted) {
+    if (wait) {
+      r.header_request.wait();
+    } else if (!r.header_request.test()) {
+      return arrival::none;
+    }
+    // Check everything first, but finish the round before throwing, so the trainers' transfers
+    // complete and the next round starts in step on every rank.
+    r.counts.assign(static_cast<std::size_t>(ranks), 0);
+    std::size_t total = 0;
+    int closing = 0, trainers = 0, first_closed = -1, first_open = -1;
+    for (int i = 0; i < ranks; ++i) {
+      const auto type = r.headers[2 * static_cast<std::size_t>(i)];
+      const auto bytes = r.headers[2 * static_cast<std::size_t>(i) + 1];
+      r.counts[static_cast<std::size_t>(i)] = static_cast<int>(bytes);
+      total += static_cast<std::size_t>(bytes);
+      if (!comm_rank_is_trainer_[static_cast<std::size_t>(i)]) continue;
+      ++trainers;
+      if (type == end_type) {
+        ++closing;
+        if (first_closed < 0) first_closed = i;
+        continue;
+      }
+      if (first_open < 0) first_open = i;
+      if (!any_type_ && type != static_cast<std::int64_t>(dtype_of<T>) && r.mismatch.empty()) {
+        const auto who = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(i)]);
+        r.mismatch = cat("member ", who.member, " rank ", who.rank_in_member, " submitted ",
+                         type >= 0 && type <= static_cast<std::int64_t>(dtype::bf16) ? name_of(static_cast<dtype>(type))
+                                                                                     : "an unknown type",
+                         " but the aggregator gathers ", name_of(dtype_of<T>));
+      }
+    }
+    r.end = closing == trainers;
+    if (closing > 0 && !r.end) {
+      const auto shut = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(first_closed)]);
+      const auto open = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(first_open)]);
+      r.mismatch = cat("member ", shut.member, " rank ", shut.rank_in_member, " closed the stream after ", round,
+                       " rounds while member ", open.member, " rank ", open.rank_in_member,
+                       " submitted another: every trainer submits the same number of rounds");
+    }
+    check(total <= static_cast<std::size_t>(INT32_MAX), what,
+          cat("the round carries ", total, " bytes, more than one gather moves (", INT32_MAX, ")"));
+    span<std::uint8_t> landing;
+    if (r.mismatch.empty() && !r.end && !any_type_) {
+      auto g = std::make_shared<gathered<T>>();
+      g->data.resize(total / sizeof(T));
+      landing = span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(g->data.data()), total);
+      r.result = g;
+      r.type = dtype_of<T>;
+    } else {
+      r.scratch.resize(total);
+      landing = span<std::uint8_t>(r.scratch);
+    }
+    r.data_request = B::template igatherv<std::uint8_t>(comm_, span<const std::uint8_t>(r.mine), landing,
+                                                        span<const int>(r.counts), root_);
+    r.data_posted = true;
   }
-  B::template igatherv<std::uint8_t>(comm_, span<const std::uint8_t>(mine), landing, span<const int>(counts), root_)
-      .wait();
-  check(mismatch.empty(), what, mismatch);
-
+  if (wait) {
+    r.data_request.wait();
+  } else if (!r.data_request.test()) {
+    return arrival::none;
+  }
+  const std::unique_ptr<incoming> done = std::move(in_);
+  ++collected_;
+  if (done->end) {
+    finished_ = true;
+    return arrival::end;
+  }
+  check(done->mismatch.empty(), what, done->mismatch);
+  if (any_type_) return arrival::round;
+  check(done->type == dtype_of<T>, what,
+        cat("the round's data was received as ", name_of(done->type), " and is now asked for as ",
+            name_of(dtype_of<T>)));
+  out = std::move(*std::static_pointer_cast<gathered<T>>(done->result));
   out.member_sizes = layout_.member_sizes();
   out.member_counts.assign(static_cast<std::size_t>(layout_.members()), 0);
   int member = 0, left = layout_.member_size(0);
-  for (int r = 0; r < ranks; ++r) {
-    if (!comm_rank_is_trainer_[static_cast<std::size_t>(r)]) continue;
-    const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]) / sizeof(T);
+  for (int i = 0; i < ranks; ++i) {
+    if (!comm_rank_is_trainer_[static_cast<std::size_t>(i)]) continue;
+    const auto n = static_cast<std::size_t>(done->counts[static_cast<std::size_t>(i)]) / sizeof(T);
     out.rank_counts.push_back(n);
     while (left == 0) left = layout_.member_size(++member);
     out.member_counts[static_cast<std::size_t>(member)] += n;
     --left;
   }
-  return out;
+  return arrival::round;
 }
 
 template <class B>

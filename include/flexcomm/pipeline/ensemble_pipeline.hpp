@@ -31,9 +31,14 @@
 #include "../backend/contract.hpp"
 #include "../patterns/feed.hpp"
 #include "../patterns/feed/agreement.hpp"
+#include "../patterns/dataset.hpp"
 #include "../patterns/sync.hpp"
+#include "../patterns/typed_feed.hpp"
 
 namespace flexcomm {
+
+template <class T>
+struct gathered;  // patterns/many_to_one.hpp
 
 namespace detail {
 template <class T, class = void> struct is_feed : std::false_type {};
@@ -45,6 +50,13 @@ template <class T, class = void> struct is_sync : std::false_type {};
 template <class T>
 struct is_sync<T, std::void_t<decltype(std::declval<T&>().ready(0, std::declval<span<float>>())),
                               decltype(std::declval<T&>().finish())>> : std::true_type {};
+
+// The element type of an on_round callback, from its second parameter: gathered<T>&.
+template <class F> struct round_element;
+template <class C, class R, class Round, class T>
+struct round_element<R (C::*)(Round, gathered<T>&) const> { using type = T; };
+template <class C, class R, class Round, class T>
+struct round_element<R (C::*)(Round, gathered<T>&)> { using type = T; };
 
 template <class T, class = void> struct is_collect : std::false_type {};
 template <class T>
@@ -73,7 +85,13 @@ class pipeline_context {
   bool is_aggregator() const noexcept { return pipe_.collect_.is_aggregator(); }
   const ensemble_layout& layout() const noexcept { return pipe_.layout_; }
 
-  feed_type& feed() { return *pipe_.feed_; }
+  // The byte feed (after run(loader, ...), or the one under the typed feed after run(dataset, ...)).
+  feed_type& feed() { return pipe_.typed_ ? pipe_.typed_->bytes_feed() : *pipe_.feed_; }
+  // The typed, epoch-aware feed, after run(dataset, ...): batch->as<T>(), epochs, on_epoch_end.
+  typed_feed<feed_type>& batches() {
+    check(pipe_.typed_.has_value(), "ensemble_pipeline", "batches() needs run(dataset, ...); this run has a byte loader");
+    return *pipe_.typed_;
+  }
   sync_type& sync() {
     check(pipe_.sync_.has_value(), "ensemble_pipeline", "sync() is for trainers; this rank is a producer");
     return *pipe_.sync_;
@@ -149,9 +167,47 @@ class ensemble_pipeline {
   // once per pipeline.
   template <class Train, class Aggregate>
   void run(loader load, Train&& train, Aggregate&& aggregate);
+
+ private:
+  template <class Train, class Aggregate>
+  void run_roles(Train& train, Aggregate& aggregate);
+
+ public:
   template <class Train>
   void run(loader load, Train&& train) {
     run(std::move(load), std::forward<Train>(train), [](context&) {});
+  }
+
+  // The same with a typed feed made from `data` (patterns/typed_feed.hpp): the steps and shard
+  // capacity come from the dataset (options.feed gives depth and flow; leave its steps and
+  // shard_capacity 0), trainers read ctx.batches().
+  template <class Train, class Aggregate>
+  void run(dataset data, Train&& train, Aggregate&& aggregate);
+  template <class Train>
+  void run(dataset data, Train&& train) {
+    run(std::move(data), std::forward<Train>(train), [](context&) {});
+  }
+
+  // Per-round collection while training goes on: on the aggregator, each(round, gathered<T>&)
+  // runs for every round as it arrives (rounds the trainers submit, e.g. one per epoch from
+  // on_epoch_end): between steps when the aggregator trains or loads under run(dataset, ...), and
+  // after its own role's work for every round still to come, before aggregate(ctx). T is taken
+  // from the callback's parameter; call before run(), on any rank (only the aggregator's is used).
+  template <class F>
+  void on_round(F each) {
+    using T = typename detail::round_element<decltype(&F::operator())>::type;
+    on_round<T>(std::move(each));
+  }
+  template <class T, class F>
+  void on_round(F each) {
+    check(!ran_, "ensemble_pipeline", "on_round() goes before run()");
+    rounds_ = [this, each = std::move(each)](bool wait) mutable {
+      if (wait) {
+        collect_.template gather_rounds<T>(each);
+      } else {
+        collect_.template poll_rounds<T>(each);
+      }
+    };
   }
 
  private:
@@ -168,8 +224,11 @@ class ensemble_pipeline {
 
   // The feed is made by run(), but a mistake in its options is reported here, before the collect
   // and the syncs are set up, and on every rank at once (one reduction, as the feeds agree).
+  // A shard_capacity of 0 is left for run(dataset, ...) to derive; run(loader, ...) refuses it then.
   static communicator feed_world(const communicator& world, const ensemble_layout& layout, const feed_options& o) {
-    detail::agree<backend>(world, layout, o, detail::option_problem(o), "ensemble_pipeline");
+    feed_options checked = o;
+    if (checked.shard_capacity == 0) checked.shard_capacity = 1;
+    detail::agree<backend>(world, layout, o, detail::option_problem(checked), "ensemble_pipeline");
     return world.dup("ensemble_pipeline feed");
   }
 
@@ -178,7 +237,9 @@ class ensemble_pipeline {
   communicator member_comm_;
   communicator feed_world_;  // before feed_: the feed's communicators are split from it
   feed_options feed_options_;
-  std::optional<Feed> feed_;  // made by run(), which has the loader
+  std::optional<Feed> feed_;  // made by run(loader, ...)
+  std::optional<typed_feed<Feed>> typed_;  // made by run(dataset, ...)
+  std::function<void(bool wait)> rounds_;  // on_round's collection
   Collect collect_;
   std::optional<Sync> sync_;
   bool ran_ = false;
@@ -206,14 +267,40 @@ void ensemble_pipeline<Feed, Sync, Collect>::run(loader load, Train&& train, Agg
   check(static_cast<bool>(load), "ensemble_pipeline", "run() needs a loader");
   ran_ = true;
   feed_.emplace(feed_world_, layout_, std::move(load), feed_options_);
+  run_roles(train, aggregate);
+}
+
+template <class Feed, class Sync, class Collect>
+template <class Train, class Aggregate>
+void ensemble_pipeline<Feed, Sync, Collect>::run(dataset data, Train&& train, Aggregate&& aggregate) {
+  check(!ran_, "ensemble_pipeline", "run() runs once per pipeline (a feed's stream is consumed once)");
+  ran_ = true;
+  typed_.emplace(feed_world_, layout_, std::move(data), feed_options_);
+  if (rounds_ && collect_.is_aggregator()) typed_->between_steps([this] { rounds_(false); });
+  run_roles(train, aggregate);
+}
+
+// Producers produce, trainers train and then close their collect (the end round); the
+// aggregator collects on_round's rounds to the end, runs aggregate(ctx), and expects the end round.
+template <class Feed, class Sync, class Collect>
+template <class Train, class Aggregate>
+void ensemble_pipeline<Feed, Sync, Collect>::run_roles(Train& train, Aggregate& aggregate) {
   context ctx(*this);
   if (role_.kind == role::producer) {
-    feed_->produce();
+    if (typed_) {
+      typed_->produce();
+    } else {
+      feed_->produce();
+    }
   } else {
     train(ctx);
+    if (!collect_.closed()) collect_.close();
     collect_.flush();
   }
-  if (collect_.is_aggregator()) aggregate(ctx);
+  if (!collect_.is_aggregator()) return;
+  if (rounds_) rounds_(true);
+  aggregate(ctx);
+  collect_.finish();
 }
 
 }  // namespace flexcomm
