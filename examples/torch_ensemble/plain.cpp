@@ -1,9 +1,9 @@
-// An ensemble of small CNNs on Fashion-MNIST in plain libtorch, shaped like PyTorch's C++ MNIST
-// example: each member is trained in turn, on batches it decodes and augments itself, and the
-// members' test-set probabilities are averaged into the ensemble's. ensemble.cpp is the same
-// trainer ported to flexcomm; docs/porting.md shows the diff.
+// An ensemble of small CNNs on Fashion-MNIST in libtorch, shaped like PyTorch's C++ MNIST example:
+// every member trains on every batch, and the members' test-set probabilities are averaged into
+// the ensemble's. plain.cpp trains the members one after another; ensemble.cpp is the same trainer
+// ported to flexcomm, its members training at once (docs/porting.md shows the diff).
 //
-//   build/examples/torch_ensemble_plain --members 3 --epochs 1
+//   build/examples/torch_ensemble_plain --epochs 1
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
@@ -60,13 +60,7 @@ struct Settings {
 std::uint64_t seed_of(int member) { return 1000 + 7919 * static_cast<std::uint64_t>(member); }
 double learning_rate_of(int member) { return 1e-3 * (1.0 + 0.25 * (member % 3)); }
 
-// The training set, read on first use and kept deflated in blocks, as a record file would be.
-const fm::packed_dataset& training_set(const Settings& s) {
-  static const fm::packed_dataset data(fm::load(fm::split::train, fm::default_dir(), s.train_images));
-  return data;
-}
-
-// Random crop (pad 1), flip and a mild elastic distortion: the costly part of each step.
+// Random crop (pad 1), flip and a mild elastic distortion: the costly part of loading.
 fm::augment_options augmentation() {
   fm::augment_options a;
   a.pad = 1;
@@ -75,15 +69,22 @@ fm::augment_options augmentation() {
   return a;
 }
 
-// Samples as fashion_mnist.hpp packs them (pixels, then the label) seen as an image batch and
-// its targets, without a copy: the tensors are views of `samples`.
-std::pair<torch::Tensor, torch::Tensor> as_tensors(const fm::sample* samples, std::int64_t n) {
-  auto* first = const_cast<fm::sample*>(samples);
-  const std::int64_t stride = fm::sample_bytes / sizeof(float);
-  auto images = torch::from_blob(first->pixel, {n, 1, fm::rows, fm::cols}, {stride, fm::pixels, fm::cols, 1});
-  auto labels = torch::from_blob(&first->label, {n}, {stride}, torch::kInt32);
-  return {images, labels.to(torch::kInt64)};
-}
+// Fashion-MNIST's training images as a torch::data dataset: image `index` normalized and
+// augmented, its augmentation drawn from the index, so it is the same wherever it is loaded.
+class FashionMNIST : public torch::data::datasets::Dataset<FashionMNIST> {
+ public:
+  explicit FashionMNIST(std::size_t limit) : data_(fm::load(fm::split::train, fm::default_dir(), limit)) {}
+
+  torch::data::Example<> get(std::size_t index) override {
+    auto image = torch::empty({1, fm::rows, fm::cols});
+    fm::augment(data_.image(index), image.data_ptr<float>(), fm::seed_of(0, index), augmentation());
+    return {image, torch::tensor(static_cast<std::int64_t>(data_.labels[index]))};
+  }
+  torch::optional<std::size_t> size() const override { return data_.count; }
+
+ private:
+  fm::dataset data_;
+};
 
 struct TestSet {
   torch::Tensor images, labels;
@@ -91,33 +92,36 @@ struct TestSet {
 
 TestSet test_set() {
   const auto raw = fm::load(fm::split::test);
-  std::vector<fm::sample> samples(raw.count);
-  for (std::size_t i = 0; i < raw.count; ++i) {
-    fm::augment(raw.image(i), samples[i].pixel, 0, fm::augment_options{0, false, 0.0f});  // normalize only
-    samples[i].label = raw.labels[i];
+  const auto count = static_cast<std::int64_t>(raw.count);
+  TestSet test{torch::empty({count, 1, fm::rows, fm::cols}), torch::empty({count}, torch::kInt64)};
+  for (std::int64_t i = 0; i < count; ++i) {
+    const fm::augment_options normalize_only{0, false, 0.0f};
+    fm::augment(raw.image(i), test.images[i].data_ptr<float>(), 0, normalize_only);
+    test.labels[i] = static_cast<std::int64_t>(raw.labels[i]);
   }
-  auto [images, labels] = as_tensors(samples.data(), static_cast<std::int64_t>(raw.count));
-  return {images.contiguous(), labels};
+  return test;
 }
 
-// Trains member `member` and returns its class probabilities on `test_images`.
-torch::Tensor train_member(int member, const Settings& s, const torch::Tensor& test_images) {
+// Trains member `member` on every batch and returns its class probabilities on `test_images`.
+torch::Tensor train_member(int member, FashionMNIST& train_set, const Settings& s, const torch::Tensor& test_images) {
   torch::manual_seed(seed_of(member));
   Net model;
   torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(learning_rate_of(member)));
-  const std::int64_t steps = s.epochs * (static_cast<std::int64_t>(training_set(s).count()) / s.batch_size);
-  std::vector<fm::sample> samples(static_cast<std::size_t>(s.batch_size));
+  auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+      train_set.map(torch::data::transforms::Stack<>()), s.batch_size);
   model.train();
-  for (std::int64_t step = 0; step < steps; ++step) {
-    fm::make_samples(training_set(s), step, samples.size(), 0, samples.size(), samples.data(), augmentation());
-    auto [data, target] = as_tensors(samples.data(), s.batch_size);
-    optimizer.zero_grad();
-    auto loss = torch::nll_loss(model.forward(data), target);
-    loss.backward();
-    optimizer.step();
-    if ((step + 1) % 200 == 0)
-      std::printf("member %d step %lld/%lld loss %.4f\n", member, static_cast<long long>(step + 1),
-                  static_cast<long long>(steps), loss.item<double>());
+  for (int epoch = 1; epoch <= s.epochs; ++epoch) {
+    std::int64_t step = 0;
+    for (auto& batch : *loader) {
+      auto data = batch.data, target = batch.target;
+      optimizer.zero_grad();
+      auto loss = torch::nll_loss(model.forward(data), target);
+      loss.backward();
+      optimizer.step();
+      if (++step % 200 == 0)
+        std::printf("member %d epoch %d step %lld loss %.4f\n", member, epoch, static_cast<long long>(step),
+                    loss.item<double>());
+    }
   }
   model.eval();
   torch::NoGradGuard no_grad;
@@ -131,13 +135,14 @@ void report(const std::vector<torch::Tensor>& members, const torch::Tensor& labe
     const auto p = members[m].contiguous();
     std::uint64_t hash = 14695981039346656037ull;
     const auto* bytes = static_cast<const unsigned char*>(p.data_ptr());
-    for (std::size_t i = 0; i < static_cast<std::size_t>(p.numel()) * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(p.nbytes()); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
     std::printf("member %zu: test accuracy %.2f%%, predictions %016llx\n", m,
                 100 * p.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>(),
                 static_cast<unsigned long long>(hash));
   }
   const auto ensemble = torch::stack(members).mean(0);
-  std::printf("ensemble: test accuracy %.2f%%\n", 100 * ensemble.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>());
+  const double accuracy = ensemble.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
+  std::printf("ensemble: test accuracy %.2f%%\n", 100 * accuracy);
 }
 
 int main(int argc, char** argv) {
@@ -152,8 +157,10 @@ int main(int argc, char** argv) {
   po::store(po::parse_command_line(argc, argv, flags), vm);
   po::notify(vm);
 
+  FashionMNIST train_set(s.train_images);
   const auto test = test_set();
   std::vector<torch::Tensor> members;
-  for (int member = 0; member < s.members; ++member) members.push_back(train_member(member, s, test.images));
+  for (int member = 0; member < s.members; ++member)
+    members.push_back(train_member(member, train_set, s, test.images));
   report(members, test.labels);
 }

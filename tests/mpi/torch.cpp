@@ -125,11 +125,13 @@ using syncs = boost::mpl::list<fc::subgroup_allreduce<mpi>, fc::overlapped_ring<
 BOOST_GLOBAL_FIXTURE(fixture_init);
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_hooked_during_backward_are_the_member_mean, Sync, syncs) {
-  for (bool early : {false, true}) BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::during_backward, early, 1, false)));
+  for (bool early : {false, true})
+    BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::during_backward, early, 1, false)));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_handed_after_backward_are_the_member_mean, Sync, syncs) {
-  for (bool early : {false, true}) BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::after_backward, early, 1, false)));
+  for (bool early : {false, true})
+    BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::after_backward, early, 1, false)));
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(an_unused_parameter_is_handed_over_all_the_same, Sync, syncs) {
@@ -187,7 +189,8 @@ BOOST_AUTO_TEST_CASE(tensors_the_sync_cannot_read_are_refused) {
   const auto strided = torch::zeros({4, 4}).t();
   BOOST_TEST(contains(error_of([&] { fi::ready(sync, 0, strided); }), "not contiguous"));
   BOOST_TEST(contains(error_of([&] { fi::ready(sync, 0, torch::zeros({3}, torch::kBool)); }), "not supported"));
-  BOOST_TEST(contains(error_of([&] { fi::elements<float>(torch::zeros({3}, torch::kFloat64), "t"); }), "expected Float"));
+  const auto doubles = torch::zeros({3}, torch::kFloat64);
+  BOOST_TEST(contains(error_of([&] { fi::elements<float>(doubles, "t"); }), "expected Float"));
   BOOST_TEST(contains(error_of([&] { fi::ready(sync, 0, torch::Tensor()); }), "undefined"));
   sync.finish();  // nothing was handed over: an empty step
 }
@@ -209,7 +212,8 @@ BOOST_AUTO_TEST_CASE(tensors_are_gathered_and_reduced_per_member) {
     ok = members.size() == sizes.size();
     const auto whole = torch::arange(0, 7, torch::kFloat32).unsqueeze(1).expand({7, 3});
     for (std::size_t m = 0; ok && m < members.size(); ++m)
-      ok = members[m].sizes() == torch::IntArrayRef({7, 3}) && torch::equal(members[m], whole + 100 * static_cast<double>(m));
+      ok = members[m].sizes() == torch::IntArrayRef({7, 3}) &&
+           torch::equal(members[m], whole + 100 * static_cast<double>(m));
     const auto mean = fi::reduce<float>(collect, fc::op::avg, {3});
     ok = ok && torch::allclose(mean, whole + (n == 1 ? 0.0 : 50.0));
   }
@@ -230,4 +234,72 @@ BOOST_AUTO_TEST_CASE(evaluation_slices_cover_the_set_in_rank_order) {
     }
   BOOST_TEST(contains(error_of([] { fi::evaluation_slice(10, 3, 3); }), "rank 3 of 3"));
   BOOST_TEST(contains(error_of([] { fi::evaluation_slice(-1, 0, 1); }), "-1 samples"));
+}
+
+namespace {
+// Sample i is a 2x3 tensor of i, its target 10 i.
+struct counting : torch::data::datasets::Dataset<counting> {
+  torch::data::Example<> get(std::size_t i) override {
+    return {torch::full({2, 3}, static_cast<float>(i)), torch::tensor(static_cast<std::int64_t>(10 * i))};
+  }
+  torch::optional<std::size_t> size() const override { return 11; }
+};
+}  // namespace
+
+// A torch::data dataset through a typed feed: every sample once per epoch, in order, each
+// trainer's share of the batch as tensor views of the feed's memory.
+BOOST_AUTO_TEST_CASE(a_torch_dataset_arrives_as_tensor_batches) {
+  const int n = world().size();
+  std::vector<int> sizes = n == 1 ? std::vector<int>{1} : std::vector<int>{(n + 1) / 2, n / 2};
+  const fc::ensemble_layout layout(0, sizes, 0);
+  counting data;
+  fc::typed_feed<fc::local_feed> feed(world(), layout, fi::dataset_of(data, 4, 2));
+  const auto role = layout.role_of(world().rank());
+  // What this trainer must see, per step: its slice of positions of each batch of 4 (3 steps per epoch).
+  bool ok = true;
+  std::int64_t steps = 0, seen = 0;
+  while (auto batch = feed.next()) {
+    const auto x = fi::samples(*batch);
+    const auto y = fi::labels(*batch);
+    const auto step_in_epoch = batch->step_in_epoch();
+    ok = ok && x.dim() == 3 && x.size(0) == batch->samples() && x.size(1) == 2 && x.size(2) == 3 &&
+         y.dim() == 1 && y.size(0) == batch->samples() && batch->epoch() == steps / 3;
+    for (std::int64_t j = 0; ok && j < batch->samples(); ++j) {
+      const std::int64_t index = 4 * step_in_epoch + batch->first_sample() + j;
+      ok = torch::equal(x[j], torch::full({2, 3}, static_cast<float>(index))) &&
+           y[j].item<std::int64_t>() == 10 * index &&
+           x.data_ptr<float>() == batch->as<float>().data();  // a view, not a copy
+    }
+    ok = ok && contains(error_of([&] { fi::samples<double>(*batch); }), "asked for");
+    seen += batch->samples();
+    ++steps;
+  }
+  // Over its member, this trainer's share of 2 epochs of 11 samples.
+  std::int64_t member_seen = seen;
+  auto comm = world().split(role.member, role.rank_in_member, "member");
+  fc::mpi::iallreduce(comm, fc::span<std::int64_t>(&member_seen, 1), fc::op::sum).wait();
+  BOOST_TEST(all_ranks(ok && steps == 6 && member_seen == 22));
+}
+
+// fi::epoch: one epoch per range-for, as a DataLoader gives it; the next epoch's first batch is
+// left in the feed, and a range after the last epoch is empty.
+BOOST_AUTO_TEST_CASE(an_epoch_range_stops_at_the_end_of_each_epoch) {
+  const int n = world().size();
+  const fc::ensemble_layout layout(0, {n}, 0);
+  counting data;
+  fc::typed_feed<fc::local_feed> feed(world(), layout, fi::dataset_of(data, 4, 2));
+  bool ok = true;
+  for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
+    std::int64_t steps = 0, samples = 0, first = -1;
+    for (auto& batch : fi::epoch(feed)) {
+      if (batch.data.size(0) > 0 && first < 0) first = batch.target[0].item<std::int64_t>();
+      ok = ok && batch.data.size(0) == batch.target.size(0) && batch.target.scalar_type() == torch::kInt64;
+      samples += batch.data.size(0);
+      ++steps;
+    }
+    fc::mpi::iallreduce(world(), fc::span<std::int64_t>(&samples, 1), fc::op::sum).wait();
+    ok = ok && steps == (epoch < 2 ? 3 : 0) && samples == (epoch < 2 ? 11 : 0);
+    if (world().rank() == 0 && epoch < 2) ok = ok && first == 0;  // each epoch starts at sample 0
+  }
+  BOOST_TEST(all_ranks(ok));
 }

@@ -1,6 +1,7 @@
 // libtorch interop: a libtorch trainer hands its tensors to flexcomm's adapters without data_ptr/numel
-// arithmetic: gradients to a Sync (one tensor, or every parameter of a module at once), predictions
-// to a Collect, and a rank's slice of an evaluation set. Opt-in (not in flexcomm.hpp): including it
+// arithmetic: a torch::data dataset to a typed feed, its batches back as tensors (views, no copy),
+// gradients to a Sync (one tensor, or every parameter of a module at once), predictions to a
+// Collect, and a rank's slice of an evaluation set. Opt-in (not in flexcomm.hpp): including it
 // costs a libtorch compile, and it needs libtorch (Debian's libtorch-dev) on the include path.
 //
 //   fc::interop::gradient_sync grads(ctx.sync(), model);   // hooks every parameter
@@ -14,6 +15,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,7 +25,9 @@
 #include "../core/error.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
+#include "../patterns/dataset.hpp"
 #include "../patterns/many_to_one.hpp"
+#include "../patterns/typed_batch.hpp"
 
 namespace flexcomm::interop {
 
@@ -34,6 +39,70 @@ span<T> elements(const torch::Tensor& t, const std::string& what);
 // Calls f(T{}) with the element type of `t` (float, double, int32, int64, uint8).
 template <class F>
 decltype(auto) visit_scalar_type(const torch::Tensor& t, const std::string& what, F&& f);
+
+// A typed batch's samples and labels as tensors of shape {samples, ...field shape} that view the
+// feed's memory: no copy, and, like the batch, valid until the feed's next next() (clone() to keep).
+// T is the field's element type (an error otherwise); int64 labels are what nll_loss takes.
+template <class T = float>
+torch::Tensor samples(const typed_batch& batch);
+template <class T = std::int64_t>
+torch::Tensor labels(const typed_batch& batch);
+
+// The dataset a typed feed needs, from a torch::data dataset whose get(i) returns an Example of
+// data and target tensors (every sample of one shape and type, read from get(0) on every rank).
+// The feed calls get(i) on the ranks that load and copies the tensors into its batch: `data`
+// must outlive the run, and give the same sample for i wherever it runs. In index order, the
+// short last batch delivered, as torch::data's SequentialSampler does.
+template <class Dataset>
+dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs = 1);
+
+// One epoch of a typed feed's batches as torch::data's DataLoader gives them, so that a libtorch
+// loop keeps its shape: for (auto& batch : fi::epoch(ctx.batches())) { batch.data; batch.target; }
+// Each batch is an Example of samples<float>() and labels<std::int64_t>() (views, valid until
+// the loop moves on); the loop ends after the epoch's last step, or with the stream.
+template <class TypedFeed>
+class epoch {
+ public:
+  explicit epoch(TypedFeed& feed) : feed_(feed) {}
+
+  class iterator {
+   public:
+    iterator() = default;
+    explicit iterator(TypedFeed* feed) : feed_(feed) { advance(); }
+    torch::data::Example<>& operator*() noexcept { return example_; }
+    torch::data::Example<>* operator->() noexcept { return &example_; }
+    iterator& operator++() {
+      if (batch_ && batch_->last_in_epoch()) {
+        batch_.reset();  // the next epoch's first batch stays in the feed
+        feed_ = nullptr;
+      } else {
+        advance();
+      }
+      return *this;
+    }
+    bool operator==(const iterator& other) const noexcept { return feed_ == other.feed_; }
+    bool operator!=(const iterator& other) const noexcept { return feed_ != other.feed_; }
+
+   private:
+    void advance() {
+      batch_ = feed_->next();
+      if (!batch_) {
+        feed_ = nullptr;
+        return;
+      }
+      example_ = {samples<float>(*batch_), labels<std::int64_t>(*batch_)};
+    }
+    TypedFeed* feed_ = nullptr;
+    std::optional<typed_batch> batch_;
+    torch::data::Example<> example_;
+  };
+
+  iterator begin() { return iterator(&feed_); }
+  iterator end() { return iterator(); }
+
+ private:
+  TypedFeed& feed_;
+};
 
 // sync.ready(index, grad) for a tensor: the average lands in `grad` itself by sync.finish(), so
 // the tensor must stay alive, and not be reallocated, until then.
@@ -131,6 +200,13 @@ slice evaluation_slice(std::int64_t size, const Context& ctx) {
   return evaluation_slice(size, ctx.rank_in_member(), ctx.member_size());
 }
 
+// The trainer's part of an evaluation set held as one tensor (samples along dimension 0): a view.
+template <class Context>
+torch::Tensor evaluation_slice(const torch::Tensor& set, const Context& ctx) {
+  const slice part = evaluation_slice(set.size(0), ctx);
+  return set.slice(0, part.begin, part.end);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
@@ -163,12 +239,74 @@ torch::Tensor copied(span<const T> values, const std::vector<std::int64_t>& shap
   std::copy(values.begin(), values.end(), static_cast<T*>(t.data_ptr()));
   return t;
 }
+
+// A tensor over a typed batch's memory, no copy.
+template <class T>
+torch::Tensor view_of(const tensor_view<T>& v) {
+  return torch::from_blob(v.data(), v.shape(), torch::dtype(scalar_type_of<T>::value));
+}
+
+inline dtype dtype_of_tensor(const torch::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case torch::kFloat32: return dtype::f32;
+    case torch::kFloat64: return dtype::f64;
+    case torch::kInt32: return dtype::i32;
+    case torch::kInt64: return dtype::i64;
+    case torch::kUInt8: return dtype::u8;
+    default:
+      fail(what, cat("tensors of ", c10::toString(t.scalar_type()),
+                     " are not supported (float32, float64, int32, int64, uint8)"));
+  }
+}
+
+// The field a tensor fills, and its bytes copied into a slot of that field.
+inline field field_of(const torch::Tensor& t, const char* what) {
+  return {dtype_of_tensor(t, what), t.sizes().vec()};
+}
+inline void copy_into(span<std::byte> out, const torch::Tensor& t, const field& f, std::int64_t index) {
+  check(t.defined() && t.device().is_cpu() && dtype_of_tensor(t, "interop::dataset_of") == f.type &&
+            t.sizes().vec() == f.shape,
+        "interop::dataset_of",
+        cat("sample ", index, " is not a CPU tensor of ", f.str(), " like sample 0 (one shape and type for all)"));
+  const torch::Tensor dense = t.contiguous();
+  std::memcpy(out.data(), dense.data_ptr(), f.bytes());
+}
 }  // namespace detail
+
+template <class T>
+torch::Tensor samples(const typed_batch& batch) {
+  return detail::view_of(batch.as<T>());
+}
+
+template <class T>
+torch::Tensor labels(const typed_batch& batch) {
+  return detail::view_of(batch.labels<T>());
+}
+
+template <class Dataset>
+dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs) {
+  const auto size = data.size();
+  check(size.has_value() && *size > 0, "interop::dataset_of", "the dataset has no size, or none to train on");
+  const auto first = data.get(0);
+  dataset d;
+  d.size = static_cast<std::int64_t>(*size);
+  d.batch = batch;
+  d.epochs = epochs;
+  d.sample = detail::field_of(first.data, "interop::dataset_of: data");
+  d.label = detail::field_of(first.target, "interop::dataset_of: target");
+  d.load_sample = [&data, sample = d.sample, label = *d.label](std::int64_t i, const sample_slot& out) {
+    auto example = data.get(static_cast<std::size_t>(i));
+    detail::copy_into(out.sample_bytes(), example.data, sample, i);
+    detail::copy_into(out.label_bytes(), example.target, label, i);
+  };
+  return d;
+}
 
 template <class T>
 span<T> elements(const torch::Tensor& t, const std::string& what) {
   check(t.defined(), what, "the tensor is undefined (a gradient before any backward?)");
-  check(t.device().is_cpu(), what, cat("the tensor is on ", t.device().str(), "; flexcomm's torch interop takes CPU tensors"));
+  check(t.device().is_cpu(), what,
+        cat("the tensor is on ", t.device().str(), "; flexcomm's torch interop takes CPU tensors"));
   check(t.scalar_type() == detail::scalar_type_of<std::remove_const_t<T>>::value, what,
         cat("the tensor holds ", c10::toString(t.scalar_type()), ", expected ",
             c10::toString(detail::scalar_type_of<std::remove_const_t<T>>::value)));
@@ -201,7 +339,7 @@ gradient_sync<Sync>::gradient_sync(Sync& sync, torch::nn::Module& module, handov
   staging_.resize(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     check(params_[i].device().is_cpu(), "interop::gradient_sync",
-          cat("parameter ", i, " is on ", params_[i].device().str(), "; flexcomm's torch interop takes CPU tensors"));
+          cat("parameter ", i, " is on ", params_[i].device().str(), "; the torch interop takes CPU tensors"));
     staging_[i] = torch::empty_like(params_[i], torch::MemoryFormat::Contiguous);
     hooks_.push_back(params_[i].register_hook([this, i](const torch::Tensor& g) { stage(i, g); }));
   }
