@@ -4,8 +4,8 @@
 // ported to flexcomm, its members training at once (docs/porting.md shows the diff).
 //
 //   mpiexec -n 5 build/examples/torch_ensemble --preset single_broadcast --epochs 1
+#include <flexcomm/flexcomm.hpp>
 #include <flexcomm/interop/torch.hpp>
-#include <flexcomm/pipeline/presets.hpp>
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
@@ -119,7 +119,7 @@ torch::Tensor train_member(int member, Context& ctx, const Settings& s, const to
     for (auto& batch : fi::epoch(ctx.batches())) {
       auto data = batch.data, target = batch.target;
       optimizer.zero_grad();
-      auto loss = torch::nll_loss(model.forward(data), target);
+      torch::Tensor loss = torch::nll_loss(model.forward(data), target);
       loss.backward();
       grads.finish();
       optimizer.step();

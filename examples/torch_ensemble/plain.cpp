@@ -115,7 +115,7 @@ torch::Tensor train_member(int member, FashionMNIST& train_set, const Settings& 
     for (auto& batch : *loader) {
       auto data = batch.data, target = batch.target;
       optimizer.zero_grad();
-      auto loss = torch::nll_loss(model.forward(data), target);
+      torch::Tensor loss = torch::nll_loss(model.forward(data), target);
       loss.backward();
       optimizer.step();
       if (++step % 200 == 0)
