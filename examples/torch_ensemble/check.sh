@@ -6,12 +6,14 @@
 set -uo pipefail
 mpiexec=$1 example=$2
 shift 2
+# Each preset takes the producers it needs from this layout (layout_for): the rank counts below.
+export FLEXCOMM_LAYOUT="producers=1 members=2,1,1 aggregator=1"
 declare -A ranks=([baseline]=4 [single_broadcast]=5 [multi_broadcast]=6 [all_shared]=4)
 reference="" status=0
 for preset in baseline single_broadcast multi_broadcast all_shared; do
   start=$(date +%s%N)
   out=$("$mpiexec" -n "${ranks[$preset]}" "$example" --preset "$preset" \
-        --layout "producers=1 members=2,1,1 aggregator=1" "$@" 2>&1) || { echo "$out"; echo "$preset: failed"; exit 1; }
+        "$@" 2>&1) || { echo "$out"; echo "$preset: failed"; exit 1; }
   echo "$out" | grep -E '^(member [0-9]+:|ensemble:)' | sed "s/^/$preset: /"
   echo "$preset: $(( ($(date +%s%N) - start) / 1000000 )) ms"
   members=$(echo "$out" | grep -E '^member [0-9]+:')

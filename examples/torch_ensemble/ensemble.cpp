@@ -3,7 +3,10 @@
 // the ensemble's. plain.cpp trains the members one after another; ensemble.cpp is the same trainer
 // ported to flexcomm, its members training at once (docs/porting.md shows the diff).
 //
+//   build/examples/torch_ensemble_plain --epochs 1
 //   mpiexec -n 5 build/examples/torch_ensemble --preset single_broadcast --epochs 1
+//   (layout from FLEXCOMM_LAYOUT, by default "producers=1 members=2,1,1 aggregator=1"; the baseline
+//   and all_shared drop its producer: 4 ranks; multi_broadcast takes 2: 6 ranks)
 #include <flexcomm/flexcomm.hpp>
 #include <flexcomm/interop/torch.hpp>
 #include <torch/torch.h>
@@ -54,7 +57,7 @@ struct Net : torch::nn::Module {
 };
 
 struct Settings {
-  std::string layout, preset;
+  std::string preset;
   int epochs = 1;
   std::int64_t batch_size = 64;
   std::size_t train_images = 0;  // 0: all 60000
@@ -155,8 +158,7 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   Settings s;
   po::options_description flags("an ensemble of CNNs on Fashion-MNIST");
-  flags.add_options()("layout", po::value(&s.layout)->default_value("producers=1 members=2,1,1 aggregator=1"))(
-      "preset", po::value(&s.preset)->default_value("single_broadcast"), "baseline, single_broadcast, ...")(
+  flags.add_options()("preset", po::value(&s.preset)->default_value("single_broadcast"), "pipeline preset")(
       "epochs", po::value(&s.epochs)->default_value(1), "epochs")(
       "batch-size", po::value(&s.batch_size)->default_value(64), "images per step")(
       "train-images", po::value(&s.train_images)->default_value(0), "use the first N training images (0: all)");
@@ -168,7 +170,7 @@ int main(int argc, char** argv) {
   const auto test = test_set();
   fc::presets::visit(s.preset, "allreduce", [&](auto preset) {
     using Preset = decltype(preset);
-    const auto layout = Preset::layout_for(fc::ensemble_layout::parse(s.layout));
+    const auto layout = Preset::layout_for(fc::ensemble_layout::from_env("producers=1 members=2,1,1 aggregator=1"));
     typename Preset::pipeline pipe(env.world(), layout, Preset::configure({}));
     pipe.run(fi::dataset_of(train_set, s.batch_size, s.epochs), [&](auto& ctx) {
       fi::submit(ctx.collect(), train_member(ctx.member(), ctx, s, fi::evaluation_slice(test.images, ctx)));

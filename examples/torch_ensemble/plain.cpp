@@ -4,6 +4,9 @@
 // ported to flexcomm, its members training at once (docs/porting.md shows the diff).
 //
 //   build/examples/torch_ensemble_plain --epochs 1
+//   mpiexec -n 5 build/examples/torch_ensemble --preset single_broadcast --epochs 1
+//   (layout from FLEXCOMM_LAYOUT, by default "producers=1 members=2,1,1 aggregator=1"; the baseline
+//   and all_shared drop its producer: 4 ranks; multi_broadcast takes 2: 6 ranks)
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
