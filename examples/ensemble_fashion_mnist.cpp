@@ -1,6 +1,8 @@
 // An ensemble of small MLPs trained on Fashion-MNIST through an ensemble_pipeline: members differ
-// in seed and hyper-parameters, each is data-parallel over its ranks, and their test-set class
-// probabilities go many_to_one to the aggregator, which scores every member and the ensemble.
+// in seed and hyper-parameters, each is data-parallel over its ranks. The typed feed gives each
+// trainer its samples as tensors (any batch size over any layout, the short last batch
+// included) and says where epochs end; there every member sends its test-set class probabilities
+// many_to_one to the aggregator, which scores every member and the ensemble as epochs finish.
 // The same run repeats with the baseline preset and prints the CPU time of both.
 //
 //   mpiexec -n 7 build/examples/ensemble_fashion_mnist --layout "producers=1 members=2,2,1,1 aggregator=1"
@@ -33,9 +35,8 @@ namespace {
 
 using matrix = Eigen::MatrixXf;
 using vector = Eigen::VectorXf;
-// A run of samples as they come from the feed: a column of pixels per sample, the label after.
-using sample_pixels = Eigen::Map<const matrix, 0, Eigen::OuterStride<>>;
-constexpr int sample_stride = static_cast<int>(fm::sample_bytes / sizeof(float));
+// A run of samples as the typed feed hands them over: a column of pixels per sample.
+using sample_pixels = Eigen::Map<const matrix>;
 
 struct settings {
   std::string layout, preset, sync;
@@ -93,16 +94,25 @@ class mlp {
   // Forward and backward over the local samples; hands each gradient to `ready` as soon as
   // backprop has it (output layer first). Returns the mean loss.
   template <class Ready>
-  float forward_backward(const sample_pixels& x, const std::vector<int>& labels, Ready&& ready) {
+  float forward_backward(const sample_pixels& x, const std::int32_t* labels, Ready&& ready) {
     const auto n = x.cols();
+    if (n == 0) {  // a short last batch left this rank no sample: it still takes part in the step
+      for (auto* g : {&g_w1_, &g_w2_}) g->setZero();
+      for (auto* g : {&g_b1_, &g_b2_}) g->setZero();
+      ready(0, fc::span<float>(g_w2_.data(), static_cast<std::size_t>(g_w2_.size())));
+      ready(1, fc::span<float>(g_b2_.data(), static_cast<std::size_t>(g_b2_.size())));
+      ready(2, fc::span<float>(g_w1_.data(), static_cast<std::size_t>(g_w1_.size())));
+      ready(3, fc::span<float>(g_b1_.data(), static_cast<std::size_t>(g_b1_.size())));
+      return 0.0f;
+    }
     std::optional<fc::trace::span> phase(std::in_place, fc::trace::names::forward);
     matrix h = ((w1_ * x).colwise() + b1_).cwiseMax(0.0f);
     matrix p = softmax((w2_ * h).colwise() + b2_);
     phase.emplace(fc::trace::names::backward);
     float loss = 0.0f;
     for (Eigen::Index j = 0; j < n; ++j) {
-      loss -= std::log(std::max(p(labels[static_cast<std::size_t>(j)], j), 1e-12f));
-      p(labels[static_cast<std::size_t>(j)], j) -= 1.0f;  // now dLoss/dlogits * n
+      loss -= std::log(std::max(p(labels[j], j), 1e-12f));
+      p(labels[j], j) -= 1.0f;  // now dLoss/dlogits * n
     }
     p /= static_cast<float>(n);
     g_w2_.noalias() = p * h.transpose();
@@ -164,7 +174,7 @@ struct outcome {
 struct data_sets {
   std::optional<fm::packed_dataset> train;  // on ranks that preprocess
   fm::dataset test;                          // on trainers and the aggregator
-  std::vector<float> test_pixels;            // normalized, a sample_stride column per image
+  std::vector<float> test_pixels;            // normalized, a column of fm::pixels per image
 };
 
 // Random crop (pad 1), horizontal flip and a mild elastic distortion (--elastic-alpha pixels);
@@ -178,125 +188,137 @@ fm::augment_options augmentation_of(const settings& s) {
   return a;
 }
 
-std::size_t steps_per_epoch(const settings& s, std::size_t train_count) { return train_count / s.batch; }
-
 // One run of the ensemble under preset P, over `comm` laid out as `layout`.
 template <class P>
 outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout& layout, const settings& s,
                    data_sets& data, std::size_t train_count) {
   using pipeline_type = typename P::pipeline;
   P::check_layout(layout, P::name);
-  const int shards = layout.shards_per_step();
-  fc::check(s.batch % static_cast<std::size_t>(shards) == 0, "ensemble_fashion_mnist",
-            fc::cat("batch ", s.batch, " must divide into the layout's ", shards, " shards per step"));
-  const std::size_t per_shard = s.batch / static_cast<std::size_t>(shards);
-  const auto steps = static_cast<std::int64_t>(steps_per_epoch(s, train_count)) * s.epochs;
 
   typename pipeline_type::options options;
   options = P::configure(options);
-  options.feed.steps = steps;
-  options.feed.shard_capacity = per_shard * fm::sample_bytes;
   options.feed.depth = 3;
+
+  // The training set as the feed sees it: every rank knows its size and shapes; the ranks that
+  // preprocess (they hold data.train) load, a shard of a step at a time.
+  const auto augmentation = augmentation_of(s);
+  fc::dataset images;
+  images.size = static_cast<std::int64_t>(train_count);
+  images.batch = static_cast<std::int64_t>(s.batch);
+  images.epochs = s.epochs;
+  images.sample = fc::field::of<float>({fm::rows, fm::cols});
+  images.label = fc::field::of<std::int32_t>();
+  if (data.train)
+    images.load_batch = [&](const fc::batch_slot& out) {
+      fm::make_samples_at(*data.train, out.step(), static_cast<std::size_t>(out.position()), out.indices().data(),
+                          static_cast<std::size_t>(out.count()), out.samples<float>().data(),
+                          out.labels<std::int32_t>().data(), augmentation);
+    };
 
   barrier(comm);
   const double cpu_start = cpu_seconds();
   const auto wall_start = std::chrono::steady_clock::now();
   pipeline_type pipe(comm, layout, options);
-
-  const auto augmentation = augmentation_of(s);
   const bool slow = s.slow_ms > 0 && comm.world_rank_of(comm.rank()) == s.slow_rank;
-  auto loader = [&](std::int64_t step, int shard, fc::span<std::byte> out) -> std::size_t {
-    thread_local std::vector<fm::sample> samples;
-    samples.resize(per_shard);
-    const std::size_t bytes = fm::make_samples(*data.train, step, s.batch, static_cast<std::size_t>(shard) * per_shard,
-                                               per_shard, samples.data(), augmentation);
-    std::memcpy(out.data(), samples.data(), bytes);
-    return bytes;
+
+  // The aggregator scores each epoch's round as it arrives, while training goes on.
+  outcome result;
+  auto accuracy = [&](fc::span<const float> p) {
+    std::size_t right = 0;
+    for (std::size_t i = 0; i < data.test.count; ++i) {
+      const float* row = p.data() + i * fm::classes;
+      right += static_cast<std::size_t>(std::max_element(row, row + fm::classes) - row) == data.test.labels[i];
+    }
+    return static_cast<double>(right) / static_cast<double>(data.test.count);
   };
+  pipe.on_round([&](std::int64_t epoch, fc::gathered<float>& each) {
+    const bool last = epoch + 1 == s.epochs;
+    // Member lines come with the last epoch's scores, before its ensemble line.
+    std::vector<float> averaged(each.member(0).size(), 0.0f);
+    double best = 0;
+    std::string line;
+    for (int m = 0; m < layout.members(); ++m) {
+      const auto p = each.member(m);
+      for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i] += p[i] / static_cast<float>(layout.members());
+      const double a = accuracy(p);
+      best = std::max(best, a);
+      const auto c = config_of(m);
+      if (last)
+        std::printf("  member %d (%d ranks, hidden %3d, lr %.3f): test accuracy %.2f%%\n", m, layout.member_size(m),
+                    c.hidden, static_cast<double>(c.learning_rate), 100 * a);
+      char score[16];
+      std::snprintf(score, sizeof score, "%s%.2f%%", m ? " " : "", 100 * a);
+      line += score;
+    }
+    const double ensemble = accuracy(fc::span<const float>(averaged));
+    std::printf("  epoch %lld: members %s, ensemble %.2f%%\n", static_cast<long long>(epoch + 1), line.c_str(),
+                100 * ensemble);
+    if (last) {
+      result.ensemble_accuracy = ensemble;
+      std::printf("  ensemble (averaged probabilities): test accuracy %.2f%% (%+.2f points over the best member)\n",
+                  100 * ensemble, 100 * (ensemble - best));
+    }
+    std::fflush(stdout);
+  });
 
   auto train = [&](auto& ctx) {
     mlp model(config_of(ctx.member()));
     const bool report = ctx.is_aggregator();
-    std::vector<int> labels;
+    auto& feed = ctx.batches();
+    const std::int64_t steps = feed.plan().steps();
+    // At each epoch's end, each rank predicts its slice of the test set; the member's slices
+    // concatenate in rank order, and the round goes to the aggregator without waiting for it.
+    feed.on_epoch_end([&](std::int64_t) {
+      const auto total = static_cast<Eigen::Index>(data.test.count);
+      const auto from = total * ctx.rank_in_member() / ctx.member_size();
+      const auto to = total * (ctx.rank_in_member() + 1) / ctx.member_size();
+      const sample_pixels x(data.test_pixels.data() + from * fm::pixels, fm::pixels, to - from);
+      const matrix probabilities = model.predict(x);
+      ctx.collect().submit(fc::span<const float>(probabilities.data(), static_cast<std::size_t>(probabilities.size())));
+    });
     double loss_sum = 0;
     int loss_count = 0;
+    std::int64_t images_seen = 0;
     auto last = std::chrono::steady_clock::now();
-    std::int64_t last_step = 0;
-    while (auto batch = ctx.feed().next()) {
-      const auto bytes = batch->bytes();
-      const auto n = static_cast<Eigen::Index>(bytes.size() / fm::sample_bytes);
-      const auto* first = reinterpret_cast<const float*>(bytes.data());  // the feed aligns batches
-      labels.resize(static_cast<std::size_t>(n));
-      for (Eigen::Index j = 0; j < n; ++j)
-        std::memcpy(&labels[static_cast<std::size_t>(j)], first + j * sample_stride + fm::pixels, sizeof(int));
-      sample_pixels x(first, fm::pixels, n, Eigen::OuterStride<>(sample_stride));
+    for (const fc::typed_batch& batch : feed) {
+      const auto pixels = batch.as<float>();  // {samples, 28, 28}: a column of pixels per sample
+      const sample_pixels x(pixels.data(), fm::pixels, static_cast<Eigen::Index>(batch.samples()));
       if (slow) {  // --slow-rank: a rank that computes longer, as one on a slower node would
-        fc::trace::span delay("injected delay", batch->step());
+        fc::trace::span delay("injected delay", batch.step());
         std::this_thread::sleep_for(std::chrono::milliseconds(s.slow_ms));
       }
-      loss_sum += model.forward_backward(x, labels, [&](int i, fc::span<float> g) { ctx.sync().ready(i, g); });
+      const float loss = model.forward_backward(x, batch.labels<std::int32_t>().data(),
+                                                [&](int i, fc::span<float> g) { ctx.sync().ready(i, g); });
       ctx.sync().finish();
       {
-        fc::trace::span update(fc::trace::names::update, batch->step());
+        fc::trace::span update(fc::trace::names::update, batch.step());
         model.step();
       }
-      ++loss_count;
-      const std::int64_t step = batch->step() + 1;
+      if (batch.samples() > 0) {
+        loss_sum += loss;
+        ++loss_count;
+      }
+      images_seen += batch.batch_samples();
+      const std::int64_t step = batch.step() + 1;
       if (report && (step % s.progress_every == 0 || step == steps)) {
         const auto now = std::chrono::steady_clock::now();
         const double seconds = std::chrono::duration<double>(now - last).count();
         // Every member sees every step's batch: the ensemble trains on members x batch images.
-        const double images = static_cast<double>((step - last_step) * static_cast<std::int64_t>(s.batch) *
-                                                  ctx.members());
-        std::printf("  step %6lld/%lld  epoch %d  loss %.4f (member %d)  %8.0f images/s\n",
+        const double rate = static_cast<double>(images_seen * ctx.members()) / seconds;
+        std::printf("  step %6lld/%lld  epoch %lld  loss %.4f (member %d)  %8.0f images/s\n",
                     static_cast<long long>(step), static_cast<long long>(steps),
-                    static_cast<int>((step - 1) / static_cast<std::int64_t>(steps_per_epoch(s, train_count))) + 1,
-                    loss_sum / loss_count, ctx.member(), images / seconds);
+                    static_cast<long long>(batch.epoch() + 1), loss_count ? loss_sum / loss_count : 0.0,
+                    ctx.member(), rate);
         std::fflush(stdout);
         loss_sum = 0;
         loss_count = 0;
+        images_seen = 0;
         last = now;
-        last_step = step;
       }
     }
-    // Each rank predicts its slice of the test set; the member's slices concatenate in rank order.
-    const auto total = static_cast<Eigen::Index>(data.test.count);
-    const auto from = total * ctx.rank_in_member() / ctx.member_size();
-    const auto to = total * (ctx.rank_in_member() + 1) / ctx.member_size();
-    sample_pixels x(data.test_pixels.data() + from * sample_stride, fm::pixels, to - from,
-                    Eigen::OuterStride<>(sample_stride));
-    const matrix probabilities = model.predict(x);
-    const fc::span<const float> mine(probabilities.data(), static_cast<std::size_t>(probabilities.size()));
-    ctx.collect().submit(mine);  // round 1: gathered, to score each member
-    ctx.collect().submit(mine);  // round 2: averaged, the ensemble
   };
 
-  outcome result;
-  auto aggregate = [&](auto& ctx) {
-    auto accuracy = [&](fc::span<const float> p) {
-      std::size_t right = 0;
-      for (std::size_t i = 0; i < data.test.count; ++i) {
-        const float* row = p.data() + i * fm::classes;
-        right += static_cast<std::size_t>(std::max_element(row, row + fm::classes) - row) == data.test.labels[i];
-      }
-      return static_cast<double>(right) / static_cast<double>(data.test.count);
-    };
-    const auto each = ctx.collect().template gather<float>();
-    double best = 0;
-    for (int m = 0; m < ctx.members(); ++m) {
-      const auto c = config_of(m);
-      const double a = accuracy(each.member(m));
-      best = std::max(best, a);
-      std::printf("  member %d (%d ranks, hidden %3d, lr %.3f): test accuracy %.2f%%\n", m, ctx.layout().member_size(m),
-                  c.hidden, static_cast<double>(c.learning_rate), 100 * a);
-    }
-    const auto averaged = ctx.collect().template reduce<float>(fc::op::avg);
-    result.ensemble_accuracy = accuracy(averaged);
-    std::printf("  ensemble (averaged probabilities): test accuracy %.2f%% (%+.2f points over the best member)\n",
-                100 * result.ensemble_accuracy, 100 * (result.ensemble_accuracy - best));
-  };
-
-  pipe.run(loader, train, aggregate);
+  pipe.run(images, train);
   barrier(comm);
   result.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   const double mine = cpu_seconds() - cpu_start;
@@ -319,10 +341,10 @@ data_sets load_data(const fc::mpi::communicator& world, const fc::ensemble_layou
   }
   if (me.kind == fc::role::trainer || world.rank() == layout.aggregator()) {
     d.test = fm::load(fm::split::test);
-    d.test_pixels.resize(d.test.count * static_cast<std::size_t>(sample_stride));
+    d.test_pixels.resize(d.test.count * fm::pixels);
     const fm::augment_options plain{0, false, 0.0f};  // normalize only
     for (std::size_t i = 0; i < d.test.count; ++i)
-      fm::augment(d.test.image(i), d.test_pixels.data() + i * sample_stride, 0, plain);
+      fm::augment(d.test.image(i), d.test_pixels.data() + i * fm::pixels, 0, plain);
   }
   return d;
 }
@@ -343,7 +365,8 @@ int main(int argc, char** argv) {
       "baseline, single_broadcast, multi_broadcast or all_shared")(
       "sync", po::value(&s.sync)->default_value("allreduce"), "allreduce (subgroup_allreduce) or ring (overlapped_ring)")(
       "epochs", po::value(&s.epochs)->default_value(3), "passes over the training set")(
-      "batch", po::value(&s.batch)->default_value(64), "images per step and member (split over its ranks)")(
+      "batch", po::value(&s.batch)->default_value(64),
+      "images per step and member (split over its ranks; any size, any layout)")(
       "train-images", po::value(&s.train_images)->default_value(0), "use only the first N training images (0: all)")(
       "progress-every", po::value(&s.progress_every)->default_value(150), "steps between progress lines")(
       "elastic-alpha", po::value(&s.elastic_alpha)->default_value(1.5f),
@@ -379,13 +402,9 @@ int main(int argc, char** argv) {
     // Ranks that run a loader in either run hold the packed training set.
     const bool preprocesses = me.kind == fc::role::producer ? shared_feed : (!shared_feed || with_baseline);
     auto data = load_data(world, layout, s, preprocesses);
-    std::size_t train_count = s.train_images > 0 ? s.train_images : 60000;
-    if (data.train) train_count = data.train->count();
-    {  // ranks without the training set learn its size from those that hold it
-      auto count = static_cast<std::int64_t>(data.train ? train_count : 0);
-      fc::mpi::iallreduce(world, fc::span<std::int64_t>(&count, 1), fc::op::max).wait();
-      train_count = static_cast<std::size_t>(count);
-    }
+    // Every rank needs the training set's size, which its file's header tells; only the ranks
+    // that preprocess read the images.
+    const std::size_t train_count = fm::count(fm::split::train, fm::default_dir(), s.train_images);
 
     if (world.rank() == layout.aggregator())
       std::printf("flexcomm ensemble on Fashion-MNIST: %d members, layout '%s', preset %s, sync %s, %d epochs, "

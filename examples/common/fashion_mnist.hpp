@@ -51,6 +51,10 @@ inline std::vector<std::uint8_t> gunzip_file(const std::string& path);
 // Reads one split; `limit` > 0 keeps only its first `limit` images.
 inline dataset load(split which = split::train, const std::string& dir = default_dir(), std::size_t limit = 0);
 
+// The number of images load() would keep, from the idx header alone: what a rank that never
+// loads the images needs to know about them.
+inline std::size_t count(split which = split::train, const std::string& dir = default_dir(), std::size_t limit = 0);
+
 // A dataset whose images stay deflated in blocks of `block_images`; decode() inflates the
 // blocks a batch touches, which is the "decode" cost every member of a baseline ensemble pays.
 class packed_dataset {
@@ -92,6 +96,13 @@ inline void augment(const std::uint8_t* image, float* out, std::uint64_t seed, c
 // and augments each. Returns the bytes written.
 inline std::size_t make_samples(const packed_dataset& data, std::int64_t step, std::size_t batch,
                                 std::size_t first, std::size_t n, sample* out, const augment_options& opt = {});
+
+// Samples of step `step` at dataset indices `indices`, the j-th at position `first + j` of its
+// batch: decoded, normalized and augmented (seeded by step and position, as make_samples), one
+// row of `pixels` floats per sample into `images`, the labels into `labels`.
+inline void make_samples_at(const packed_dataset& data, std::int64_t step, std::size_t first,
+                            const std::int64_t* indices, std::size_t n, float* images, std::int32_t* labels,
+                            const augment_options& opt = {});
 
 namespace detail {
 inline std::uint64_t splitmix64(std::uint64_t x) {
@@ -184,6 +195,19 @@ inline dataset load(split which, const std::string& dir, std::size_t limit) {
   return d;
 }
 
+inline std::size_t count(split which, const std::string& dir, std::size_t limit) {
+  const std::string path = dir + (which == split::train ? "/train" : "/t10k") + "-images-idx3-ubyte.gz";
+  gzFile file = gzopen(path.c_str(), "rb");
+  flexcomm::check(file != nullptr, "fashion_mnist", flexcomm::cat("cannot open '", path, "'"));
+  std::uint8_t header[8];
+  const int n = gzread(file, header, sizeof header);
+  gzclose(file);
+  flexcomm::check(n == 8 && detail::big_endian(header) == 0x803, "fashion_mnist",
+                  flexcomm::cat(path, ": not an idx3 image file"));
+  const std::size_t images = detail::big_endian(header + 4);
+  return limit > 0 ? std::min(limit, images) : images;
+}
+
 inline packed_dataset::packed_dataset(const dataset& data, std::size_t block_images, int level)
     : count_(data.count), block_images_(block_images), labels_(data.labels) {
   flexcomm::check(block_images_ > 0 && count_ > 0, "fashion_mnist", "packing needs images and blocks of >= 1");
@@ -266,6 +290,22 @@ inline std::size_t make_samples(const packed_dataset& data, std::int64_t step, s
     out[j].label = data.label(index);
   }
   return n * sample_bytes;
+}
+
+inline void make_samples_at(const packed_dataset& data, std::int64_t step, std::size_t first,
+                            const std::int64_t* indices, std::size_t n, float* images, std::int32_t* labels,
+                            const augment_options& opt) {
+  std::vector<std::uint8_t> block(data.block_images() * pixels);
+  std::size_t decoded = static_cast<std::size_t>(-1);
+  for (std::size_t j = 0; j < n; ++j) {
+    const auto index = static_cast<std::size_t>(indices[j]);
+    flexcomm::check(index < data.count(), "fashion_mnist",
+                    flexcomm::cat("image ", index, " of a dataset of ", data.count()));
+    const std::size_t b = index / data.block_images();
+    if (b != decoded) decoded = (data.decode_block(b, block.data()), b);
+    augment(block.data() + (index % data.block_images()) * pixels, images + j * pixels, seed_of(step, first + j), opt);
+    labels[j] = data.label(index);
+  }
 }
 
 }  // namespace fashion_mnist

@@ -250,3 +250,65 @@ BOOST_AUTO_TEST_CASE(a_layout_that_does_not_fit_the_world_is_refused) {
   }
   BOOST_TEST(fc::testing::all_ranks(ok));
 }
+
+// Rounds collected while the aggregator does other work: trainers submit three rounds and close;
+// the aggregator polls between units of its own work until the end round, each round exact and
+// in order, wherever the aggregator sits. Then a gather has nothing left, and says so.
+BOOST_AUTO_TEST_CASE(polled_rounds_arrive_in_order_up_to_the_end_round) {
+  for (const auto& layout : layouts(world().size())) {
+    fc::many_to_one<mpi> collect(world(), layout);
+    const auto me = layout.role_of(world().rank());
+    std::vector<int> rounds;
+    bool ok = true, ended = false;
+    auto each = [&](std::int64_t round, fc::gathered<std::int32_t>& g) {
+      rounds.push_back(static_cast<int>(round));
+      ok = ok && check_gathered(layout, g, static_cast<int>(round));
+      if (!g.data.empty()) g.member(0)[0] += 0;  // a mutable span
+    };
+    for (int round = 0; round < 3; ++round) {
+      if (collect.is_trainer()) collect.submit(tensor_of<std::int32_t>(me.member, me.rank_in_member, round));
+      if (collect.is_aggregator()) ended = collect.poll_rounds<std::int32_t>(each);
+    }
+    if (collect.is_trainer()) collect.close();
+    if (collect.is_aggregator()) {
+      while (!ended) ended = collect.poll_rounds<std::int32_t>(each);  // the aggregator's "other work"
+      ok = ok && rounds == std::vector<int>{0, 1, 2} && collect.finished();
+      try {
+        collect.gather<std::int32_t>();
+        ok = false;
+      } catch (const fc::error& e) {
+        ok = ok && std::string(e.what()).find("no round is left to gather") != std::string::npos;
+      }
+    }
+    collect.flush();
+    BOOST_TEST(fc::testing::all_ranks(ok), "layout " << layout.str());
+  }
+}
+
+// gather_rounds waits for each round up to the end; submitting after close() is refused.
+BOOST_AUTO_TEST_CASE(gather_rounds_waits_to_the_end_and_close_is_final) {
+  for (const auto& layout : layouts(world().size())) {
+    fc::many_to_one<mpi> collect(world(), layout);
+    const auto me = layout.role_of(world().rank());
+    bool ok = true;
+    if (collect.is_trainer()) {
+      collect.submit(tensor_of<std::int32_t>(me.member, me.rank_in_member, 0));
+      collect.close();
+      try {
+        collect.submit(std::vector<std::int32_t>{1});
+        ok = false;
+      } catch (const fc::error& e) {
+        ok = std::string(e.what()).find("has closed the stream") != std::string::npos;
+      }
+    }
+    if (collect.is_aggregator()) {
+      int rounds = 0;
+      collect.gather_rounds<std::int32_t>([&](std::int64_t round, fc::gathered<std::int32_t>& g) {
+        ok = ok && round == rounds++ && check_gathered(layout, g, 0);
+      });
+      ok = ok && rounds == 1 && collect.finished();
+    }
+    collect.flush();
+    BOOST_TEST(fc::testing::all_ranks(ok), "layout " << layout.str());
+  }
+}

@@ -31,6 +31,37 @@ template void feed_block<local_feed>(const mpi::communicator&, const ensemble_la
 template void feed_block<one_to_many<mpi>>(const mpi::communicator&, const ensemble_layout&, const feed_options&);
 template void feed_block<all_shared<mpi>>(const mpi::communicator&, const ensemble_layout&, const feed_options&);
 
+inline void decode_image(std::int64_t index, span<float> pixels, span<std::int32_t> label) {
+  for (auto& p : pixels) p = static_cast<float>(index);
+  label[0] = static_cast<std::int32_t>(index % 10);
+}
+
+template <class Feed>
+void typed_feed_block(const mpi::communicator& world, const ensemble_layout& layout, const feed_options& options) {
+  auto evaluate = [](std::int64_t) {};
+  auto train = [](const tensor_view<float>&, const tensor_view<std::int32_t>&, std::int64_t, bool) {};
+  dataset data;                                          // the same description on every rank
+  data.size = 60000;                                     // samples per epoch
+  data.batch = 64;                                       // any size, for any layout
+  data.epochs = 3;
+  data.sample = field::of<float>({28, 28});
+  data.label = field::of<std::int32_t>();
+  data.load_sample = [&](std::int64_t index, const sample_slot& out) {  // needed only where this rank loads
+    decode_image(index, out.sample<float>(), out.label<std::int32_t>());
+  };
+  typed_feed<Feed> feed(world, layout, data, options);   // collective; options: depth, flow
+  if (!feed.is_trainer()) feed.produce();
+  feed.on_epoch_end([&](std::int64_t epoch) { evaluate(epoch); });
+  for (const typed_batch& batch : feed) {                // on trainer ranks
+    tensor_view<float> x = batch.as<float>();            // {samples, 28, 28}, 64-byte aligned
+    tensor_view<std::int32_t> y = batch.labels<std::int32_t>();
+    train(x, y, batch.epoch(), batch.last_in_epoch());
+  }
+}
+template void typed_feed_block<local_feed>(const mpi::communicator&, const ensemble_layout&, const feed_options&);
+template void typed_feed_block<one_to_many<mpi>>(const mpi::communicator&, const ensemble_layout&, const feed_options&);
+template void typed_feed_block<all_shared<mpi>>(const mpi::communicator&, const ensemble_layout&, const feed_options&);
+
 template <class Sync>
 void sync_block(const mpi::communicator& member_comm, const sync_options& options, int index, span<float> grad) {
   Sync sync(member_comm, options);   // collective over the member
@@ -61,6 +92,19 @@ void pipeline_block(const mpi::communicator& world, const ensemble_layout& layou
   auto aggregate = [](auto&) {};
   P::pipeline pipe(world, layout, P::configure(options));  // collective; options.feed, options.sync
   pipe.run(load, train, aggregate);  // train(ctx) on trainers, then aggregate(ctx) on the aggregator
+}
+
+void typed_pipeline_block(const mpi::communicator& world, const ensemble_layout& layout, const dataset& data,
+                          presets::all_shared<>::options options) {
+  presets::all_shared<>::pipeline pipe(world, layout, presets::all_shared<>::configure(options));
+  auto score = [](std::int64_t, span<float>) {};
+  auto predict = [] { return std::vector<float>(10, 0.1f); };
+  auto step = [](const typed_batch&) {};
+  pipe.on_round([&](std::int64_t round, gathered<float>& each) { score(round, each.member(0)); });
+  pipe.run(data, [&](auto& ctx) {                      // a dataset instead of a loader: ctx.batches()
+    ctx.batches().on_epoch_end([&](std::int64_t) { ctx.collect().submit(predict()); });
+    while (auto batch = ctx.batches().next()) step(*batch);
+  });
 }
 
 }  // namespace flexcomm::snippets

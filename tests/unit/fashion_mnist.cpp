@@ -85,6 +85,28 @@ BOOST_AUTO_TEST_CASE(samples_are_the_same_wherever_they_are_made_and_differ_betw
   BOOST_CHECK_THROW(fm::make_samples(p, 5, batch, 40, 16, whole.data()), flexcomm::error);
 }
 
+// The typed feed's loader: samples at given indices are those make_samples makes for the same
+// images at the same positions of the same step; the split's size comes from its header alone.
+BOOST_AUTO_TEST_CASE(samples_at_indices_match_samples_by_step) {
+  const fm::packed_dataset p(test_split(), 32);
+  const std::size_t batch = 20, first = 7, n = 9;
+  std::vector<fm::sample> want(n);
+  fm::make_samples(p, 3, batch, first, n, want.data());
+  std::vector<std::int64_t> indices(n);
+  for (std::size_t j = 0; j < n; ++j) indices[j] = static_cast<std::int64_t>((3 * batch + first + j) % p.count());
+  std::vector<float> images(n * fm::pixels);
+  std::vector<std::int32_t> labels(n);
+  fm::make_samples_at(p, 3, first, indices.data(), n, images.data(), labels.data());
+  for (std::size_t j = 0; j < n; ++j) {
+    BOOST_TEST(std::memcmp(want[j].pixel, images.data() + j * fm::pixels, sizeof want[j].pixel) == 0);
+    BOOST_TEST(want[j].label == labels[j]);
+  }
+  const std::int64_t outside = static_cast<std::int64_t>(p.count());
+  BOOST_CHECK_THROW(fm::make_samples_at(p, 3, 0, &outside, 1, images.data(), labels.data()), flexcomm::error);
+  BOOST_TEST(fm::count(fm::split::test) == test_split().count);
+  BOOST_TEST(fm::count(fm::split::test, fm::default_dir(), 123) == 123u);
+}
+
 BOOST_AUTO_TEST_CASE(elastic_distortion_is_deterministic_per_seed_and_moves_pixels) {
   const auto& d = test_split();
   fm::augment_options plain, elastic;

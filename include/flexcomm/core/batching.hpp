@@ -40,12 +40,15 @@ class batch_plan {
   bool drop_last() const noexcept { return drop_last_; }
 
   // ceil(size / batch), or floor with drop_last.
-  std::int64_t steps_per_epoch() const noexcept { return drop_last_ ? size_ / batch_ : (size_ + batch_ - 1) / batch_; }
+  std::int64_t steps_per_epoch() const noexcept {
+    return size_ / batch_ + (!drop_last_ && size_ % batch_ != 0 ? 1 : 0);
+  }
   // The stream's length: epochs x steps per epoch.
   std::int64_t steps() const noexcept { return epochs_ * steps_per_epoch(); }
 
-  std::int64_t epoch_of(std::int64_t step) const noexcept { return step / steps_per_epoch(); }
-  std::int64_t step_in_epoch(std::int64_t step) const noexcept { return step % steps_per_epoch(); }
+  // Of a step of the stream (0 <= step < steps()).
+  std::int64_t epoch_of(std::int64_t step) const noexcept { return step / std::max<std::int64_t>(steps_per_epoch(), 1); }
+  std::int64_t step_in_epoch(std::int64_t step) const noexcept { return step % std::max<std::int64_t>(steps_per_epoch(), 1); }
   bool last_in_epoch(std::int64_t step) const noexcept { return step_in_epoch(step) == steps_per_epoch() - 1; }
 
   // Samples in step `step`'s batch: `batch`, but what is left of the epoch for its last step.
@@ -66,7 +69,7 @@ class batch_plan {
     return count <= 0 ? sample_range{a.first, 0} : sample_range{a.first, z.first + z.count - a.first};
   }
   // The most samples any shard of any step holds: ceil(batch / shards).
-  std::int64_t max_shard_samples() const noexcept { return (batch_ + shards_ - 1) / shards_; }
+  std::int64_t max_shard_samples() const noexcept { return batch_ / shards_ + (batch_ % shards_ != 0 ? 1 : 0); }
 
  private:
   sample_range split(std::int64_t b, int shard) const noexcept {

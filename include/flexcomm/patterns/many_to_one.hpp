@@ -9,6 +9,9 @@
 //
 // submit() never waits for the aggregator: it copies the tensor into a buffer it owns and
 // hands the transfer to the progress engine, so a member does not stall on a slow aggregator.
+// The aggregator may take rounds as they come while it trains or produces (poll_rounds, never
+// waiting), or all of them up to the end round that trainers send with close() (gather_rounds):
+// one round per epoch, say, scored while the next epoch trains.
 #pragma once
 
 #include <cstddef>
@@ -318,20 +321,25 @@ bool many_to_one<B>::poll_rounds(F&& each) {
 template <class B>
 void many_to_one<B>::finish() {
   if (finished_) return;
-  const std::string what = cat("many_to_one: finish at round ", collected_);
+  const std::int64_t first = collected_;
+  const std::string what = cat("many_to_one: finish at round ", first);
+  // Rounds nobody gathered are taken all the same, up to the end round, so that the trainers'
+  // transfers complete; then the error names them.
   any_type_ = true;
-  gathered<std::uint8_t> out;
-  arrival a;
   try {
-    a = advance<std::uint8_t>(true, out);
+    gathered<std::uint8_t> out;
+    while (advance<std::uint8_t>(true, out) != arrival::end) {
+    }
   } catch (...) {
     any_type_ = false;
     throw;
   }
   any_type_ = false;
-  check(a == arrival::end, what,
-        cat("the trainers submitted round ", collected_ - 1, ", which the aggregator never gathered (gather every "
-            "round, or collect them with gather_rounds / poll_rounds)"));
+  const std::int64_t left = collected_ - 1 - first;
+  check(left == 0, what,
+        cat("the trainers submitted ", left, left == 1 ? " round" : " rounds", " (", first, "..", collected_ - 2,
+            ") that the aggregator never gathered: gather every round, or collect them with gather_rounds / "
+            "poll_rounds"));
 }
 
 template <class B>

@@ -18,6 +18,8 @@
 //     auto y = batch->labels<std::int64_t>();            // {samples}
 //     train(x, y, batch->epoch(), batch->last_in_epoch());
 //   }
+//   // or, in generic code (a pipeline's [&](auto& ctx)), with the batch's type named:
+//   for (const fc::typed_batch& batch : ctx.batches()) train(batch.as<float>(), ...);
 //
 // Each rank that loads (producers under one_to_many, each trainer otherwise) calls the loader for
 // its shards; the others need only the dataset's size and shapes, never the data.
@@ -29,6 +31,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -170,11 +173,14 @@ class typed_feed {
   // Which ranks call the dataset's loader: producers for a feed that ships from them, else trainers.
   static constexpr bool loads_on_producers = Feed::needs_producers;
 
-  // Collective over `world` (as Feed's constructor): agrees the dataset across ranks, then makes
-  // the byte feed with the options derived from it. `options` gives depth and flow; its steps and
-  // shard_capacity are derived (leave them 0).
+  // Collective over `world`, local_feed's too (the dataset is agreed in one reduction over it):
+  // agrees the dataset across ranks, then makes the byte feed with the options derived from it.
+  // `options` gives depth and flow; its steps and shard_capacity are derived (leave them 0).
   template <class Communicator>
   typed_feed(const Communicator& world, const ensemble_layout& layout, dataset data, feed_options options = {});
+  // Batches and the loader point into it.
+  typed_feed(const typed_feed&) = delete;
+  typed_feed& operator=(const typed_feed&) = delete;
 
   // The byte feed's options for this dataset on this layout: steps = epochs x steps per epoch,
   // shard_capacity = one shard_record of ceil(batch / shards) samples.
@@ -186,6 +192,12 @@ class typed_feed {
   // On trainer ranks: the next step's samples of this trainer, or nothing at the end. Before it
   // waits for a batch, calls the epoch-end callback for every epoch whose last step was delivered.
   std::optional<typed_batch> next();
+
+  // On trainers, the same as a range: for (const typed_batch& batch : feed) {...}. Naming the
+  // type spares generic code (a pipeline's `auto& ctx`) the `template` keyword before as<T>().
+  class iterator;
+  iterator begin();
+  iterator end() noexcept;
 
   // On trainers: f(epoch) once for each epoch, in order, as soon as the trainer asks for the batch
   // after that epoch's last step (and for every epoch left when the stream ends, so each trainer
@@ -219,6 +231,43 @@ class typed_feed {
   detail::aligned_bytes samples_, labels_;
   std::vector<std::int64_t> indices_;
 };
+
+// An input iterator over the rest of the stream; each increment is a next().
+template <class Feed>
+class typed_feed<Feed>::iterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = typed_batch;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const typed_batch*;
+  using reference = const typed_batch&;
+
+  iterator() = default;
+  explicit iterator(typed_feed* feed) : feed_(feed) { ++*this; }
+  const typed_batch& operator*() const { return *batch_; }
+  const typed_batch* operator->() const { return &*batch_; }
+  iterator& operator++() {
+    batch_.reset();
+    batch_ = feed_->next();
+    if (!batch_) feed_ = nullptr;
+    return *this;
+  }
+  bool operator==(const iterator& other) const noexcept { return feed_ == other.feed_; }
+  bool operator!=(const iterator& other) const noexcept { return feed_ != other.feed_; }
+
+ private:
+  typed_feed* feed_ = nullptr;
+  std::optional<typed_batch> batch_;
+};
+
+template <class Feed>
+typename typed_feed<Feed>::iterator typed_feed<Feed>::begin() {
+  return iterator(this);
+}
+template <class Feed>
+typename typed_feed<Feed>::iterator typed_feed<Feed>::end() noexcept {
+  return iterator();
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -286,10 +335,15 @@ typed_feed<Feed>::typed_feed(const Communicator& world, const ensemble_layout& l
   feed_.emplace(world, layout, std::move(load), derived);
 }
 
+// Trainers call it from next(), where a failure reaches them; producers from their loader, whose
+// failures produce() rethrows (a trainer that loads never calls produce(), so not from there).
 template <class Feed>
 void typed_feed<Feed>::between_steps(std::function<void()> f) {
-  between_steps_ = f;
-  loading_->between_steps = std::move(f);
+  if (feed_->is_trainer()) {
+    between_steps_ = std::move(f);
+  } else {
+    loading_->between_steps = std::move(f);
+  }
 }
 
 template <class Feed>
