@@ -20,7 +20,7 @@ source tests/install-deps.sh
 sanitized=(-Doptimization=0 -Ddebug=false -Dcpp_args=-g1)
 case "$variant" in
   plain) options=() ;;
-  openmpi) options=(-Dmpi=openmpi -Dcuda=disabled -Dbenchmarks=false -Dcluster_repeat=1 -Dcluster_whole_first=false) ;;
+  openmpi) options=(-Dmpi=openmpi -Dcuda=disabled -Dtorch=disabled -Dbenchmarks=false -Dcluster_repeat=1 -Dcluster_whole_first=false) ;;
   asan)  options=("${sanitized[@]}" -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbenchmarks=false) ;;
   tsan)  options=("${sanitized[@]}" -Db_sanitize=thread -Db_lundef=false -Dcuda=disabled -Dbenchmarks=false -Dexamples=false) ;;
   *) echo "usage: tests/run.sh [plain|openmpi|asan|tsan] [meson test arguments...]" >&2; exit 2 ;;

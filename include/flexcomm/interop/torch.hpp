@@ -1,0 +1,418 @@
+// libtorch interop: a libtorch trainer hands its tensors to flexcomm's adapters without data_ptr/numel
+// arithmetic: a torch::data dataset to a typed feed, its batches back as tensors (views, no copy),
+// gradients to a Sync (one tensor, or every parameter of a module at once), predictions to a
+// Collect, and a rank's slice of an evaluation set. Opt-in (not in flexcomm.hpp): including it
+// costs a libtorch compile, and it needs libtorch (Debian's libtorch-dev) on the include path.
+//
+//   fc::interop::gradient_sync grads(ctx.sync(), model);   // hooks every parameter
+//   loss.backward();                                        // gradients handed over as they come
+//   grads.finish();                                         // averages now in each p.grad()
+//   optimizer.step();
+#pragma once
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/datatype.hpp"
+#include "../core/error.hpp"
+#include "../core/reduce.hpp"
+#include "../core/span.hpp"
+#include "../patterns/dataset.hpp"
+#include "../patterns/many_to_one.hpp"
+#include "../patterns/typed_batch.hpp"
+
+namespace flexcomm::interop {
+
+// The tensor's elements as a span of T: a defined, contiguous CPU tensor of T's dtype, or an error
+// naming `what` and what is wrong (a span over a strided or device tensor would be read wrongly).
+template <class T>
+span<T> elements(const torch::Tensor& t, const std::string& what);
+
+// Calls f(T{}) with the element type of `t` (float, double, int32, int64, uint8).
+template <class F>
+decltype(auto) visit_scalar_type(const torch::Tensor& t, const std::string& what, F&& f);
+
+// A typed batch's samples and labels as tensors of shape {samples, ...field shape} that view the
+// feed's memory: no copy, and, like the batch, valid until the feed's next next() (clone() to keep).
+// T is the field's element type (an error otherwise); int64 labels are what nll_loss takes.
+template <class T = float>
+torch::Tensor samples(const typed_batch& batch);
+template <class T = std::int64_t>
+torch::Tensor labels(const typed_batch& batch);
+
+// The dataset a typed feed needs, from a torch::data dataset whose get(i) returns an Example of
+// data and target tensors (every sample of one shape and type, read from get(0) on every rank).
+// The feed calls get(i) on the ranks that load and copies the tensors into its batch: `data`
+// must outlive the run, and give the same sample for i wherever it runs. In index order, the
+// short last batch delivered, as torch::data's SequentialSampler does.
+template <class Dataset>
+dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs = 1);
+
+// One epoch of a typed feed's batches as torch::data's DataLoader gives them, so that a libtorch
+// loop keeps its shape: for (auto& batch : fi::epoch(ctx.batches())) { batch.data; batch.target; }
+// Each batch is an Example of samples<float>() and labels<std::int64_t>() (views, valid until
+// the loop moves on); the loop ends after the epoch's last step, or with the stream.
+template <class TypedFeed>
+class epoch {
+ public:
+  explicit epoch(TypedFeed& feed) : feed_(feed) {}
+
+  class iterator {
+   public:
+    iterator() = default;
+    explicit iterator(TypedFeed* feed) : feed_(feed) { advance(); }
+    torch::data::Example<>& operator*() noexcept { return example_; }
+    torch::data::Example<>* operator->() noexcept { return &example_; }
+    iterator& operator++() {
+      if (batch_ && batch_->last_in_epoch()) {
+        batch_.reset();  // the next epoch's first batch stays in the feed
+        feed_ = nullptr;
+      } else {
+        advance();
+      }
+      return *this;
+    }
+    bool operator==(const iterator& other) const noexcept { return feed_ == other.feed_; }
+    bool operator!=(const iterator& other) const noexcept { return feed_ != other.feed_; }
+
+   private:
+    void advance() {
+      batch_ = feed_->next();
+      if (!batch_) {
+        feed_ = nullptr;
+        return;
+      }
+      example_ = {samples<float>(*batch_), labels<std::int64_t>(*batch_)};
+    }
+    TypedFeed* feed_ = nullptr;
+    std::optional<typed_batch> batch_;
+    torch::data::Example<> example_;
+  };
+
+  iterator begin() { return iterator(&feed_); }
+  iterator end() { return iterator(); }
+
+ private:
+  TypedFeed& feed_;
+};
+
+// sync.ready(index, grad) for a tensor: the average lands in `grad` itself by sync.finish(), so
+// the tensor must stay alive, and not be reallocated, until then.
+template <class Sync>
+void ready(Sync& sync, int index, const torch::Tensor& grad) {
+  visit_scalar_type(grad, "interop::ready", [&](auto element) {
+    using T = decltype(element);
+    sync.ready(index, elements<T>(grad, cat("interop::ready: gradient ", index)));
+  });
+}
+
+// How gradient_sync hands a module's gradients over.
+enum class handover {
+  // A hook on every parameter hands its gradient over the moment backward produces it, so a Sync
+  // that launches buckets as they fill averages the first while backward computes the rest.
+  // One backward() per finish() (gradient accumulation over several: use after_backward).
+  during_backward,
+  // finish() hands over each parameter's .grad(), last parameter first (backprop's order),
+  // in place: no copy, any number of backward() calls per step.
+  after_backward,
+};
+
+// Attaches a Sync to a module's parameters: parameter i (in module.parameters() order; those that
+// do not require grad are skipped) is gradient i of the Sync. After finish(), every p.grad()
+// holds the average over the member's ranks, ready for optimizer.step().
+//
+// Why hooks stage: a hook sees the gradient this backward contributes, before autograd adds it to
+// p.grad(). The hook writes old p.grad() + contribution (what p.grad() is about to become) into a
+// staging tensor of its own and hands that over; finish() copies the average into p.grad(). A
+// parameter backward did not reach (unused this step) is handed over by finish(), as its
+// p.grad() or zeros, so every rank hands over every parameter, as the Sync requires.
+template <class Sync>
+class gradient_sync {
+ public:
+  gradient_sync(Sync& sync, torch::nn::Module& module, handover how = handover::during_backward);
+  gradient_sync(const gradient_sync&) = delete;
+  gradient_sync& operator=(const gradient_sync&) = delete;
+  // Removes the hooks: the parameters outlive this object in most trainers.
+  ~gradient_sync();
+
+  // After backward, before optimizer.step(): averages every parameter's gradient over the member.
+  void finish();
+
+  handover mode() const noexcept { return how_; }
+  std::size_t parameters() const noexcept { return params_.size(); }
+
+ private:
+  void stage(std::size_t i, const torch::Tensor& contribution);
+
+  Sync& sync_;
+  handover how_;
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> staging_;  // during_backward: per parameter, what its grad becomes
+  std::vector<unsigned> hooks_;
+  std::vector<char> staged_;  // per parameter: handed over in this step
+  std::string twice_;         // a parameter whose hook ran twice in one step
+};
+
+// Submits a tensor's elements (any shape; contiguous or not: submit copies) as one round.
+template <class Collect>
+void submit(Collect& collect, const torch::Tensor& tensor) {
+  const torch::Tensor flat = tensor.detach().to(torch::kCPU).contiguous();
+  visit_scalar_type(flat, "interop::submit", [&](auto element) {
+    using T = decltype(element);
+    collect.submit(span<const T>(elements<T>(flat, "interop::submit")));
+  });
+}
+
+// On the aggregator: one gathered round as one tensor per member, each shaped [-1, trailing...]
+// (e.g. {10} for class probabilities: [samples, 10]).
+template <class T = float, class Collect>
+std::vector<torch::Tensor> gather(Collect& collect, std::vector<std::int64_t> trailing = {});
+
+// On the aggregator: one round combined over members with `o`, shaped [-1, trailing...].
+template <class T = float, class Collect>
+torch::Tensor reduce(Collect& collect, op o, std::vector<std::int64_t> trailing = {});
+
+// The part of an evaluation set of `size` samples that rank `rank` of `ranks` evaluates:
+// [begin, end), contiguous, in rank order, sizes differing by at most one. many_to_one
+// concatenates a member's submissions in rank order, so the member's slices make the whole set.
+struct slice {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const noexcept { return end - begin; }
+};
+inline slice evaluation_slice(std::int64_t size, int rank, int ranks) {
+  check(size >= 0, "interop::evaluation_slice", cat("an evaluation set of ", size, " samples"));
+  check(ranks > 0 && rank >= 0 && rank < ranks, "interop::evaluation_slice",
+        cat("rank ", rank, " of ", ranks, " ranks"));
+  return {size * rank / ranks, size * (rank + 1) / ranks};
+}
+// The same for a trainer of an ensemble_pipeline (its rank among its member's ranks).
+template <class Context>
+slice evaluation_slice(std::int64_t size, const Context& ctx) {
+  check(ctx.member() >= 0, "interop::evaluation_slice", "a producer evaluates nothing; trainers only");
+  return evaluation_slice(size, ctx.rank_in_member(), ctx.member_size());
+}
+
+// The trainer's part of an evaluation set held as one tensor (samples along dimension 0): a view.
+template <class Context>
+torch::Tensor evaluation_slice(const torch::Tensor& set, const Context& ctx) {
+  const slice part = evaluation_slice(set.size(0), ctx);
+  return set.slice(0, part.begin, part.end);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace detail {
+template <class T> struct scalar_type_of;
+template <> struct scalar_type_of<float> { static constexpr auto value = torch::kFloat32; };
+template <> struct scalar_type_of<double> { static constexpr auto value = torch::kFloat64; };
+template <> struct scalar_type_of<std::int32_t> { static constexpr auto value = torch::kInt32; };
+template <> struct scalar_type_of<std::int64_t> { static constexpr auto value = torch::kInt64; };
+template <> struct scalar_type_of<std::uint8_t> { static constexpr auto value = torch::kUInt8; };
+
+// [count / (product of trailing), trailing...]; an error when trailing does not divide count.
+inline std::vector<std::int64_t> shape_of(std::size_t count, const std::vector<std::int64_t>& trailing,
+                                          const char* what) {
+  std::int64_t inner = 1;
+  for (auto d : trailing) {
+    check(d > 0, what, cat("trailing dimensions must be positive, got ", d));
+    inner *= d;
+  }
+  const auto n = static_cast<std::int64_t>(count);
+  check(n % inner == 0, what, cat(n, " elements do not divide into rows of ", inner));
+  std::vector<std::int64_t> shape{n / inner};
+  shape.insert(shape.end(), trailing.begin(), trailing.end());
+  return shape;
+}
+
+// A tensor of its own holding a copy of `values`.
+template <class T>
+torch::Tensor copied(span<const T> values, const std::vector<std::int64_t>& shape) {
+  auto t = torch::empty(shape, torch::dtype(scalar_type_of<T>::value));
+  std::copy(values.begin(), values.end(), static_cast<T*>(t.data_ptr()));
+  return t;
+}
+
+// A tensor over a typed batch's memory, no copy.
+template <class T>
+torch::Tensor view_of(const tensor_view<T>& v) {
+  return torch::from_blob(v.data(), v.shape(), torch::dtype(scalar_type_of<T>::value));
+}
+
+inline dtype dtype_of_tensor(const torch::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case torch::kFloat32: return dtype::f32;
+    case torch::kFloat64: return dtype::f64;
+    case torch::kInt32: return dtype::i32;
+    case torch::kInt64: return dtype::i64;
+    case torch::kUInt8: return dtype::u8;
+    default:
+      fail(what, cat("tensors of ", c10::toString(t.scalar_type()),
+                     " are not supported (float32, float64, int32, int64, uint8)"));
+  }
+}
+
+// The field a tensor fills, and its bytes copied into a slot of that field.
+inline field field_of(const torch::Tensor& t, const char* what) {
+  return {dtype_of_tensor(t, what), t.sizes().vec()};
+}
+inline void copy_into(span<std::byte> out, const torch::Tensor& t, const field& f, std::int64_t index) {
+  check(t.defined() && t.device().is_cpu() && dtype_of_tensor(t, "interop::dataset_of") == f.type &&
+            t.sizes().vec() == f.shape,
+        "interop::dataset_of",
+        cat("sample ", index, " is not a CPU tensor of ", f.str(), " like sample 0 (one shape and type for all)"));
+  const torch::Tensor dense = t.contiguous();
+  std::memcpy(out.data(), dense.data_ptr(), f.bytes());
+}
+}  // namespace detail
+
+template <class T>
+torch::Tensor samples(const typed_batch& batch) {
+  return detail::view_of(batch.as<T>());
+}
+
+template <class T>
+torch::Tensor labels(const typed_batch& batch) {
+  return detail::view_of(batch.labels<T>());
+}
+
+template <class Dataset>
+dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs) {
+  const auto size = data.size();
+  check(size.has_value() && *size > 0, "interop::dataset_of", "the dataset has no size, or none to train on");
+  const auto first = data.get(0);
+  dataset d;
+  d.size = static_cast<std::int64_t>(*size);
+  d.batch = batch;
+  d.epochs = epochs;
+  d.sample = detail::field_of(first.data, "interop::dataset_of: data");
+  d.label = detail::field_of(first.target, "interop::dataset_of: target");
+  d.load_sample = [&data, sample = d.sample, label = *d.label](std::int64_t i, const sample_slot& out) {
+    auto example = data.get(static_cast<std::size_t>(i));
+    detail::copy_into(out.sample_bytes(), example.data, sample, i);
+    detail::copy_into(out.label_bytes(), example.target, label, i);
+  };
+  return d;
+}
+
+template <class T>
+span<T> elements(const torch::Tensor& t, const std::string& what) {
+  check(t.defined(), what, "the tensor is undefined (a gradient before any backward?)");
+  check(t.device().is_cpu(), what,
+        cat("the tensor is on ", t.device().str(), "; flexcomm's torch interop takes CPU tensors"));
+  check(t.scalar_type() == detail::scalar_type_of<std::remove_const_t<T>>::value, what,
+        cat("the tensor holds ", c10::toString(t.scalar_type()), ", expected ",
+            c10::toString(detail::scalar_type_of<std::remove_const_t<T>>::value)));
+  check(t.is_contiguous(), what, "the tensor is not contiguous; .contiguous() makes a copy that is");
+  return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
+}
+
+template <class F>
+decltype(auto) visit_scalar_type(const torch::Tensor& t, const std::string& what, F&& f) {
+  check(t.defined(), what, "the tensor is undefined");
+  switch (t.scalar_type()) {
+    case torch::kFloat32: return f(float{});
+    case torch::kFloat64: return f(double{});
+    case torch::kInt32: return f(std::int32_t{});
+    case torch::kInt64: return f(std::int64_t{});
+    case torch::kUInt8: return f(std::uint8_t{});
+    default:
+      fail(what, cat("tensors of ", c10::toString(t.scalar_type()),
+                     " are not supported (float32, float64, int32, int64, uint8)"));
+  }
+}
+
+template <class Sync>
+gradient_sync<Sync>::gradient_sync(Sync& sync, torch::nn::Module& module, handover how) : sync_(sync), how_(how) {
+  for (auto& p : module.parameters())
+    if (p.requires_grad()) params_.push_back(p);
+  check(!params_.empty(), "interop::gradient_sync", "the module has no parameter that requires grad");
+  staged_.assign(params_.size(), 0);
+  if (how_ != handover::during_backward) return;
+  staging_.resize(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    check(params_[i].device().is_cpu(), "interop::gradient_sync",
+          cat("parameter ", i, " is on ", params_[i].device().str(), "; the torch interop takes CPU tensors"));
+    staging_[i] = torch::empty_like(params_[i], torch::MemoryFormat::Contiguous);
+    hooks_.push_back(params_[i].register_hook([this, i](const torch::Tensor& g) { stage(i, g); }));
+  }
+}
+
+template <class Sync>
+gradient_sync<Sync>::~gradient_sync() {
+  for (std::size_t i = 0; i < hooks_.size(); ++i) params_[i].remove_hook(hooks_[i]);
+}
+
+template <class Sync>
+void gradient_sync<Sync>::stage(std::size_t i, const torch::Tensor& contribution) {
+  // A second backward() before finish(): the first contribution is already on its way. Refused
+  // in finish(), on every rank that did it; the Sync still gets each gradient once.
+  if (staged_[i]) {
+    if (twice_.empty()) twice_ = cat("parameter ", i);
+    return;
+  }
+  torch::NoGradGuard plain;
+  const torch::Tensor& before = params_[i].grad();
+  if (before.defined())
+    torch::add_out(staging_[i], before, contribution);
+  else
+    staging_[i].copy_(contribution);
+  staged_[i] = 1;
+  ready(sync_, static_cast<int>(i), staging_[i]);
+}
+
+template <class Sync>
+void gradient_sync<Sync>::finish() {
+  torch::NoGradGuard plain;
+  // Backprop order: the last parameters' gradients come first.
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    if (staged_[k]) continue;
+    auto& p = params_[k];
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p, torch::MemoryFormat::Contiguous);
+    if (how_ == handover::during_backward) {
+      staging_[k].copy_(p.grad());
+      ready(sync_, static_cast<int>(k), staging_[k]);
+    } else {
+      if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
+      ready(sync_, static_cast<int>(k), p.grad());
+    }
+  }
+  sync_.finish();
+  if (how_ == handover::during_backward)
+    for (std::size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad().copy_(staging_[k]);
+  std::fill(staged_.begin(), staged_.end(), 0);
+  if (!twice_.empty()) {
+    const std::string which = std::move(twice_);
+    twice_.clear();
+    fail("interop::gradient_sync: finish",
+         cat(which, " received two gradients before finish() (two backward() calls in one step?); "
+                    "handover::during_backward takes one backward() per finish(), after_backward any number"));
+  }
+}
+
+template <class T, class Collect>
+std::vector<torch::Tensor> gather(Collect& collect, std::vector<std::int64_t> trailing) {
+  const auto round = collect.template gather<T>();
+  std::vector<torch::Tensor> members;
+  for (std::size_t m = 0; m < round.member_counts.size(); ++m) {
+    const auto part = round.member(static_cast<int>(m));
+    members.push_back(detail::copied<T>(part, detail::shape_of(part.size(), trailing, "interop::gather")));
+  }
+  return members;
+}
+
+template <class T, class Collect>
+torch::Tensor reduce(Collect& collect, op o, std::vector<std::int64_t> trailing) {
+  const auto combined = collect.template reduce<T>(o);
+  return detail::copied<T>(span<const T>(combined.data(), combined.size()),
+                           detail::shape_of(combined.size(), trailing, "interop::reduce"));
+}
+
+}  // namespace flexcomm::interop

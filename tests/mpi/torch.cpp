@@ -1,0 +1,305 @@
+#define BOOST_TEST_MODULE mpi_torch
+// flexcomm/interop/torch.hpp: a module's gradients averaged over each member's ranks (members of
+// different sizes, both Syncs, hooks and after-backward), tensors collected, evaluation slices.
+#include "mpi_fixture.hpp"
+#include "errors.hpp"
+
+#include <flexcomm/interop/torch.hpp>
+
+#include <boost/mpl/list.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fc = flexcomm;
+namespace fi = flexcomm::interop;
+using fc::mpi;
+using fc::testing::all_ranks;
+using fc::testing::contains;
+using fc::testing::error_of;
+using fc::testing::world;
+
+namespace {
+
+// Ranks 0..ceil(n/2)-1 train member 0, the others member 1: sizes differ at 3 ranks.
+int member_of(int rank, int n) { return rank < (n + 1) / 2 ? 0 : 1; }
+
+struct fixture_init {
+  fixture_init() { torch::set_num_threads(1); }  // ranks outnumber cores
+};
+
+// Two layers with a parameter that no forward uses when `skip` (an unused parameter).
+struct net : torch::nn::Module {
+  net() {
+    first = register_module("first", torch::nn::Linear(5, 4));
+    second = register_module("second", torch::nn::Linear(4, 3));
+    spare = register_parameter("spare", torch::ones({2}));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool skip) {
+    auto y = second->forward(torch::tanh(first->forward(x)));
+    return skip ? y : y + spare.sum();
+  }
+  torch::nn::Linear first{nullptr}, second{nullptr};
+  torch::Tensor spare;
+};
+
+// Every member's model starts from the same weights; rank r's input and target are its own.
+void initialize(net& model) {
+  torch::NoGradGuard plain;
+  auto generator = torch::make_generator<at::CPUGeneratorImpl>(7);
+  for (auto& p : model.parameters()) p.copy_(torch::randn(p.sizes(), generator));
+}
+torch::Tensor loss_of(net& model, int rank, int step, int pass, bool skip) {
+  auto generator = torch::make_generator<at::CPUGeneratorImpl>(1000 * rank + 10 * step + pass);
+  const auto x = torch::randn({6, 5}, generator);
+  const auto target = torch::randn({6, 3}, generator);
+  return torch::mse_loss(model.forward(x, skip), target);
+}
+
+// What every parameter's gradient must be after finish(): the mean over the member's ranks of
+// what each computes, from the same starting weights (computed here for every rank of the member).
+std::vector<torch::Tensor> expected(const net& start, const std::vector<int>& ranks, int step, int passes, bool skip) {
+  std::vector<torch::Tensor> sum;
+  for (int r : ranks) {
+    net copy;
+    {
+      torch::NoGradGuard plain;
+      auto to = copy.parameters();
+      auto from = start.parameters();
+      for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    }
+    for (int pass = 0; pass < passes; ++pass) loss_of(copy, r, step, pass, skip).backward();
+    auto params = copy.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto g = params[i].grad().defined() ? params[i].grad() : torch::zeros_like(params[i]);
+      if (sum.size() <= i) sum.push_back(g.clone()); else sum[i] += g;
+    }
+  }
+  for (auto& s : sum) s /= static_cast<double>(ranks.size());
+  return sum;
+}
+
+template <class Sync>
+bool averaged_correctly(fi::handover how, bool launch_when_full, int passes, bool skip_some) {
+  const int n = world().size(), me = world().rank();
+  const int member = member_of(me, n);
+  std::vector<int> ranks;
+  for (int r = 0; r < n; ++r)
+    if (member_of(r, n) == member) ranks.push_back(r);
+  auto comm = world().split(member, me, "member");
+  fc::sync_options options;
+  options.bucket_bytes = 48;  // several buckets, some fusing two parameters
+  options.launch_when_full = launch_when_full;
+  Sync sync(comm, options);
+  net model;
+  initialize(model);
+  fi::gradient_sync<Sync> grads(sync, model, how);
+  torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.1));
+  bool ok = grads.parameters() == 5;
+  for (int step = 0; step < 4; ++step) {
+    const bool skip = skip_some && step % 2 == 1;  // the spare parameter unused every other step
+    net start;
+    {
+      torch::NoGradGuard plain;
+      auto to = start.parameters();
+      auto from = model.parameters();
+      for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    }
+    const auto want = expected(start, ranks, step, passes, skip);
+    optimizer.zero_grad();
+    for (int pass = 0; pass < passes; ++pass) loss_of(model, me, step, pass, skip).backward();
+    grads.finish();
+    auto params = model.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      ok = ok && params[i].grad().defined() && torch::allclose(params[i].grad(), want[i], 1e-5, 1e-6);
+    optimizer.step();
+  }
+  return ok;
+}
+
+using syncs = boost::mpl::list<fc::subgroup_allreduce<mpi>, fc::overlapped_ring<mpi>>;
+
+}  // namespace
+
+BOOST_GLOBAL_FIXTURE(fixture_init);
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_hooked_during_backward_are_the_member_mean, Sync, syncs) {
+  for (bool early : {false, true})
+    BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::during_backward, early, 1, false)));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_handed_after_backward_are_the_member_mean, Sync, syncs) {
+  for (bool early : {false, true})
+    BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::after_backward, early, 1, false)));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(an_unused_parameter_is_handed_over_all_the_same, Sync, syncs) {
+  BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::during_backward, true, 1, true)));
+  BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::after_backward, false, 1, true)));
+}
+
+// Hooks see a contribution before autograd adds it: what was already in p.grad() must count.
+BOOST_AUTO_TEST_CASE(gradients_already_accumulated_count_under_hooks) {
+  const int n = world().size(), me = world().rank();
+  auto comm = world().split(member_of(me, n), me, "member");
+  fc::subgroup_allreduce<mpi> sync(comm);
+  net model;
+  initialize(model);
+  {  // p.grad() holds 1 before backward: the average must include it
+    torch::NoGradGuard plain;
+    for (auto& p : model.parameters()) p.mutable_grad() = torch::ones_like(p);
+  }
+  std::vector<int> ranks;
+  for (int r = 0; r < n; ++r)
+    if (member_of(r, n) == member_of(me, n)) ranks.push_back(r);
+  auto want = expected(model, ranks, 0, 1, false);
+  fi::gradient_sync<fc::subgroup_allreduce<mpi>> grads(sync, model);
+  loss_of(model, me, 0, 0, false).backward();
+  grads.finish();
+  bool ok = true;
+  auto params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) ok = ok && torch::allclose(params[i].grad(), want[i] + 1, 1e-5, 1e-6);
+  BOOST_TEST(all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(gradient_accumulation_after_backward_is_averaged) {
+  BOOST_TEST(all_ranks(averaged_correctly<fc::subgroup_allreduce<mpi>>(fi::handover::after_backward, false, 2, false)));
+}
+
+BOOST_AUTO_TEST_CASE(two_backwards_under_hooks_are_refused_on_every_rank) {
+  const int n = world().size(), me = world().rank();
+  auto comm = world().split(member_of(me, n), me, "member");
+  fc::subgroup_allreduce<mpi> sync(comm);
+  net model;
+  initialize(model);
+  fi::gradient_sync<fc::subgroup_allreduce<mpi>> grads(sync, model);
+  loss_of(model, me, 0, 0, false).backward();
+  loss_of(model, me, 0, 1, false).backward();
+  const auto message = error_of([&] { grads.finish(); });
+  BOOST_TEST(all_ranks(contains(message, "two gradients before finish()") && contains(message, "after_backward")));
+  // The sync is usable again: the next step averages normally.
+  model.zero_grad();
+  loss_of(model, me, 1, 0, false).backward();
+  BOOST_TEST(all_ranks(error_of([&] { grads.finish(); }).empty()));
+}
+
+BOOST_AUTO_TEST_CASE(tensors_the_sync_cannot_read_are_refused) {
+  fc::subgroup_allreduce<mpi> sync(world());
+  const auto strided = torch::zeros({4, 4}).t();
+  BOOST_TEST(contains(error_of([&] { fi::ready(sync, 0, strided); }), "not contiguous"));
+  BOOST_TEST(contains(error_of([&] { fi::ready(sync, 0, torch::zeros({3}, torch::kBool)); }), "not supported"));
+  const auto doubles = torch::zeros({3}, torch::kFloat64);
+  BOOST_TEST(contains(error_of([&] { fi::elements<float>(doubles, "t"); }), "expected Float"));
+  BOOST_TEST(contains(error_of([&] { fi::ready(sync, 0, torch::Tensor()); }), "undefined"));
+  sync.finish();  // nothing was handed over: an empty step
+}
+
+BOOST_AUTO_TEST_CASE(tensors_are_gathered_and_reduced_per_member) {
+  const int n = world().size(), me = world().rank();
+  std::vector<int> sizes = n == 1 ? std::vector<int>{1} : std::vector<int>{(n + 1) / 2, n / 2};
+  const fc::ensemble_layout layout(0, sizes, n - 1);
+  fc::many_to_one<mpi> collect(world(), layout);
+  const auto role = layout.role_of(me);
+  // Member m's rank r submits its slice of a 7-row evaluation set: rows of value 100 m + row.
+  const auto part = fi::evaluation_slice(7, role.rank_in_member, layout.member_size(role.member));
+  const auto rows = torch::arange(part.begin, part.end, torch::kFloat32).unsqueeze(1).expand({part.size(), 3});
+  fi::submit(collect, rows + 100 * role.member);  // not contiguous: submit copies
+  fi::submit(collect, rows + 100 * role.member);
+  bool ok = true;
+  if (collect.is_aggregator()) {
+    const auto members = fi::gather<float>(collect, {3});
+    ok = members.size() == sizes.size();
+    const auto whole = torch::arange(0, 7, torch::kFloat32).unsqueeze(1).expand({7, 3});
+    for (std::size_t m = 0; ok && m < members.size(); ++m)
+      ok = members[m].sizes() == torch::IntArrayRef({7, 3}) &&
+           torch::equal(members[m], whole + 100 * static_cast<double>(m));
+    const auto mean = fi::reduce<float>(collect, fc::op::avg, {3});
+    ok = ok && torch::allclose(mean, whole + (n == 1 ? 0.0 : 50.0));
+  }
+  BOOST_TEST(all_ranks(ok));
+}
+
+BOOST_AUTO_TEST_CASE(evaluation_slices_cover_the_set_in_rank_order) {
+  for (std::int64_t size : {0, 1, 7, 10000})
+    for (int ranks = 1; ranks <= 5; ++ranks) {
+      std::int64_t next = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const auto s = fi::evaluation_slice(size, r, ranks);
+        BOOST_TEST(s.begin == next);
+        BOOST_TEST((s.size() == size / ranks || s.size() == size / ranks + 1));
+        next = s.end;
+      }
+      BOOST_TEST(next == size);
+    }
+  BOOST_TEST(contains(error_of([] { fi::evaluation_slice(10, 3, 3); }), "rank 3 of 3"));
+  BOOST_TEST(contains(error_of([] { fi::evaluation_slice(-1, 0, 1); }), "-1 samples"));
+}
+
+namespace {
+// Sample i is a 2x3 tensor of i, its target 10 i.
+struct counting : torch::data::datasets::Dataset<counting> {
+  torch::data::Example<> get(std::size_t i) override {
+    return {torch::full({2, 3}, static_cast<float>(i)), torch::tensor(static_cast<std::int64_t>(10 * i))};
+  }
+  torch::optional<std::size_t> size() const override { return 11; }
+};
+}  // namespace
+
+// A torch::data dataset through a typed feed: every sample once per epoch, in order, each
+// trainer's share of the batch as tensor views of the feed's memory.
+BOOST_AUTO_TEST_CASE(a_torch_dataset_arrives_as_tensor_batches) {
+  const int n = world().size();
+  std::vector<int> sizes = n == 1 ? std::vector<int>{1} : std::vector<int>{(n + 1) / 2, n / 2};
+  const fc::ensemble_layout layout(0, sizes, 0);
+  counting data;
+  fc::typed_feed<fc::local_feed> feed(world(), layout, fi::dataset_of(data, 4, 2));
+  const auto role = layout.role_of(world().rank());
+  // What this trainer must see, per step: its slice of positions of each batch of 4 (3 steps per epoch).
+  bool ok = true;
+  std::int64_t steps = 0, seen = 0;
+  while (auto batch = feed.next()) {
+    const auto x = fi::samples(*batch);
+    const auto y = fi::labels(*batch);
+    const auto step_in_epoch = batch->step_in_epoch();
+    ok = ok && x.dim() == 3 && x.size(0) == batch->samples() && x.size(1) == 2 && x.size(2) == 3 &&
+         y.dim() == 1 && y.size(0) == batch->samples() && batch->epoch() == steps / 3;
+    for (std::int64_t j = 0; ok && j < batch->samples(); ++j) {
+      const std::int64_t index = 4 * step_in_epoch + batch->first_sample() + j;
+      ok = torch::equal(x[j], torch::full({2, 3}, static_cast<float>(index))) &&
+           y[j].item<std::int64_t>() == 10 * index &&
+           x.data_ptr<float>() == batch->as<float>().data();  // a view, not a copy
+    }
+    ok = ok && contains(error_of([&] { fi::samples<double>(*batch); }), "asked for");
+    seen += batch->samples();
+    ++steps;
+  }
+  // Over its member, this trainer's share of 2 epochs of 11 samples.
+  std::int64_t member_seen = seen;
+  auto comm = world().split(role.member, role.rank_in_member, "member");
+  fc::mpi::iallreduce(comm, fc::span<std::int64_t>(&member_seen, 1), fc::op::sum).wait();
+  BOOST_TEST(all_ranks(ok && steps == 6 && member_seen == 22));
+}
+
+// fi::epoch: one epoch per range-for, as a DataLoader gives it; the next epoch's first batch is
+// left in the feed, and a range after the last epoch is empty.
+BOOST_AUTO_TEST_CASE(an_epoch_range_stops_at_the_end_of_each_epoch) {
+  const int n = world().size();
+  const fc::ensemble_layout layout(0, {n}, 0);
+  counting data;
+  fc::typed_feed<fc::local_feed> feed(world(), layout, fi::dataset_of(data, 4, 2));
+  bool ok = true;
+  for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
+    std::int64_t steps = 0, samples = 0, first = -1;
+    for (auto& batch : fi::epoch(feed)) {
+      if (batch.data.size(0) > 0 && first < 0) first = batch.target[0].item<std::int64_t>();
+      ok = ok && batch.data.size(0) == batch.target.size(0) && batch.target.scalar_type() == torch::kInt64;
+      samples += batch.data.size(0);
+      ++steps;
+    }
+    fc::mpi::iallreduce(world(), fc::span<std::int64_t>(&samples, 1), fc::op::sum).wait();
+    ok = ok && steps == (epoch < 2 ? 3 : 0) && samples == (epoch < 2 ? 11 : 0);
+    if (world().rank() == 0 && epoch < 2) ok = ok && first == 0;  // each epoch starts at sample 0
+  }
+  BOOST_TEST(all_ranks(ok));
+}
