@@ -1,7 +1,8 @@
 """allreduce_gloo: benchmarks/allreduce's sweep done by torch.distributed's Gloo backend.
 
 Started the way DDP users start it:
-    torchrun --standalone --nproc_per_node 4 benchmarks/peers/allreduce_gloo.py -b 4K -e 64M -f 2 -n 20 -w 3 -c 1 -j gloo.json
+    torchrun --standalone --nproc_per_node 4 benchmarks/peers/allreduce_gloo.py -b 4K -e 64M -f 2 -n 20 -w 3 -c 1 \
+        -j gloo.json
 
 Same method and columns as benchmarks/allreduce.cpp: one float buffer of `size` bytes reduced
 in place (dist.all_reduce, SUM); `w` warm-up calls, one checked call (#wrong: elements that differ
@@ -85,9 +86,11 @@ def main():
     impl = "gloo allreduce"
     if root:
         print(f"# torch.distributed allreduce: {ranks} ranks, backend gloo, torch {torch.__version__}, "
-              f"torch threads {torch.get_num_threads()}, OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}, in place")
+              f"torch threads {torch.get_num_threads()}, "
+              f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}, in place")
         print(f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} | {impl:<39} |")
-        print(f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'':>5} | {'time(us)':>9} {'algbw':>8} {'busbw':>8} {'#wrong':>7}  |")
+        print(f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'':>5} |"
+              f" {'time(us)':>9} {'algbw':>8} {'busbw':>8} {'#wrong':>7}  |")
     records = []
     lo, hi = parse_bytes(a.minbytes), parse_bytes(a.maxbytes)
     size = float(lo)

@@ -28,6 +28,7 @@ import argparse
 import ctypes
 import json
 import os
+import sys
 import time
 
 import torch
@@ -86,7 +87,11 @@ class Synthetic(torch.nn.Module):
     def __init__(self, sizes, work, library):
         super().__init__()
         self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(n)) for n in sizes)
-        self.work, self.library = work, library
+        # Plain lists: ParameterList's indexing costs microseconds per call, per layer and step.
+        self.tensors, self.sizes = list(self.weights), sizes
+        self.work, self.compute_gradient = work, library.flexcomm_peer_gradient
+        self.compute_gradient.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+        self.compute_gradient.restype = None
         self.mode, self.step, self.idle_s, self.start = "cpu", 0, 0.0, 0.0
         # Share of all parameters whose gradients exist once tensor i's is done (backward order).
         total, done, self.share = sum(sizes), 0, [0.0] * len(sizes)
@@ -95,15 +100,15 @@ class Synthetic(torch.nn.Module):
             self.share[i] = done / total
 
     def forward(self, token):
-        for i, w in enumerate(self.weights):
+        for i, w in enumerate(self.tensors):
             token = Layer.apply(token, w, i, self)
         return token
 
     def gradient(self, i):
-        g = torch.empty_like(self.weights[i])
-        work = self.work if self.mode == "cpu" else 0
-        self.library.flexcomm_peer_gradient(ctypes.c_void_p(g.data_ptr()), ctypes.c_size_t(g.numel()),
-                                            ctypes.c_int(work), ctypes.c_int(self.step))
+        if i == len(self.sizes) - 1:  # backward begins (after forward, as overlap.cpp's clock)
+            self.start = time.perf_counter()
+        g = torch.empty(self.sizes[i])
+        self.compute_gradient(g.data_ptr(), self.sizes[i], self.work if self.mode == "cpu" else 0, self.step)
         if self.mode == "idle":
             left = self.start + self.idle_s * self.share[i] - time.perf_counter()
             if left > 0:
@@ -169,7 +174,8 @@ def main():
     if "MASTER_ADDR" not in os.environ:
         raise SystemExit("overlap_ddp: start it with torchrun --standalone --nproc_per_node N " + __file__)
     if not os.path.exists(a.library):
-        raise SystemExit(f"overlap_ddp: {a.library} not found; build it: ninja -C build benchmarks/peers/peer_backward.so")
+        raise SystemExit(f"overlap_ddp: {a.library} not found; build it: "
+                         "ninja -C build benchmarks/peers/peer_backward.so")
     library = ctypes.CDLL(os.path.abspath(a.library))
     dist.init_process_group("gloo")
     rank, ranks = dist.get_rank(), dist.get_world_size()
@@ -197,7 +203,6 @@ def main():
         def plain(s, sync=None):
             model.step = s
             model.zero_grad(set_to_none=True)
-            model.start = time.perf_counter()
             model(token).sum().backward()
             if sync:
                 sync()
@@ -215,7 +220,6 @@ def main():
         def with_ddp(s):
             model.step = s
             ddp.zero_grad(set_to_none=True)
-            model.start = time.perf_counter()
             ddp(token).sum().backward()
 
         model.mode = "cpu"
@@ -237,9 +241,9 @@ def main():
             ddp_buckets = str(logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes", ""))
             counts = [len(groups), len([x for x in ddp_buckets.split(",") if x.strip()])]
             if root:
-                print(f"# {name}: {len(sizes)} tensors, {sum(full)} parameters (full model), {sum(sizes)} after scaling "
-                      f"= {sum(sizes) * 4 / 2**20:.2f} MiB of float gradients, buckets of {bucket} bytes "
-                      f"(DDP's, bytes: {ddp_buckets})")
+                print(f"# {name}: {len(sizes)} tensors, {sum(full)} parameters (full model), "
+                      f"{sum(sizes)} after scaling = {sum(sizes) * 4 / 2**20:.2f} MiB of float gradients, "
+                      f"buckets of {bucket} bytes (DDP's, bytes: {ddp_buckets})")
                 print("# backward: " + (f"host idle for {model.idle_s * 1e6:.0f} us "
                                         f"({'given' if name in idle_us else 'as long as the CPU backward took'}: "
                                         "an accelerator computes)"
@@ -250,18 +254,25 @@ def main():
                 for (row, overall, comm), count in zip(rows, counts):
                     print(f"  {row:<42} {count:>8} {overall:12.0f} {compute:12.0f} {comm:13.0f} "
                           f"{overlap_percent(overall, compute, comm):11.1f} "
-                          f"{overlap_percent(overall, compute, exposed):10.1f} {rows[0][1] / overall:13.2f}", flush=True)
+                          f"{overlap_percent(overall, compute, exposed):10.1f} {rows[0][1] / overall:13.2f}",
+                          flush=True)
                     records.append({"model": name, "backward": kind, "adapter": row, "ranks": ranks, "scale": a.scale,
                                     "parameters": sum(sizes), "buckets": count, "overall_us": overall,
-                                    "compute_us": compute, "pure_comm_us": comm, "idle_us": model.idle_s * 1e6 if kind == "idle" else 0,
+                                    "compute_us": compute, "pure_comm_us": comm,
+                                    "idle_us": model.idle_s * 1e6 if kind == "idle" else 0,
                                     "overlap_percent": overlap_percent(overall, compute, comm),
                                     "hidden_vs_after_backward_percent": overlap_percent(overall, compute, exposed)})
-        del ddp
+
     if root and a.json:
         with open(a.json, "w") as out:
             json.dump({"benchmark": "overlap_ddp", "ranks": ranks, "work": a.work, "torch": torch.__version__,
                        "results": records}, out, indent=1)
-    dist.destroy_process_group()
+    # Leave without destructors: in torch 1.13 the Reducer's ProcessGroupGloo destructor joins Gloo's
+    # worker threads while holding the GIL, and a worker dropping the last reference to a Python
+    # tensor waits for the GIL: the rank hangs at exit (seen here, with its TCPStore thread spinning).
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
