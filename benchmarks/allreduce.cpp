@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
       ("op,o", po::value(&op_name)->default_value("sum"), "sum prod min max avg")
       ("segment,s", po::value(&segment)->default_value("1M"), "overlapped_ring segment bytes")
       ("lanes,l", po::value(&lanes)->default_value(2), "overlapped_ring segments in flight")
-      ("shm_slot,S", po::value(&shm_slot)->default_value("16M"), "subgroup_allreduce shm: bytes of each rank's slot")
+      ("shm_slot,S", po::value(&shm_slot)->default_value("1M"), "the shm columns: bytes of each rank's slot")
       ("hierarchical,H", po::value(&tiers)->default_value(0),
        "1: also both adapters forced hierarchical (the flat ones forced flat)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)");

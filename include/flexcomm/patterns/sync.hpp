@@ -71,8 +71,9 @@ struct sync_options {
   // on, takes precedence.
   shared_memory_use shared_memory = shared_memory_from_env();
   // Bytes of each rank's slot of the segment (N ranks: N of them); a larger bucket goes through in
-  // chunks. 16 MiB: measured on 2 cores, fewer, larger chunks were faster (docs/benchmarks.md).
-  std::size_t shared_memory_slot_bytes = std::size_t{16} << 20;
+  // chunks. 1 MiB: the slots then stay in cache while the buffers stream through; with 16 MiB
+  // slots a 64 MiB allreduce at 2 ranks took twice as long on a quiet machine (docs/benchmarks.md).
+  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
 };
 
 // Which gradients share which bucket. Formed at a member's first step from the order in which

@@ -297,9 +297,9 @@ class host_allreduce {
 class mpi_host_reducer {
  public:
   // Bytes of each rank's large slot unless told otherwise: a larger bucket goes in chunks.
-  static constexpr std::size_t default_slot_bytes = std::size_t{16} << 20;
+  static constexpr std::size_t default_slot_bytes = std::size_t{1} << 20;
   // Allreduces of at most this many bytes take the one-round path.
-  static constexpr std::size_t default_small_bytes = std::size_t{64} << 10;
+  static constexpr std::size_t default_small_bytes = std::size_t{16} << 10;
 
   template <class T>
   using task = detail::host_allreduce<T>;
