@@ -34,6 +34,9 @@ ranks=$(echo "$layout" | awk '{
 ranks=${FLEXCOMM_RANKS:-$ranks}
 shown=""
 for a in "${args[@]}"; do case "$a" in *" "*) shown+=" \"$a\"" ;; *) shown+=" $a" ;; esac; done
-echo "+ mpiexec -n $ranks build/examples/ensemble_fashion_mnist$shown"
+# The build is on MPICH (meson's -Dmpi=auto prefers it); plain `mpiexec` may be Open MPI's where
+# both are installed, and would start the ranks as unrelated one-rank jobs.
+launcher=$(command -v mpiexec.mpich || command -v mpiexec)
+echo "+ $(basename "$launcher") -n $ranks build/examples/ensemble_fashion_mnist$shown"
 # More ranks than cores is fine: flexcomm waits with backoff where ranks outnumber cores.
-exec mpiexec -n "$ranks" build/examples/ensemble_fashion_mnist "${args[@]}"
+exec "$launcher" -n "$ranks" build/examples/ensemble_fashion_mnist "${args[@]}"

@@ -46,17 +46,19 @@ mkdir -p "$out"
 # One thread per rank for torch's own parallelism (ranks already fill the 2 cores); torchrun
 # would set the same and warn. Gloo's communication threads are separate.
 export OMP_NUM_THREADS=1
+# flexcomm's build is on MPICH; plain `mpiexec` may be Open MPI's where both are installed.
+launcher=$(command -v mpiexec.mpich || command -v mpiexec)
 # A rank that hangs would hold torchrun (and mpiexec) forever: each benchmark gets 20 minutes.
 limit=(timeout --signal=TERM --kill-after=30 1200)
 torchrun=("${limit[@]}" "$py" benchmarks/peers/torchrun.py --standalone --nproc_per_node)
 
 for n in "${ranks[@]}"; do
   echo "=== $n ranks, $(date -u '+%F %T') UTC, uptime: $(uptime)" | tee "$out/uptime_np$n.txt"
-  "${limit[@]}" mpiexec -n "$n" build/benchmarks/allreduce "${sweep[@]}" -j "$out/allreduce_np$n.json" \
+  "${limit[@]}" "$launcher" -n "$n" build/benchmarks/allreduce "${sweep[@]}" -j "$out/allreduce_np$n.json" \
     | tee "$out/allreduce_np$n.txt"
   "${torchrun[@]}" "$n" benchmarks/peers/allreduce_gloo.py "${sweep[@]}" -j "$out/gloo_np$n.json" \
     | tee "$out/gloo_np$n.txt"
-  "${limit[@]}" mpiexec -n "$n" build/benchmarks/overlap "${steps[@]}" -j "$out/overlap_np$n.json" \
+  "${limit[@]}" "$launcher" -n "$n" build/benchmarks/overlap "${steps[@]}" -j "$out/overlap_np$n.json" \
     | tee "$out/overlap_np$n.txt"
   # The DDP host sits idle as long as flexcomm's did (its CPU backward in the run just made).
   idle=$("$py" -c 'import json, sys

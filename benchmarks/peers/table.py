@@ -13,7 +13,9 @@ import json
 import os
 import sys
 
-ADAPTERS = ("subgroup_allreduce", "overlapped_ring")
+# The adapters as a user gets them: with shared memory off, and (the default on one host) on;
+# the allreduce benchmark's "probe" and "memcpy" columns are limits, not adapters.
+ADAPTERS = ("subgroup_allreduce", "overlapped_ring", "subgroup_allreduce shm", "overlapped_ring shm")
 RING, EARLY = "overlapped_ring", "subgroup_allreduce (launch when full)"
 DDP = "DDP (its buckets and hooks)"
 
