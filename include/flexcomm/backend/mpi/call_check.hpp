@@ -20,9 +20,7 @@
 #include "../arguments.hpp"
 #include "../../core/error.hpp"
 #include "../../core/span.hpp"
-#include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
-#include "implementation.hpp"
 #include "watchdog.hpp"
 
 namespace flexcomm::detail {
@@ -70,18 +68,12 @@ class operation_record {
   }
   void count_varies() { signature_.value[mpi_signature::count] = -1; }
 
-  // Posts the check for a collective, just before the collective itself; where the library
-  // would write past a buffer on a mismatch (mpi_implementation::check_before_posting), waits for
-  // its verdict first.
+  // Posts the check for a collective, just before the collective itself.
   void check_collective(int comm_size) {
     if (!state_ || comm_size < 2 || state_->side() == MPI_COMM_NULL || !checks_enabled()) return;
     check_ = std::make_unique<mpi_signature_check>();
     check_->mine = signature_;
-    if (!check_->post(state_->side())) {
-      check_.reset();
-      return;
-    }
-    if constexpr (mpi_implementation::check_before_posting) settle();
+    if (!check_->post(state_->side())) check_.reset();
   }
 
   // The operation reached the library: its request owns the record and the check from here.
@@ -90,25 +82,6 @@ class operation_record {
   const std::shared_ptr<mpi_comm_state>& state() const noexcept { return state_; }
 
  private:
-  // Waits (wait policy, the communicator's timeout) for the check; a disagreement poisons the
-  // communicator and is an error naming who differs, before the collective exists.
-  void settle() {
-    const auto limit = state_->timeout();
-    int flag = 0;
-    const bool done = default_wait().until(
-        [&] { return MPI_Test(&check_->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag != 0; }, limit);
-    if (!done) {
-      static_cast<void>(check_.release());  // the library may still write into it
-      state_->poison(cat("the consistency check of ", what_, " timed out"));
-      fail(what_, cat("timed out after ", limit.count(), " ms waiting for the other ranks' consistency check ",
-                      "(FLEXCOMM_CHECK): a rank did not make this call"));
-    }
-    if (check_->req != MPI_REQUEST_NULL || check_->agreed()) return;
-    std::string detail = state_->disagreement(check_->mine, watchdog::grace(limit));
-    state_->poison(cat("ranks disagreed on #", seq_, " (", what_, ")"));
-    fail(what_, cat(detail, " (FLEXCOMM_CHECK)"));
-  }
-
   std::shared_ptr<mpi_comm_state> state_;
   std::uint64_t seq_ = 0;
   std::string what_;

@@ -46,13 +46,6 @@ inline int launcher_pmi_fd() {
 // receive buffer.
 inline constexpr bool reports_truncation_to_self = built_against != library::open_mpi;
 
-// Whether a collective's consistency check (FLEXCOMM_CHECK) must have agreed before the collective
-// is posted. Open MPI 4.1's nonblocking allreduce writes a mismatched peer's data into this
-// rank's buffer before anyone can notice (a rank reducing 1000 doubles against ranks reducing
-// 1000 floats: 8000 bytes into their 4000-byte buffers); MPICH reports a truncation and writes
-// nothing past the buffer, so there the check rides beside the collective at no latency.
-inline constexpr bool check_before_posting = built_against == library::open_mpi;
-
 // Where MPI_Finalize is known to hang, for the guard's message.
 inline constexpr const char* finalize_hang_note =
     built_against == library::mpich ? "MPICH 4.0.2 over UCX's TCP transport, see docs/reliability.md"
