@@ -172,6 +172,8 @@ class many_to_one {
   // round with data completes.
   template <class T>
   arrival advance(bool wait, gathered<T>& out);
+  template <class T, class F>
+  bool take_rounds(bool wait, F& each);
 
   static constexpr std::int64_t end_type = -2;  // the header type of the end round
   std::string where(const char* what) const { return cat("many_to_one: ", what); }
@@ -308,10 +310,18 @@ gathered<T> many_to_one<B>::gather() {
 template <class B>
 template <class T, class F>
 bool many_to_one<B>::poll_rounds(F&& each) {
+  return take_rounds<T>(false, each);
+}
+
+// Hands every round that arrives to `each` until the end round; without `wait`, stops (false)
+// at the first round not there yet.
+template <class B>
+template <class T, class F>
+bool many_to_one<B>::take_rounds(bool wait, F& each) {
   while (!finished_) {
     const std::int64_t round = collected_;
     gathered<T> out;
-    const arrival a = advance<T>(false, out);
+    const arrival a = advance<T>(wait, out);
     if (a == arrival::none) return false;
     if (a == arrival::round) each(round, out);
   }
@@ -345,11 +355,7 @@ void many_to_one<B>::finish() {
 template <class B>
 template <class T, class F>
 void many_to_one<B>::gather_rounds(F&& each) {
-  while (!finished_) {
-    const std::int64_t round = collected_;
-    gathered<T> out;
-    if (advance<T>(true, out) == arrival::round) each(round, out);
-  }
+  take_rounds<T>(true, each);
 }
 
 template <class B>
