@@ -13,6 +13,7 @@
 #include "../../core/error.hpp"
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
+#include "setup.hpp"
 #include "types.hpp"
 #include "watchdog.hpp"
 
@@ -41,8 +42,7 @@ class mpi_communicator {
 
   // A private duplicate of `comm`, so flexcomm's traffic never meets the trainer's own.
   static mpi_communicator duplicate(MPI_Comm comm, std::string name) {
-    MPI_Comm copy = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_dup(comm, &copy), cat(name, ": MPI_Comm_dup"));
+    const MPI_Comm copy = detail::duplicate_of(comm, name);
     return mpi_communicator(copy, std::move(name));
   }
 

@@ -282,6 +282,11 @@ class environment {
               "environment: split by node");
     node_.emplace(node, "node");
     ranks_on_node_ = node_->size();
+    // Learnt once, so that the host checks of adapters made later need no split of their own.
+    int first_on_host = rank;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first_on_host, 1, MPI_INT, MPI_MIN, node_->native()),
+              "environment: the host's first rank");
+    detail::host_key_slot().store(first_on_host, std::memory_order_release);
     // Every FLEXCOMM_ setting is read here, once, so that a bad value ends the job at start with
     // the same message on every rank, never an uncaught exception later.
     try {

@@ -13,6 +13,7 @@
 #include "../../core/settings.hpp"
 #include "../../core/hosts.hpp"
 #include "operations.hpp"
+#include "setup.hpp"
 
 namespace flexcomm {
 
@@ -37,6 +38,8 @@ inline host_map hosts_of(const mpi::communicator& comm) {
   std::int64_t key = 0;
   if (const auto pretend = hosts_from_env(world_size); pretend.ranks() > 0) {
     key = pretend.host_of(world_rank);
+  } else if (const int known = detail::host_key_slot().load(std::memory_order_acquire); known >= 0) {
+    key = known;
   } else {
     MPI_Comm shared = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &shared),

@@ -42,6 +42,7 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "communicator.hpp"
+#include "setup.hpp"
 #include "types.hpp"
 
 namespace flexcomm {
@@ -61,14 +62,8 @@ class host_segment {
         large_bytes(round_up(std::max(large_bytes, line))),
         small_bytes(round_up(small_bytes)) {
     const std::string who = cat(this->comm.name(), ": shared-memory setup");
-    MPI_Comm shared = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split_type(this->comm.native(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared), who);
-    int shared_size = 0;
-    MPI_Comm_size(shared, &shared_size);
-    MPI_Comm_free(&shared);
-    check(shared_size == ranks, who,
-          cat("the communicator's ", ranks, " ranks are not all on one host (", shared_size,
-              " share this rank's); shared memory needs one host"));
+    check(shares_one_host(this->comm.native(), who), who,
+          cat("the communicator's ", ranks, " ranks are not all on one host; shared memory needs one host"));
     // Each rank allocates its own region, so its pages are first touched (placed) by its owner.
     const std::size_t region = line + 2 * this->small_bytes + this->large_bytes;
     void* mine = nullptr;
@@ -85,7 +80,7 @@ class host_segment {
       check_mpi(MPI_Win_shared_query(window, r, &size, &unit, &base), cat(who, " (MPI_Win_shared_query)"));
       regions[static_cast<std::size_t>(r)] = static_cast<std::byte*>(base);
     }
-    check_mpi(MPI_Barrier(this->comm.native()), cat(who, " (barrier)"));
+    barrier(this->comm.native(), who);
   }
   host_segment(const host_segment&) = delete;
   host_segment& operator=(const host_segment&) = delete;
@@ -316,13 +311,7 @@ class mpi_host_reducer {
   // Collective over `comm`: whether MPI puts all its ranks on one host (the same answer on every
   // rank), i.e. whether a reducer can be made over it.
   static bool on_one_host(const mpi_communicator& comm) {
-    MPI_Comm shared = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &shared),
-              cat(comm.name(), ": split by host"));
-    int size = 0;
-    MPI_Comm_size(shared, &size);
-    MPI_Comm_free(&shared);
-    return size == comm.size();
+    return detail::shares_one_host(comm.native(), cat(comm.name(), ": split by host"));
   }
 
   explicit operator bool() const noexcept { return segment_ != nullptr; }

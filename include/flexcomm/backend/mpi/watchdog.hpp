@@ -33,6 +33,7 @@
 #include "../../core/reduce.hpp"
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
+#include "setup.hpp"
 
 namespace flexcomm::detail {
 
@@ -87,8 +88,13 @@ class mpi_comm_state final : public watched {
     MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_ranks_.data());
     MPI_Group_free(&mine);
     MPI_Group_free(&world);
-    if (MPI_Comm_dup(comm, &side_) == MPI_SUCCESS) MPI_Comm_set_errhandler(side_, MPI_ERRORS_RETURN);
-    else side_ = MPI_COMM_NULL;
+    // Without a side channel the watchdog only names this rank's own stall: not worth failing for.
+    try {
+      side_ = duplicate_of(comm, cat(name_, ": the watchdog's side channel"));
+      MPI_Comm_set_errhandler(side_, MPI_ERRORS_RETURN);
+    } catch (const error&) {
+      side_ = MPI_COMM_NULL;
+    }
   }
 
   ~mpi_comm_state() override {
