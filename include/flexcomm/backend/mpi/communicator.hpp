@@ -65,9 +65,8 @@ class mpi_communicator {
   // split but gets an empty communicator back.
   static constexpr int undefined = -1;
   mpi_communicator split(int color, int key, std::string name) const {
-    MPI_Comm out = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out),
-              cat(name_, ": split into '", name, "'"));
+    const MPI_Comm out = detail::split_of(comm_, color < 0 ? MPI_UNDEFINED : color, key,
+                                          cat(name_, ": split into '", name, "'"));
     return mpi_communicator(out, std::move(name));
   }
 
