@@ -38,6 +38,7 @@ inline host_map hosts_of(const mpi::communicator& comm) {
   if (const auto pretend = hosts_from_env(world_size); pretend.ranks() > 0) {
     key = pretend.host_of(world_rank);
   } else {
+    comm.post_deferred();  // MPI sees this split directly
     MPI_Comm shared = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &shared),
               cat(comm.name(), ": split by host"));

@@ -316,6 +316,7 @@ class mpi_host_reducer {
   // Collective over `comm`: whether MPI puts all its ranks on one host (the same answer on every
   // rank), i.e. whether a reducer can be made over it.
   static bool on_one_host(const mpi_communicator& comm) {
+    comm.post_deferred();  // MPI sees this split directly
     MPI_Comm shared = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &shared),
               cat(comm.name(), ": split by host"));
