@@ -134,3 +134,28 @@ BOOST_AUTO_TEST_CASE(collectives_reach_mpi_in_posting_order_whichever_is_tested_
   }
   BOOST_TEST(fc::testing::all_ranks(ok));
 }
+
+// A posted collective keeps going while its rank waits on something else: rank 0 receives from
+// every peer before waiting on the allreduce, and each peer sends only once its allreduce is
+// done. Where collectives wait for their check (Open MPI), waiting on the receives must still
+// hand rank 0's allreduce to MPI.
+BOOST_AUTO_TEST_CASE(a_collective_progresses_while_its_rank_waits_on_another_request) {
+  const int rank = world().rank(), size = world().size();
+  auto comm = world().dup("progress elsewhere");
+  std::vector<std::int32_t> sum(16, 1);
+  auto reduce = mpi::iallreduce(comm, fc::span<std::int32_t>(sum), fc::op::sum);
+  std::vector<std::int32_t> heard(static_cast<std::size_t>(size), 0);
+  if (rank == 0) {
+    for (int peer = 1; peer < size; ++peer)
+      mpi::irecv(world(), fc::span<std::int32_t>(&heard[static_cast<std::size_t>(peer)], 1), peer, 11).wait();
+    reduce.wait();
+  } else {
+    reduce.wait();
+    std::int32_t done = sum[0];
+    mpi::isend(world(), fc::span<const std::int32_t>(&done, 1), 0, 11).wait();
+  }
+  bool ok = true;
+  for (auto x : sum) ok = ok && x == size;
+  for (int peer = 1; rank == 0 && peer < size; ++peer) ok = ok && heard[static_cast<std::size_t>(peer)] == size;
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}

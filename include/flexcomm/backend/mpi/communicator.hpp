@@ -39,7 +39,7 @@ class mpi_communicator {
       MPI_Comm_size(comm_, &size_);
       state_ = std::make_shared<detail::mpi_comm_state>(comm_, name_);
       watchdog::instance().add(state_);
-      if constexpr (mpi_implementation::defers_collectives) deferred_ = std::make_shared<detail::deferred_posts>();
+      if constexpr (mpi_implementation::defers_collectives) deferred_ = detail::deferred_queues::instance().make(state_);
     }
   }
 
@@ -90,7 +90,7 @@ class mpi_communicator {
     const auto limit = timeout();
     const bool posted = default_wait().until(
         [&] {
-          deferred_->advance(*state_, watchdog::grace(limit));
+          deferred_->advance();
           return deferred_->empty();
         },
         limit);

@@ -1,6 +1,7 @@
 // Collectives held back until their consistency check agreed (Open MPI only:
-// mpi_implementation::defers_collectives). Posting one starts only its check; testing any request
-// of the communicator advances the communicator's queue: from the front, in posting order, each
+// mpi_implementation::defers_collectives). Posting one starts only its check; testing any MPI
+// request (of any communicator: a rank waiting on a receive may be what a peer's collective
+// waits for) advances every communicator's queue: from the front, in posting order, each
 // collective whose check agreed is handed to the library. MPI needs every rank to post a
 // communicator's collectives in the same order, and this keeps the order flexcomm was given
 // however the requests are tested. A disagreement stops the queue: that collective and every one
@@ -9,6 +10,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -17,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../../core/error.hpp"
 #include "types.hpp"
@@ -48,6 +51,8 @@ struct deferred_post {
 // A communicator's collectives not yet handed to the library, oldest first.
 class deferred_posts {
  public:
+  explicit deferred_posts(std::shared_ptr<mpi_comm_state> state) : state_(std::move(state)) {}
+
   void enqueue(std::shared_ptr<deferred_post> p) {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(p));
@@ -58,9 +63,11 @@ class deferred_posts {
     return queue_.empty();
   }
 
-  // Never blocks on a peer, except to swap signatures once a check has disagreed (`grace` at most).
-  void advance(mpi_comm_state& state, std::chrono::milliseconds grace) {
+  // Never blocks on a peer, except to swap signatures once a check has disagreed (for the
+  // watchdog's grace period at most).
+  void advance() {
     std::lock_guard<std::mutex> lock(mutex_);
+    mpi_comm_state& state = *state_;
     while (!queue_.empty()) {
       deferred_post& p = *queue_.front();
       if (p.now == deferred_post::stage::dropped) {
@@ -81,6 +88,7 @@ class deferred_posts {
         }
       }
       if (p.check && !p.verdict_lost && !p.check->agreed()) {
+        const auto grace = watchdog::grace(state.limit.for_wait(inherit_timeout));
         p.refusal = cat(state.disagreement(p.check->mine, grace), " (FLEXCOMM_CHECK)");
         state.poison(cat("ranks disagreed on #", p.seq, " (", p.what, ")"));
         p.now = deferred_post::stage::refused;
@@ -135,8 +143,53 @@ class deferred_posts {
     queue_.clear();
   }
 
+  std::shared_ptr<mpi_comm_state> state_;
   std::mutex mutex_;
   std::deque<std::shared_ptr<deferred_post>> queue_;
+};
+
+// Every communicator's queue, so that testing any request advances them all. Holds them weakly:
+// a communicator's queue lives as long as it or one of its requests does.
+class deferred_queues {
+ public:
+  static deferred_queues& instance() {
+    static deferred_queues all;
+    return all;
+  }
+
+  std::shared_ptr<deferred_posts> make(std::shared_ptr<mpi_comm_state> state) {
+    auto queue = std::make_shared<deferred_posts>(std::move(state));
+    std::lock_guard<std::mutex> lock(mutex_);
+    queues_.push_back(queue);
+    return queue;
+  }
+
+  // Called with every test: one atomic load while nothing is deferred anywhere.
+  void advance_all() {
+    if (waiting_.load(std::memory_order_acquire) == 0) return;
+    std::vector<std::shared_ptr<deferred_posts>> live;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::size_t kept = 0;
+      for (auto& weak : queues_) {
+        if (auto queue = weak.lock()) {
+          live.push_back(std::move(queue));
+          queues_[kept++] = weak;
+        }
+      }
+      queues_.resize(kept);
+    }
+    for (auto& queue : live) queue->advance();
+  }
+
+  // Collectives posted and not yet handed over (or refused), across all communicators.
+  void deferred() noexcept { waiting_.fetch_add(1, std::memory_order_acq_rel); }
+  void settled() noexcept { waiting_.fetch_sub(1, std::memory_order_acq_rel); }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::weak_ptr<deferred_posts>> queues_;
+  std::atomic<long> waiting_{0};
 };
 
 // A request's handle on its deferred collective until the library has it.
@@ -144,21 +197,34 @@ class deferred_collective {
  public:
   deferred_collective() = default;
   deferred_collective(std::shared_ptr<deferred_posts> queue, std::shared_ptr<deferred_post> post)
-      : queue_(std::move(queue)), post_(std::move(post)) {}
+      : queue_(std::move(queue)), post_(std::move(post)) {
+    deferred_queues::instance().deferred();
+  }
+  deferred_collective(deferred_collective&& o) noexcept { swap(o); }
+  deferred_collective& operator=(deferred_collective&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  deferred_collective(const deferred_collective&) = delete;
+  deferred_collective& operator=(const deferred_collective&) = delete;
+  ~deferred_collective() {
+    if (post_) deferred_queues::instance().settled();  // a request moved-from or abandoned keeps no count
+  }
 
   bool pending() const noexcept { return post_ != nullptr; }
 
   // Advances the queue; once this collective is posted, hands its library request to `req` and
   // returns true. Refused: `failed()` (the request's bookkeeping), then the error.
   template <class Failed>
-  bool test(mpi_comm_state& state, std::chrono::milliseconds grace, MPI_Request& req, Failed&& failed) {
-    queue_->advance(state, grace);
+  bool test(MPI_Request& req, Failed&& failed) {
+    queue_->advance();
     std::string refusal;
     const auto now = queue_->stage_of(*post_, req, refusal);
     if (now == deferred_post::stage::checking) return false;
     const std::string what = post_->what;
     post_.reset();
     queue_.reset();
+    deferred_queues::instance().settled();
     if (now == deferred_post::stage::posted) return true;
     failed();
     fail(what, refusal);
@@ -171,6 +237,7 @@ class deferred_collective {
     queue_->drop(*post_);
     static_cast<void>(new std::shared_ptr<deferred_post>(std::move(post_)));
     queue_.reset();
+    deferred_queues::instance().settled();
   }
 
   void swap(deferred_collective& o) noexcept {

@@ -58,7 +58,7 @@ class mpi_op_start : public operation_record {
         mpi_request r(deferred_collective(queue, std::move(post)), what(), std::move(then), state(), seq);
         // Whatever the queue can hand the library at once (this collective too, when unchecked
         // and alone) goes now; a refusal waits for the request's test.
-        queue->advance(*state(), watchdog::grace(comm.timeout()));
+        queue->advance();
         return r;
       }
     }

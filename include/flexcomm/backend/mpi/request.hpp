@@ -21,6 +21,7 @@
 #include "call_check.hpp"
 #include "communicator.hpp"
 #include "deferred_post.hpp"
+#include "implementation.hpp"
 #include "types.hpp"
 #include "watchdog.hpp"
 
@@ -63,9 +64,8 @@ class mpi_request : public basic_request<mpi_request> {
   // True once the operation has finished (and its epilogue has run).
   bool test() {
     if (!pending()) return true;
-    if (deferred_.pending() &&
-        !deferred_.test(*state_, watchdog::grace(limit(inherit)), req_, [&] { record(op_state::failed); }))
-      return false;
+    if constexpr (mpi_implementation::defers_collectives) detail::deferred_queues::instance().advance_all();
+    if (deferred_.pending() && !deferred_.test(req_, [&] { record(op_state::failed); })) return false;
     if (check_.pending()) test_check();
     if (req_ != MPI_REQUEST_NULL) {
       int flag = 0;
