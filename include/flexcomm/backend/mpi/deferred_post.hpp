@@ -153,8 +153,8 @@ class deferred_posts {
 class deferred_queues {
  public:
   static deferred_queues& instance() {
-    static deferred_queues all;
-    return all;
+    static auto* all = new deferred_queues;  // never destroyed: requests may outlive static destruction
+    return *all;
   }
 
   std::shared_ptr<deferred_posts> make(std::shared_ptr<mpi_comm_state> state) {
