@@ -1,7 +1,8 @@
 // An operation's record while it is posted, and the consistency check (FLEXCOMM_CHECK) that
 // rides beside one collective: what every rank must agree on (operation, type, count, op, root,
 // counts, the adapter's label), posted as a small allreduce on the communicator's side channel
-// just before the collective, and tested with it. On a difference the ranks swap signatures, so
+// just before the collective, and tested with it (on Open MPI the collective itself waits for its
+// verdict: mpi/deferred_post.hpp). On a difference the ranks swap signatures, so
 // that each names who disagrees, and the communicator is poisoned. MPI collectives carry it, and
 // NCCL's, over their control communicator's bookkeeping (NCCL itself would hang on mismatched
 // calls).

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -13,6 +14,8 @@
 #include "../../core/error.hpp"
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
+#include "deferred_post.hpp"
+#include "implementation.hpp"
 #include "setup.hpp"
 #include "types.hpp"
 #include "watchdog.hpp"
@@ -37,6 +40,7 @@ class mpi_communicator {
       MPI_Comm_size(comm_, &size_);
       state_ = std::make_shared<detail::mpi_comm_state>(comm_, name_);
       watchdog::instance().add(state_);
+      if constexpr (mpi_implementation::defers_collectives) deferred_ = detail::deferred_queues::instance().make(state_);
     }
   }
 
@@ -65,12 +69,33 @@ class mpi_communicator {
   // split but gets an empty communicator back.
   static constexpr int undefined = -1;
   mpi_communicator split(int color, int key, std::string name) const {
+    post_deferred();
     const MPI_Comm out = detail::split_of(comm_, color < 0 ? MPI_UNDEFINED : color, key,
                                           cat(name_, ": split into '", name, "'"));
     return mpi_communicator(out, std::move(name));
   }
 
-  mpi_communicator dup(std::string name) const { return duplicate(comm_, std::move(name)); }
+  mpi_communicator dup(std::string name) const {
+    post_deferred();
+    return duplicate(comm_, std::move(name));
+  }
+
+  // Before a collective flexcomm hands MPI directly (split, dup, a shared window): the collectives
+  // still waiting for their consistency check (Open MPI, mpi/deferred_post.hpp) go first, so that
+  // every rank's collectives reach MPI in the same order. Waits under the wait policy and this
+  // communicator's timeout.
+  void post_deferred() const {
+    if (!deferred_ || deferred_->empty()) return;
+    const auto limit = timeout();
+    const bool posted = default_wait().until(
+        [&] {
+          deferred_->advance();
+          return deferred_->empty();
+        },
+        limit);
+    check(posted, cat(name_, ": posting the collectives deferred for their consistency check"),
+          cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT): a rank did not make them"));
+  }
 
   // Sequence number of the next operation on this communicator, for error reports.
   std::uint64_t next_sequence() noexcept { return state_ ? state_->recorder().reserve() : ++sequence_; }
@@ -90,6 +115,8 @@ class mpi_communicator {
 
   // Watchdog bookkeeping shared with this communicator's requests (backend-internal).
   const std::shared_ptr<detail::mpi_comm_state>& watch_state() const noexcept { return state_; }
+  // Its collectives waiting for their consistency check; null where none wait (MPICH).
+  const std::shared_ptr<detail::deferred_posts>& deferred_posts() const noexcept { return deferred_; }
 
   // Sequence number of the next collective only: equal on every rank for the same collective
   // (point-to-point traffic differs by rank), so traces can be matched across ranks.
@@ -116,10 +143,18 @@ class mpi_communicator {
     std::swap(sequence_, o.sequence_);
     std::swap(state_, o.state_);
     std::swap(collectives_, o.collectives_);
+    std::swap(deferred_, o.deferred_);
   }
   void release() noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (deferred_ && comm_ != MPI_COMM_NULL && !finalized) {
+      // A request that outlives its communicator would otherwise post onto a freed one.
+      try {
+        post_deferred();
+      } catch (const std::exception&) {
+      }
+    }
     if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
   }
@@ -131,6 +166,7 @@ class mpi_communicator {
   std::uint64_t sequence_ = 0;
   std::shared_ptr<detail::mpi_comm_state> state_;
   mutable std::uint64_t collectives_ = 0;  // bookkeeping, like sequence_
+  std::shared_ptr<detail::deferred_posts> deferred_;
 };
 
 namespace detail {

@@ -41,6 +41,7 @@ inline host_map hosts_of(const mpi::communicator& comm) {
   } else if (const int known = detail::host_key_slot().load(std::memory_order_acquire); known >= 0) {
     key = known;
   } else {
+    comm.post_deferred();  // MPI sees this split directly
     MPI_Comm shared = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &shared),
               cat(comm.name(), ": split by host"));

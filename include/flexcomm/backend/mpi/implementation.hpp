@@ -46,6 +46,16 @@ inline int launcher_pmi_fd() {
 // receive buffer.
 inline constexpr bool reports_truncation_to_self = built_against != library::open_mpi;
 
+// Whether a collective reaches the library only once its consistency check (FLEXCOMM_CHECK) has
+// agreed. Open MPI 4.1's nonblocking allreduce writes a mismatched peer's data into this rank's
+// buffer before anyone can notice (a rank reducing 1000 doubles against ranks reducing 1000
+// floats: 8000 bytes into their 4000-byte buffers), so there the post is deferred into the
+// request (mpi/deferred_post.hpp): posting starts only the check, and testing the request makes
+// the call once the check agreed, at the cost of one small allreduce of latency. MPICH reports
+// such a mismatch as truncation and writes nothing past the buffer: there the check rides beside
+// the collective at no latency.
+inline constexpr bool defers_collectives = built_against == library::open_mpi;
+
 // Where MPI_Finalize is known to hang, for the guard's message.
 inline constexpr const char* finalize_hang_note =
     built_against == library::mpich ? "MPICH 4.0.2 over UCX's TCP transport, see docs/reliability.md"

@@ -24,6 +24,8 @@
 #include "../operations.hpp"
 #include "call_check.hpp"
 #include "communicator.hpp"
+#include "deferred_post.hpp"
+#include "implementation.hpp"
 #include "request.hpp"
 #include "types.hpp"
 #include "watchdog.hpp"
@@ -43,6 +45,35 @@ class mpi_op_start : public operation_record {
     const auto seq = take_sequence();
     return mpi_request(r, what(), std::move(then), state(), seq, take_check());
   }
+
+  // A collective: `native(&request)` is the library call. Where collectives wait for their check
+  // (mpi_implementation::defers_collectives), it joins the communicator's queue and is made when
+  // its turn comes (mpi/deferred_post.hpp); elsewhere it is made now, its check riding beside it.
+  mpi_request post_collective(const mpi_communicator& comm, native_post native, std::function<void()> then = {}) {
+    if constexpr (mpi_implementation::defers_collectives) {
+      if (const auto& queue = comm.deferred_posts()) {
+        const auto seq = take_sequence();
+        auto post = std::make_shared<deferred_post>(take_check(), std::move(native), seq, what());
+        queue->enqueue(post);
+        mpi_request r(deferred_collective(queue, std::move(post)), what(), std::move(then), state(), seq);
+        // Whatever the queue can hand the library at once (this collective too, when unchecked
+        // and alone) goes now; a refusal waits for the request's test.
+        queue->advance();
+        return r;
+      }
+    }
+    MPI_Request r;
+    check_mpi(native(&r), what());
+    return finish(r, std::move(then));
+  }
+};
+
+// The per-rank counts and offsets of a v-collective, held until it completes: the caller's
+// counts may be gone by the time a deferred post is made.
+struct held_layout {
+  held_layout(span<const int> c, blocks b) : counts(c.begin(), c.end()), offsets(std::move(b.offsets)) {}
+  std::vector<int> counts;
+  std::vector<int> offsets;
 };
 
 template <class T>
@@ -112,22 +143,24 @@ struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
 
   template <class T>
   static request post_ibcast(const communicator& comm, start& st, span<T> buf, int root, stream) {
-    MPI_Request r;
-    check_mpi(MPI_Ibcast(buf.data(), detail::mpi_count(buf.size(), st.what()), type_of(dtype_of<T>), root,
-                         comm.native(), &r),
-              st.what());
-    return st.finish(r);
+    const int n = detail::mpi_count(buf.size(), st.what());
+    return st.post_collective(comm, [data = buf.data(), n, root, c = comm.native()](MPI_Request* r) {
+      return MPI_Ibcast(data, n, type_of(dtype_of<T>), root, c, r);
+    });
   }
 
   template <class T>
   static request post_iallreduce(const communicator& comm, start& st, span<const T> send, span<T> recv, op o,
                                  stream) {
-    MPI_Request r;
-    check_mpi(MPI_Iallreduce(send.data() == recv.data() ? MPI_IN_PLACE : send.data(), recv.data(),
-                             detail::mpi_count(recv.size(), st.what()), type_of(dtype_of<T>),
-                             detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
-              st.what());
-    return st.finish(r, detail::average_epilogue(o, recv, comm.size()));
+    const void* sendbuf = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    const int n = detail::mpi_count(recv.size(), st.what());
+    const MPI_Op mop = detail::mpi_op(o, dtype_of<T>);
+    return st.post_collective(
+        comm,
+        [sendbuf, out = recv.data(), n, mop, c = comm.native()](MPI_Request* r) {
+          return MPI_Iallreduce(sendbuf, out, n, type_of(dtype_of<T>), mop, c, r);
+        },
+        detail::average_epilogue(o, recv, comm.size()));
   }
 
   // `recv` is empty except at the root.
@@ -135,59 +168,73 @@ struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
   static request post_ireduce(const communicator& comm, start& st, span<const T> send, span<T> recv, op o, int root,
                               stream) {
     const bool at_root = comm.rank() == root;
-    MPI_Request r;
     const void* sendbuf = at_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
-    check_mpi(MPI_Ireduce(sendbuf, at_root ? recv.data() : nullptr, detail::mpi_count(send.size(), st.what()),
-                          type_of(dtype_of<T>), detail::mpi_op(o, dtype_of<T>), root, comm.native(), &r),
-              st.what());
-    return st.finish(r, detail::average_epilogue(o, recv, comm.size()));
+    const int n = detail::mpi_count(send.size(), st.what());
+    const MPI_Op mop = detail::mpi_op(o, dtype_of<T>);
+    return st.post_collective(
+        comm,
+        [sendbuf, out = at_root ? recv.data() : nullptr, n, mop, root, c = comm.native()](MPI_Request* r) {
+          return MPI_Ireduce(sendbuf, out, n, type_of(dtype_of<T>), mop, root, c, r);
+        },
+        detail::average_epilogue(o, recv, comm.size()));
   }
 
   template <class T>
   static request post_igatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
                                span<const int> counts, detail::blocks layout, int root, stream) {
     const bool at_root = comm.rank() == root;
-    // MPI reads the offsets when the operation starts, but MPICH may keep the pointer: hold them.
-    auto keep = std::make_shared<detail::blocks>(std::move(layout));
-    const auto type = type_of(dtype_of<T>);
-    MPI_Request r;
-    check_mpi(MPI_Igatherv(send.data(), detail::mpi_count(send.size(), st.what()), type,
-                           at_root ? recv.data() : nullptr, at_root ? counts.data() : nullptr,
-                           keep->offsets.empty() ? nullptr : keep->offsets.data(), type, root, comm.native(), &r),
-              st.what());
-    return st.finish(r, [keep] {});
+    // MPI reads counts and offsets when the operation starts (which may be later: deferred), but
+    // MPICH may keep the pointers: hold them.
+    auto keep = std::make_shared<detail::held_layout>(counts, std::move(layout));
+    const int n = detail::mpi_count(send.size(), st.what());
+    return st.post_collective(
+        comm,
+        [in = send.data(), out = at_root ? recv.data() : nullptr, n, at_root, keep, root,
+         c = comm.native()](MPI_Request* r) {
+          const auto type = type_of(dtype_of<T>);
+          return MPI_Igatherv(in, n, type, out, at_root ? keep->counts.data() : nullptr,
+                              keep->offsets.empty() ? nullptr : keep->offsets.data(), type, root, c, r);
+        },
+        [keep] {});
   }
 
   template <class T>
   static request post_iallgather(const communicator& comm, start& st, span<const T> send, span<T> recv, stream) {
-    const auto type = type_of(dtype_of<T>);
     const int n = detail::mpi_count(send.size(), st.what());
-    MPI_Request r;
-    check_mpi(MPI_Iallgather(send.data(), n, type, recv.data(), n, type, comm.native(), &r), st.what());
-    return st.finish(r);
+    return st.post_collective(comm, [in = send.data(), out = recv.data(), n, c = comm.native()](MPI_Request* r) {
+      const auto type = type_of(dtype_of<T>);
+      return MPI_Iallgather(in, n, type, out, n, type, c, r);
+    });
   }
 
   template <class T>
   static request post_iallgatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
                                   span<const int> counts, detail::blocks layout, stream) {
-    auto keep = std::make_shared<detail::blocks>(std::move(layout));
-    const auto type = type_of(dtype_of<T>);
-    MPI_Request r;
-    check_mpi(MPI_Iallgatherv(send.data(), detail::mpi_count(send.size(), st.what()), type, recv.data(),
-                              counts.data(), keep->offsets.data(), type, comm.native(), &r),
-              st.what());
-    return st.finish(r, [keep] {});
+    auto keep = std::make_shared<detail::held_layout>(counts, std::move(layout));
+    const int n = detail::mpi_count(send.size(), st.what());
+    return st.post_collective(
+        comm,
+        [in = send.data(), out = recv.data(), n, keep, c = comm.native()](MPI_Request* r) {
+          const auto type = type_of(dtype_of<T>);
+          return MPI_Iallgatherv(in, n, type, out, keep->counts.data(), keep->offsets.data(), type, c, r);
+        },
+        [keep] {});
   }
 
   // `recv` is exactly this rank's block.
   template <class T>
   static request post_ireduce_scatter(const communicator& comm, start& st, span<const T> send, span<T> recv,
                                       span<const int> counts, detail::blocks, op o, stream) {
-    MPI_Request r;
-    check_mpi(MPI_Ireduce_scatter(send.data(), recv.data(), counts.data(), type_of(dtype_of<T>),
-                                  detail::mpi_op(o, dtype_of<T>), comm.native(), &r),
-              st.what());
-    return st.finish(r, detail::average_epilogue(o, recv, comm.size()));
+    auto keep = std::make_shared<detail::held_layout>(counts, detail::blocks{});
+    const MPI_Op mop = detail::mpi_op(o, dtype_of<T>);
+    return st.post_collective(
+        comm,
+        [in = send.data(), out = recv.data(), keep, mop, c = comm.native()](MPI_Request* r) {
+          return MPI_Ireduce_scatter(in, out, keep->counts.data(), type_of(dtype_of<T>), mop, c, r);
+        },
+        [keep, avg = detail::average_epilogue(o, recv, comm.size())] {
+          if (avg) avg();
+        });
   }
 };
 

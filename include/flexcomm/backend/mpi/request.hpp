@@ -1,5 +1,6 @@
 // The MPI backend's request: one nonblocking MPI operation, with the consistency check that rides
-// beside it, its place in the flight recorder and its span in the trace.
+// beside it (on Open MPI, that the collective waits for: mpi/deferred_post.hpp), its place in the
+// flight recorder and its span in the trace.
 #pragma once
 
 #include <mpi.h>
@@ -19,6 +20,8 @@
 #include "../request.hpp"
 #include "call_check.hpp"
 #include "communicator.hpp"
+#include "deferred_post.hpp"
+#include "implementation.hpp"
 #include "types.hpp"
 #include "watchdog.hpp"
 
@@ -40,11 +43,16 @@ class mpi_request : public basic_request<mpi_request> {
               std::unique_ptr<detail::mpi_signature_check> check)
       : req_(req), what_(std::move(what)), then_(std::move(then)), state_(std::move(state)), seq_(seq),
         check_(std::move(check)) {}
+  // Backend-internal, Open MPI: a collective that reaches the library once its check agreed.
+  mpi_request(detail::deferred_collective deferred, std::string what, std::function<void()> then,
+              std::shared_ptr<detail::mpi_comm_state> state, std::uint64_t seq)
+      : what_(std::move(what)), then_(std::move(then)), state_(std::move(state)), seq_(seq),
+        deferred_(std::move(deferred)) {}
   mpi_request(mpi_request&& o) noexcept { swap(o); }
   mpi_request& operator=(mpi_request&& o) noexcept { return take(std::move(o)); }
   ~mpi_request() { finish_pending(); }
 
-  bool pending() const noexcept { return req_ != MPI_REQUEST_NULL || check_.pending(); }
+  bool pending() const noexcept { return req_ != MPI_REQUEST_NULL || check_.pending() || deferred_.pending(); }
   const std::string& what() const noexcept { return what_; }
 
   // Marks this request as collective `kind` on `comm` in the trace: arrival now, end when it
@@ -56,6 +64,8 @@ class mpi_request : public basic_request<mpi_request> {
   // True once the operation has finished (and its epilogue has run).
   bool test() {
     if (!pending()) return true;
+    if constexpr (mpi_implementation::defers_collectives) detail::deferred_queues::instance().advance_all();
+    if (deferred_.pending() && !deferred_.test(req_, [&] { record(op_state::failed); })) return false;
     if (check_.pending()) test_check();
     if (req_ != MPI_REQUEST_NULL) {
       int flag = 0;
@@ -118,6 +128,7 @@ class mpi_request : public basic_request<mpi_request> {
     seq_ = 0;
     req_ = MPI_REQUEST_NULL;
     check_.abandon();
+    deferred_.abandon();
     watchdog::instance().abandon();
     return true;
   }
@@ -129,6 +140,7 @@ class mpi_request : public basic_request<mpi_request> {
     std::swap(state_, o.state_);
     std::swap(seq_, o.seq_);
     check_.swap(o.check_);
+    deferred_.swap(o.deferred_);
     trace_.swap(o.trace_);
   }
 
@@ -138,6 +150,7 @@ class mpi_request : public basic_request<mpi_request> {
   std::shared_ptr<detail::mpi_comm_state> state_;
   std::uint64_t seq_ = 0;
   detail::riding_check check_;
+  detail::deferred_collective deferred_;
   trace::collective_mark trace_;
 };
 

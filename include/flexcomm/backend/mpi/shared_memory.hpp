@@ -311,6 +311,7 @@ class mpi_host_reducer {
   // Collective over `comm`: whether MPI puts all its ranks on one host (the same answer on every
   // rank), i.e. whether a reducer can be made over it.
   static bool on_one_host(const mpi_communicator& comm) {
+    comm.post_deferred();  // MPI sees this allgather directly
     return detail::shares_one_host(comm.native(), cat(comm.name(), ": split by host"));
   }
 
