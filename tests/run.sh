@@ -2,9 +2,9 @@
 # Installs what flexcomm's tests need (Debian packages) if missing, configures, builds and runs
 # the suites.  Usage: tests/run.sh [plain|openmpi|asan|tsan] [meson test arguments...]
 #   plain    the default build (CUDA code compiled when nvcc and NCCL are present), on MPICH
-#   openmpi  the same on Debian's Open MPI (installed beside MPICH); the cluster suite runs each
-#            binary once per layout, its short cases only (the plain build runs them all, and ten
-#            times: MPICH's finalize hang needs the repeats)
+#   openmpi  the same on Debian's Open MPI (installed beside MPICH), MPI tests at 1-4 ranks; the
+#            cluster suite runs each binary once per layout, its short cases only (the plain build
+#            runs them all, and six times: MPICH's finalize hang needs the repeats)
 #   asan   AddressSanitizer + UndefinedBehaviorSanitizer
 #   tsan   ThreadSanitizer
 set -euo pipefail
