@@ -159,6 +159,27 @@ BOOST_AUTO_TEST_CASE(finish_is_refused_within_backward) {
   BOOST_TEST(contains(error_of([&] { grads.finish(); }), "within_backward finishes each step in backward()"));
 }
 
+namespace {
+// A Sync whose every step fails, as a member's exchange that times out would.
+struct failing_sync {
+  template <class T>
+  void ready(int, fc::span<T>) { ++handed; }
+  void finish() { fc::fail("failing_sync: finish", "the member's exchange failed"); }
+  int handed = 0;
+};
+}  // namespace
+
+// A failure of the step that backward() runs leaves backward() as that flexcomm::error, and the
+// next backward() steps again, every parameter handed over once per step.
+BOOST_AUTO_TEST_CASE(an_error_finishing_within_backward_leaves_backward) {
+  failing_sync sync;
+  net model;
+  fi::gradient_sync<failing_sync> grads(sync, model, fi::handover::within_backward);
+  for (int step = 0; step < 2; ++step)
+    BOOST_TEST(contains(error_of([&] { loss_of(model, 0, step, 0, false).backward(); }), "the member's exchange failed"));
+  BOOST_TEST(sync.handed == 10);
+}
+
 // Hooks see a contribution before autograd adds it: what was already in p.grad() must count.
 BOOST_AUTO_TEST_CASE(gradients_already_accumulated_count_under_hooks) {
   const int n = world().size(), me = world().rank();

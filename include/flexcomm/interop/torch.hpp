@@ -454,13 +454,14 @@ void gradient_sync<Sync>::step() {
       ready(sync_, static_cast<int>(k), p.grad());
     }
   }
+  // The next step starts afresh even if the Sync fails this one.
+  std::fill(staged_.begin(), staged_.end(), 0);
+  const std::string which = std::move(twice_);
+  twice_.clear();
   sync_.finish();
   if (how_ != handover::after_backward)
     for (std::size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad().copy_(staging_[k]);
-  std::fill(staged_.begin(), staged_.end(), 0);
-  if (!twice_.empty()) {
-    const std::string which = std::move(twice_);
-    twice_.clear();
+  if (!which.empty()) {
     fail("interop::gradient_sync: finish",
          cat(which, " received two gradients before finish() (two backward() calls in one step?); "
                     "handover::during_backward takes one backward() per finish(), after_backward and within_backward "
