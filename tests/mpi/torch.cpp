@@ -160,12 +160,16 @@ BOOST_AUTO_TEST_CASE(finish_is_refused_within_backward) {
 }
 
 namespace {
-// A Sync whose every step fails, as a member's exchange that times out would.
+// A Sync whose every step fails, as a member's exchange that times out would; or whose
+// ready() fails from the `refuse`th gradient on, in the middle of a backward.
 struct failing_sync {
   template <class T>
-  void ready(int, fc::span<T>) { ++handed; }
+  void ready(int, fc::span<T>) {
+    if (refuse >= 0 && handed >= refuse) fc::fail("failing_sync: ready", "the bucket could not be sent");
+    ++handed;
+  }
   void finish() { fc::fail("failing_sync: finish", "the member's exchange failed"); }
-  int handed = 0;
+  int handed = 0, refuse = -1;
 };
 }  // namespace
 
@@ -178,6 +182,17 @@ BOOST_AUTO_TEST_CASE(an_error_finishing_within_backward_leaves_backward) {
   for (int step = 0; step < 2; ++step)
     BOOST_TEST(contains(error_of([&] { loss_of(model, 0, step, 0, false).backward(); }), "the member's exchange failed"));
   BOOST_TEST(sync.handed == 10);
+}
+
+// A backward() that fails half way through its step leaves no step to finish: the next
+// backward() says so instead of stepping the Sync out of step with the member's other ranks.
+BOOST_AUTO_TEST_CASE(a_backward_failing_half_way_is_not_followed_by_a_silent_step) {
+  failing_sync sync;
+  sync.refuse = 2;
+  net model;
+  fi::gradient_sync<failing_sync> grads(sync, model, fi::handover::within_backward);
+  BOOST_TEST(contains(error_of([&] { loss_of(model, 0, 0, 0, false).backward(); }), "could not be sent"));
+  BOOST_TEST(contains(error_of([&] { loss_of(model, 0, 1, 0, false).backward(); }), "an earlier backward() failed"));
 }
 
 // Hooks see a contribution before autograd adds it: what was already in p.grad() must count.

@@ -203,7 +203,9 @@ class gradient_sync final : public gradients {
   std::vector<unsigned> hooks_;
   std::vector<char> staged_;  // per parameter: handed over in this step
   std::string twice_;         // a parameter whose hook ran twice in one step
-  bool queued_ = false;       // within_backward: this backward's step is queued with autograd
+  // within_backward: alive while a backward's step is queued with autograd. The callback holds
+  // it; autograd drops the callback unrun when that backward fails, and the token with it.
+  std::weak_ptr<void> queued_;
 };
 
 // Submits a tensor's elements (any shape; contiguous or not: submit copies) as one round.
@@ -406,20 +408,26 @@ gradient_sync<Sync>::~gradient_sync() {
 
 template <class Sync>
 void gradient_sync<Sync>::stage(std::size_t i, const torch::Tensor& contribution) {
+  if (how_ == handover::within_backward && queued_.expired()) {
+    // A backward that failed after handing some gradients over left its step half done: the
+    // Sync holds part of it, and the member's other ranks may wait for the rest.
+    check(std::none_of(staged_.begin(), staged_.end(), [](char c) { return c != 0; }), "interop::gradient_sync",
+          "an earlier backward() failed after handing some gradients over; its step cannot finish, and the "
+          "member's exchange is out of step (start the member's training again)");
+    // Runs after every AccumulateGrad of this backward, before backward() returns; an error in
+    // it leaves backward() as the error.
+    auto token = std::make_shared<char>();
+    queued_ = token;
+    torch::autograd::Engine::get_default_engine().queue_callback([this, token] {
+      queued_.reset();
+      step();
+    });
+  }
   // A second backward() before finish(): the first contribution is already on its way. Refused
   // in finish(), on every rank that did it; the Sync still gets each gradient once.
   if (staged_[i]) {
     if (twice_.empty()) twice_ = cat("parameter ", i);
     return;
-  }
-  if (how_ == handover::within_backward && !queued_) {
-    // Runs after every AccumulateGrad of this backward, before backward() returns; an error in
-    // it leaves backward() as the error.
-    torch::autograd::Engine::get_default_engine().queue_callback([this] {
-      queued_ = false;
-      step();
-    });
-    queued_ = true;
   }
   torch::NoGradGuard plain;
   const torch::Tensor& before = params_[i].grad();
