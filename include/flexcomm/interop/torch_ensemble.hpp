@@ -101,8 +101,8 @@ ensemble_layout ensemble_layout_for(int world_size, const ensemble_options& o) {
   }
   const int producers = Preset::min_producers, trainers = world_size - producers;
   check(trainers >= o.members, what,
-        cat(world_size, " ranks leave ", trainers, " trainers after ", Preset::name, "'s ", producers,
-            " producers, fewer than the ", o.members, " members (start ", producers + o.members,
+        cat(world_size, " ranks, less ", Preset::name, "'s producers (", producers, "), leave ", trainers,
+            " to train, fewer than the ", o.members, " members (start ", producers + o.members,
             " ranks or more, or set FLEXCOMM_LAYOUT)"));
   std::vector<int> sizes;
   for (int m = 0; m < o.members; ++m) sizes.push_back(trainers / o.members + (m < trainers % o.members ? 1 : 0));
