@@ -6,8 +6,9 @@
 set -uo pipefail
 mpiexec=$1 example=$2
 shift 2
-# Each preset takes the producers it needs from this layout (layout_for): the rank counts below.
-export FLEXCOMM_LAYOUT="producers=1 members=2,1,1 aggregator=1"
+# Each preset spreads the 3 members over the ranks after its producers (2,1,1 at the rank counts
+# below); a FLEXCOMM_LAYOUT of the caller's would change that.
+unset FLEXCOMM_LAYOUT
 declare -A ranks=([baseline]=4 [single_broadcast]=5 [multi_broadcast]=6 [all_shared]=4)
 reference="" status=0
 for preset in baseline single_broadcast multi_broadcast all_shared; do

@@ -5,10 +5,10 @@
 //
 //   build/examples/torch_ensemble_plain --epochs 1
 //   mpiexec -n 5 build/examples/torch_ensemble --preset single_broadcast --epochs 1
-//   (layout from FLEXCOMM_LAYOUT, by default "producers=1 members=2,1,1 aggregator=1"; the baseline
-//   and all_shared drop its producer: 4 ranks; multi_broadcast takes 2: 6 ranks)
-#include <flexcomm/flexcomm.hpp>
-#include <flexcomm/interop/torch.hpp>
+//   (the members spread over the ranks after the preset's producers, the first trainer aggregating:
+//   2,1,1 on 5 ranks with single_broadcast's producer, on 4 with the baseline's and all_shared's
+//   none, on 6 with multi_broadcast's two; FLEXCOMM_LAYOUT gives another layout)
+#include <flexcomm/interop/torch_ensemble.hpp>
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
@@ -21,7 +21,6 @@
 
 #include "common/fashion_mnist.hpp"
 
-namespace fc = flexcomm;
 namespace fi = flexcomm::interop;
 namespace fm = fashion_mnist;
 namespace po = boost::program_options;
@@ -57,6 +56,7 @@ struct Net : torch::nn::Module {
 };
 
 struct Settings {
+  int members = 3;
   std::string preset;
   int epochs = 1;
   std::int64_t batch_size = 64;
@@ -110,21 +110,20 @@ TestSet test_set() {
 }
 
 // Trains member `member` on every batch and returns its class probabilities on `test_images`.
-template <class Context>
-torch::Tensor train_member(int member, Context& ctx, const Settings& s, const torch::Tensor& test_images) {
+torch::Tensor train_member(int member, fi::trainer& ctx, const Settings& s, const torch::Tensor& test_images) {
   torch::manual_seed(seed_of(member));
   Net model;
   torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(learning_rate_of(member)));
-  fi::gradient_sync grads(ctx.sync(), model);
+  ctx.average_gradients(model);
+  auto loader = ctx.loader();
   model.train();
   for (int epoch = 1; epoch <= s.epochs; ++epoch) {
     std::int64_t step = 0;
-    for (auto& batch : fi::epoch(ctx.batches())) {
+    for (auto& batch : *loader) {
       auto data = batch.data, target = batch.target;
       optimizer.zero_grad();
       torch::Tensor loss = torch::nll_loss(model.forward(data), target);
       loss.backward();
-      grads.finish();
       optimizer.step();
       if (++step % 200 == 0)
         std::printf("member %d epoch %d step %lld loss %.4f\n", member, epoch, static_cast<long long>(step),
@@ -154,12 +153,13 @@ void report(const std::vector<torch::Tensor>& members, const torch::Tensor& labe
 }
 
 int main(int argc, char** argv) {
-  fc::environment env(argc, argv);
+  flexcomm::environment env(argc, argv);
   torch::set_num_threads(1);
   Settings s;
   po::options_description flags("an ensemble of CNNs on Fashion-MNIST");
-  flags.add_options()("preset", po::value(&s.preset)->default_value("single_broadcast"), "pipeline preset")(
+  flags.add_options()("members", po::value(&s.members)->default_value(3), "members of the ensemble")(
       "epochs", po::value(&s.epochs)->default_value(1), "epochs")(
+      "preset", po::value(&s.preset)->default_value("single_broadcast"), "pipeline preset")(
       "batch-size", po::value(&s.batch_size)->default_value(64), "images per step")(
       "train-images", po::value(&s.train_images)->default_value(0), "use the first N training images (0: all)");
   po::variables_map vm;
@@ -168,12 +168,7 @@ int main(int argc, char** argv) {
 
   FashionMNIST train_set(s.train_images);
   const auto test = test_set();
-  fc::presets::visit(s.preset, "allreduce", [&](auto preset) {
-    using Preset = decltype(preset);
-    const auto layout = Preset::layout_for(fc::ensemble_layout::from_env("producers=1 members=2,1,1 aggregator=1"));
-    typename Preset::pipeline pipe(env.world(), layout, Preset::configure({}));
-    pipe.run(fi::dataset_of(train_set, s.batch_size, s.epochs), [&](auto& ctx) {
-      fi::submit(ctx.collect(), train_member(ctx.member(), ctx, s, fi::evaluation_slice(test.images, ctx)));
-    }, [&](auto& ctx) { report(fi::gather(ctx.collect(), {fm::classes}), test.labels); });
-  });
+  fi::train_ensemble(env.world(), {s.preset, s.members}, fi::dataset_of(train_set, s.batch_size, s.epochs), test.images,
+      [&](fi::trainer& ctx, const torch::Tensor& images) { return train_member(ctx.member(), ctx, s, images); },
+      [&](const std::vector<torch::Tensor>& members) { report(members, test.labels); });
 }

@@ -5,8 +5,9 @@
 //
 //   build/examples/torch_ensemble_plain --epochs 1
 //   mpiexec -n 5 build/examples/torch_ensemble --preset single_broadcast --epochs 1
-//   (layout from FLEXCOMM_LAYOUT, by default "producers=1 members=2,1,1 aggregator=1"; the baseline
-//   and all_shared drop its producer: 4 ranks; multi_broadcast takes 2: 6 ranks)
+//   (the members spread over the ranks after the preset's producers, the first trainer aggregating:
+//   2,1,1 on 5 ranks with single_broadcast's producer, on 4 with the baseline's and all_shared's
+//   none, on 6 with multi_broadcast's two; FLEXCOMM_LAYOUT gives another layout)
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>

@@ -1,12 +1,16 @@
 #define BOOST_TEST_MODULE mpi_torch
 // flexcomm/interop/torch.hpp: a module's gradients averaged over each member's ranks (members of
-// different sizes, both Syncs, hooks and after-backward), tensors collected, evaluation slices.
+// different sizes, both Syncs, hooks, after- and within-backward), tensors collected, evaluation
+// slices, batches as tensors, and whole ensembles under presets (train_ensemble).
 #include "mpi_fixture.hpp"
 #include "errors.hpp"
 
 #include <flexcomm/interop/torch.hpp>
+#include <flexcomm/interop/torch_ensemble.hpp>
 
 #include <boost/mpl/list.hpp>
+
+#include <algorithm>
 
 #include <cstdint>
 #include <string>
@@ -109,7 +113,7 @@ bool averaged_correctly(fi::handover how, bool launch_when_full, int passes, boo
     const auto want = expected(start, ranks, step, passes, skip);
     optimizer.zero_grad();
     for (int pass = 0; pass < passes; ++pass) loss_of(model, me, step, pass, skip).backward();
-    grads.finish();
+    if (how != fi::handover::within_backward) grads.finish();  // within: backward() has finished
     auto params = model.parameters();
     for (std::size_t i = 0; i < params.size(); ++i)
       ok = ok && params[i].grad().defined() && torch::allclose(params[i].grad(), want[i], 1e-5, 1e-6);
@@ -137,6 +141,58 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_handed_after_backward_are_the_member_mea
 BOOST_AUTO_TEST_CASE_TEMPLATE(an_unused_parameter_is_handed_over_all_the_same, Sync, syncs) {
   BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::during_backward, true, 1, true)));
   BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::after_backward, false, 1, true)));
+}
+
+// backward() alone leaves the averages in p.grad(), unused parameters included; two backward()
+// calls are two steps, whose averages add up to the average of the sum.
+BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_finished_within_backward_are_the_member_mean, Sync, syncs) {
+  for (bool early : {false, true})
+    BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::within_backward, early, 1, false)));
+  BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::within_backward, true, 1, true)));
+  BOOST_TEST(all_ranks(averaged_correctly<Sync>(fi::handover::within_backward, false, 2, false)));
+}
+
+BOOST_AUTO_TEST_CASE(finish_is_refused_within_backward) {
+  fc::subgroup_allreduce<mpi> sync(world());
+  net model;
+  fi::gradient_sync<fc::subgroup_allreduce<mpi>> grads(sync, model, fi::handover::within_backward);
+  BOOST_TEST(contains(error_of([&] { grads.finish(); }), "within_backward finishes each step in backward()"));
+}
+
+namespace {
+// A Sync whose every step fails, as a member's exchange that times out would; or whose
+// ready() fails from the `refuse`th gradient on, in the middle of a backward.
+struct failing_sync {
+  template <class T>
+  void ready(int, fc::span<T>) {
+    if (refuse >= 0 && handed >= refuse) fc::fail("failing_sync: ready", "the bucket could not be sent");
+    ++handed;
+  }
+  void finish() { fc::fail("failing_sync: finish", "the member's exchange failed"); }
+  int handed = 0, refuse = -1;
+};
+}  // namespace
+
+// A failure of the step that backward() runs leaves backward() as that flexcomm::error, and the
+// next backward() steps again, every parameter handed over once per step.
+BOOST_AUTO_TEST_CASE(an_error_finishing_within_backward_leaves_backward) {
+  failing_sync sync;
+  net model;
+  fi::gradient_sync<failing_sync> grads(sync, model, fi::handover::within_backward);
+  for (int step = 0; step < 2; ++step)
+    BOOST_TEST(contains(error_of([&] { loss_of(model, 0, step, 0, false).backward(); }), "the member's exchange failed"));
+  BOOST_TEST(sync.handed == 10);
+}
+
+// A backward() that fails half way through its step leaves no step to finish: the next
+// backward() says so instead of stepping the Sync out of step with the member's other ranks.
+BOOST_AUTO_TEST_CASE(a_backward_failing_half_way_is_not_followed_by_a_silent_step) {
+  failing_sync sync;
+  sync.refuse = 2;
+  net model;
+  fi::gradient_sync<failing_sync> grads(sync, model, fi::handover::within_backward);
+  BOOST_TEST(contains(error_of([&] { loss_of(model, 0, 0, 0, false).backward(); }), "could not be sent"));
+  BOOST_TEST(contains(error_of([&] { loss_of(model, 0, 1, 0, false).backward(); }), "an earlier backward() failed"));
 }
 
 // Hooks see a contribution before autograd adds it: what was already in p.grad() must count.
@@ -281,25 +337,116 @@ BOOST_AUTO_TEST_CASE(a_torch_dataset_arrives_as_tensor_batches) {
   BOOST_TEST(all_ranks(ok && steps == 6 && member_seen == 22));
 }
 
+// Walks `range` once as epoch `epoch` of the counting dataset (2 epochs of 11 samples in batches
+// of 4): 3 steps and 11 samples over the world in each epoch, none after the last.
+template <class Range>
+bool walks_epoch(Range&& range, std::int64_t epoch) {
+  bool ok = true;
+  std::int64_t steps = 0, samples = 0, first = -1;
+  for (auto& batch : range) {
+    if (batch.data.size(0) > 0 && first < 0) first = batch.target[0].template item<std::int64_t>();
+    ok = ok && batch.data.size(0) == batch.target.size(0) && batch.target.scalar_type() == torch::kInt64;
+    samples += batch.data.size(0);
+    ++steps;
+  }
+  fc::mpi::iallreduce(world(), fc::span<std::int64_t>(&samples, 1), fc::op::sum).wait();
+  ok = ok && steps == (epoch < 2 ? 3 : 0) && samples == (epoch < 2 ? 11 : 0);
+  if (world().rank() == 0 && epoch < 2) ok = ok && first == 0;  // each epoch starts at sample 0
+  return ok;
+}
+
 // fi::epoch: one epoch per range-for, as a DataLoader gives it; the next epoch's first batch is
 // left in the feed, and a range after the last epoch is empty.
 BOOST_AUTO_TEST_CASE(an_epoch_range_stops_at_the_end_of_each_epoch) {
-  const int n = world().size();
-  const fc::ensemble_layout layout(0, {n}, 0);
+  const fc::ensemble_layout layout(0, {world().size()}, 0);
   counting data;
   fc::typed_feed<fc::local_feed> feed(world(), layout, fi::dataset_of(data, 4, 2));
   bool ok = true;
-  for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
-    std::int64_t steps = 0, samples = 0, first = -1;
-    for (auto& batch : fi::epoch(feed)) {
-      if (batch.data.size(0) > 0 && first < 0) first = batch.target[0].item<std::int64_t>();
-      ok = ok && batch.data.size(0) == batch.target.size(0) && batch.target.scalar_type() == torch::kInt64;
-      samples += batch.data.size(0);
-      ++steps;
-    }
-    fc::mpi::iallreduce(world(), fc::span<std::int64_t>(&samples, 1), fc::op::sum).wait();
-    ok = ok && steps == (epoch < 2 ? 3 : 0) && samples == (epoch < 2 ? 11 : 0);
-    if (world().rank() == 0 && epoch < 2) ok = ok && first == 0;  // each epoch starts at sample 0
-  }
+  for (std::int64_t epoch = 0; epoch < 3; ++epoch) ok = walks_epoch(fi::epoch(feed), epoch) && ok;
   BOOST_TEST(all_ranks(ok));
+}
+
+// fi::data_loader: the same loader walks the next epoch at each range-for over *loader.
+BOOST_AUTO_TEST_CASE(a_data_loader_walks_the_next_epoch_each_time) {
+  const fc::ensemble_layout layout(0, {world().size()}, 0);
+  counting data;
+  fc::typed_feed<fc::local_feed> feed(world(), layout, fi::dataset_of(data, 4, 2));
+  auto loader = fi::make_data_loader(feed);
+  bool ok = true;
+  for (std::int64_t epoch = 0; epoch < 3; ++epoch) ok = walks_epoch(*loader, epoch) && ok;
+  BOOST_TEST(all_ranks(ok));
+}
+
+// train_ensemble under every preset the world has ranks for, members of different sizes: each
+// trainer sees its member's share of every batch, one epoch per loop over *loader; backward()
+// leaves the member's mean gradient (loss = sum of a Linear's outputs: dW = column sums of x,
+// db = samples, computed here and averaged over the member by hand); the aggregator gets each
+// member's outputs on the whole evaluation set, in member order, as float32 [7, 3].
+BOOST_AUTO_TEST_CASE(an_ensemble_trains_and_gathers_under_every_preset) {
+  const int n = world().size();
+  const auto evaluation = torch::arange(14, torch::kFloat32).view({7, 2});
+  for (const char* preset : fc::presets::names) {
+    const int producers = std::string(preset) == "single_broadcast" ? 1 : std::string(preset) == "multi_broadcast" ? 2 : 0;
+    if (n - producers < 1) continue;
+    const int members = std::min(2, n - producers);
+    counting data;
+    bool ok = true, aggregated = false;
+    fi::train_ensemble(
+        world(), {preset, members}, fi::dataset_of(data, 4, 2), evaluation,
+        [&](fi::trainer& ctx, const torch::Tensor& part) {
+          torch::manual_seed(static_cast<std::uint64_t>(ctx.member()));
+          torch::nn::Linear model(6, 2);
+          ctx.average_gradients(*model);
+          ok = ok && contains(error_of([&] { ctx.average_gradients(*model); }), "called twice");
+          auto loader = ctx.loader();
+          std::int64_t seen = 0;
+          for (int epoch = 0; epoch < 2; ++epoch) {
+            std::int64_t steps = 0;
+            for (auto& batch : *loader) {
+              const auto x = batch.data.view({-1, 6});
+              std::vector<float> mean(7);  // dW's row (6), then db's element
+              auto local = x.sum(0);
+              std::copy(local.data_ptr<float>(), local.data_ptr<float>() + 6, mean.begin());
+              mean[6] = static_cast<float>(x.size(0));
+              fc::mpi::iallreduce(ctx.comm(), fc::span<float>(mean), fc::op::sum).wait();
+              for (auto& v : mean) v /= static_cast<float>(ctx.member_size());
+              model->zero_grad();
+              model->forward(x).sum().backward();
+              const auto want_w = torch::from_blob(mean.data(), {1, 6}).expand({2, 6});
+              ok = ok && torch::allclose(model->weight.grad(), want_w) &&
+                   torch::allclose(model->bias.grad(), torch::full({2}, mean[6]));
+              seen += x.size(0);
+              ++steps;
+            }
+            ok = ok && steps == 3;
+          }
+          fc::mpi::iallreduce(ctx.comm(), fc::span<std::int64_t>(&seen, 1), fc::op::sum).wait();
+          ok = ok && seen == 22 && ctx.members() == members && part.size(0) == fi::evaluation_slice(7, ctx).size();
+          const auto tag = torch::full({part.size(0), 1}, static_cast<double>(ctx.member()), torch::kFloat32);
+          return torch::cat({part, tag}, 1).to(torch::kFloat64);  // float32 on the aggregator
+        },
+        [&](const std::vector<torch::Tensor>& outputs) {
+          aggregated = true;
+          ok = ok && static_cast<int>(outputs.size()) == members;
+          for (std::size_t m = 0; ok && m < outputs.size(); ++m)
+            ok = outputs[m].scalar_type() == torch::kFloat32 &&
+                 torch::equal(outputs[m], torch::cat({evaluation, torch::full({7, 1}, static_cast<double>(m))}, 1));
+        });
+    int aggregators = aggregated ? 1 : 0;
+    fc::mpi::iallreduce(world(), fc::span<int>(&aggregators, 1), fc::op::sum).wait();
+    BOOST_TEST_INFO("preset " << preset);
+    BOOST_TEST(all_ranks(ok && aggregators == 1));
+  }
+}
+
+// More members than ranks to train them: refused on every rank before anything is set up.
+BOOST_AUTO_TEST_CASE(an_ensemble_without_ranks_for_its_members_is_refused) {
+  const int n = world().size();
+  counting data;
+  const auto message = error_of([&] {
+    fi::train_ensemble(world(), {"baseline", n + 1}, fi::dataset_of(data, 4), torch::zeros({3}),
+                       [](fi::trainer&, const torch::Tensor& part) { return part; },
+                       [](const std::vector<torch::Tensor>&) {});
+  });
+  BOOST_TEST(all_ranks(contains(message, "fewer than the " + std::to_string(n + 1) + " members")));
 }

@@ -8,14 +8,20 @@
 //   loss.backward();                                        // gradients handed over as they come
 //   grads.finish();                                         // averages now in each p.grad()
 //   optimizer.step();
+//
+// With handover::within_backward backward() itself leaves the averages in p.grad(), as
+// DistributedDataParallel does; interop/torch_ensemble.hpp runs a whole ensemble that way.
 #pragma once
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -56,6 +62,38 @@ torch::Tensor labels(const typed_batch& batch);
 template <class Dataset>
 dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs = 1);
 
+namespace detail {
+// Where an epoch's batches come from: a typed feed's next(), whatever the feed's type.
+using next_batch = std::function<std::optional<typed_batch>()>;
+
+// Walks one epoch: Examples of samples<float>() and labels<std::int64_t>() (views, valid until
+// the walk moves on), ending after the epoch's last step, or with the stream.
+class epoch_iterator {
+ public:
+  epoch_iterator() = default;
+  explicit epoch_iterator(next_batch* next) : next_(next) { advance(); }
+  torch::data::Example<>& operator*() noexcept { return example_; }
+  torch::data::Example<>* operator->() noexcept { return &example_; }
+  epoch_iterator& operator++() {
+    if (batch_ && batch_->last_in_epoch()) {
+      batch_.reset();  // the next epoch's first batch stays in the feed
+      next_ = nullptr;
+    } else {
+      advance();
+    }
+    return *this;
+  }
+  bool operator==(const epoch_iterator& other) const noexcept { return next_ == other.next_; }
+  bool operator!=(const epoch_iterator& other) const noexcept { return next_ != other.next_; }
+
+ private:
+  void advance();
+  next_batch* next_ = nullptr;
+  std::optional<typed_batch> batch_;
+  torch::data::Example<> example_;
+};
+}  // namespace detail
+
 // One epoch of a typed feed's batches as torch::data's DataLoader gives them, so that a libtorch
 // loop keeps its shape: for (auto& batch : fi::epoch(ctx.batches())) { batch.data; batch.target; }
 // Each batch is an Example of samples<float>() and labels<std::int64_t>() (views, valid until
@@ -63,46 +101,33 @@ dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs = 1);
 template <class TypedFeed>
 class epoch {
  public:
-  explicit epoch(TypedFeed& feed) : feed_(feed) {}
-
-  class iterator {
-   public:
-    iterator() = default;
-    explicit iterator(TypedFeed* feed) : feed_(feed) { advance(); }
-    torch::data::Example<>& operator*() noexcept { return example_; }
-    torch::data::Example<>* operator->() noexcept { return &example_; }
-    iterator& operator++() {
-      if (batch_ && batch_->last_in_epoch()) {
-        batch_.reset();  // the next epoch's first batch stays in the feed
-        feed_ = nullptr;
-      } else {
-        advance();
-      }
-      return *this;
-    }
-    bool operator==(const iterator& other) const noexcept { return feed_ == other.feed_; }
-    bool operator!=(const iterator& other) const noexcept { return feed_ != other.feed_; }
-
-   private:
-    void advance() {
-      batch_ = feed_->next();
-      if (!batch_) {
-        feed_ = nullptr;
-        return;
-      }
-      example_ = {samples<float>(*batch_), labels<std::int64_t>(*batch_)};
-    }
-    TypedFeed* feed_ = nullptr;
-    std::optional<typed_batch> batch_;
-    torch::data::Example<> example_;
-  };
-
-  iterator begin() { return iterator(&feed_); }
-  iterator end() { return iterator(); }
+  explicit epoch(TypedFeed& feed) : next_([&feed] { return feed.next(); }) {}
+  detail::epoch_iterator begin() { return detail::epoch_iterator(&next_); }
+  detail::epoch_iterator end() { return {}; }
 
  private:
-  TypedFeed& feed_;
+  detail::next_batch next_;
 };
+
+// A typed feed as torch::data::make_data_loader gives a dataset: every range-for over *loader
+// walks the next epoch, so a libtorch trainer's epoch loop keeps its shape, loader line aside:
+//   auto loader = fi::make_data_loader(ctx.batches());     // or trainer::loader()
+//   for (int epoch = 1; epoch <= epochs; ++epoch)
+//     for (auto& batch : *loader) { batch.data; batch.target; }
+// Not tied to the feed's type: a trainer compiled once serves every preset.
+class data_loader {
+ public:
+  explicit data_loader(std::function<std::optional<typed_batch>()> next) : next_(std::move(next)) {}
+  detail::epoch_iterator begin() { return detail::epoch_iterator(&next_); }
+  detail::epoch_iterator end() { return {}; }
+
+ private:
+  detail::next_batch next_;
+};
+template <class TypedFeed>
+std::unique_ptr<data_loader> make_data_loader(TypedFeed& feed) {
+  return std::make_unique<data_loader>([&feed] { return feed.next(); });
+}
 
 // sync.ready(index, grad) for a tensor: the average lands in `grad` itself by sync.finish(), so
 // the tensor must stay alive, and not be reallocated, until then.
@@ -123,6 +148,23 @@ enum class handover {
   // finish() hands over each parameter's .grad(), last parameter first (backprop's order),
   // in place: no copy, any number of backward() calls per step.
   after_backward,
+  // As during_backward, and backward() finishes the step itself, as DistributedDataParallel
+  // does: the first hook queues a callback that autograd runs when the backward pass ends, so
+  // the averages are in every p.grad() when backward() returns; no finish() to call. Each
+  // backward() is a step of the Sync (accumulating over two averages their sum: the same
+  // gradients, one more exchange). A backward() that reaches no parameter does not step: on a
+  // member's every rank or on none, or the ranks that step wait for the others.
+  within_backward,
+};
+
+// A module attached to a Sync, whatever the Sync's type (what trainer::average_gradients
+// returns): finish() after backward, unless the handover is within_backward.
+class gradients {
+ public:
+  virtual ~gradients() = default;
+  virtual void finish() = 0;
+  virtual handover mode() const noexcept = 0;
+  virtual std::size_t parameters() const noexcept = 0;
 };
 
 // Attaches a Sync to a module's parameters: parameter i (in module.parameters() order; those that
@@ -135,22 +177,24 @@ enum class handover {
 // parameter backward did not reach (unused this step) is handed over by finish(), as its
 // p.grad() or zeros, so every rank hands over every parameter, as the Sync requires.
 template <class Sync>
-class gradient_sync {
+class gradient_sync final : public gradients {
  public:
   gradient_sync(Sync& sync, torch::nn::Module& module, handover how = handover::during_backward);
   gradient_sync(const gradient_sync&) = delete;
   gradient_sync& operator=(const gradient_sync&) = delete;
   // Removes the hooks: the parameters outlive this object in most trainers.
-  ~gradient_sync();
+  ~gradient_sync() override;
 
   // After backward, before optimizer.step(): averages every parameter's gradient over the member.
-  void finish();
+  // Refused under within_backward, where backward() has done it.
+  void finish() override;
 
-  handover mode() const noexcept { return how_; }
-  std::size_t parameters() const noexcept { return params_.size(); }
+  handover mode() const noexcept override { return how_; }
+  std::size_t parameters() const noexcept override { return params_.size(); }
 
  private:
   void stage(std::size_t i, const torch::Tensor& contribution);
+  void step();
 
   Sync& sync_;
   handover how_;
@@ -159,6 +203,9 @@ class gradient_sync {
   std::vector<unsigned> hooks_;
   std::vector<char> staged_;  // per parameter: handed over in this step
   std::string twice_;         // a parameter whose hook ran twice in one step
+  // within_backward: alive while a backward's step is queued with autograd. The callback holds
+  // it; autograd drops the callback unrun when that backward fails, and the token with it.
+  std::weak_ptr<void> queued_;
 };
 
 // Submits a tensor's elements (any shape; contiguous or not: submit copies) as one round.
@@ -329,13 +376,22 @@ decltype(auto) visit_scalar_type(const torch::Tensor& t, const std::string& what
   }
 }
 
+inline void detail::epoch_iterator::advance() {
+  batch_ = (*next_)();
+  if (!batch_) {
+    next_ = nullptr;
+    return;
+  }
+  example_ = {samples<float>(*batch_), labels<std::int64_t>(*batch_)};
+}
+
 template <class Sync>
 gradient_sync<Sync>::gradient_sync(Sync& sync, torch::nn::Module& module, handover how) : sync_(sync), how_(how) {
   for (auto& p : module.parameters())
     if (p.requires_grad()) params_.push_back(p);
   check(!params_.empty(), "interop::gradient_sync", "the module has no parameter that requires grad");
   staged_.assign(params_.size(), 0);
-  if (how_ != handover::during_backward) return;
+  if (how_ == handover::after_backward) return;
   staging_.resize(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     check(params_[i].device().is_cpu(), "interop::gradient_sync",
@@ -352,6 +408,21 @@ gradient_sync<Sync>::~gradient_sync() {
 
 template <class Sync>
 void gradient_sync<Sync>::stage(std::size_t i, const torch::Tensor& contribution) {
+  if (how_ == handover::within_backward && queued_.expired()) {
+    // A backward that failed after handing some gradients over left its step half done: the
+    // Sync holds part of it, and the member's other ranks may wait for the rest.
+    check(std::none_of(staged_.begin(), staged_.end(), [](char c) { return c != 0; }), "interop::gradient_sync",
+          "an earlier backward() failed after handing some gradients over; its step cannot finish, and the "
+          "member's exchange is out of step (start the member's training again)");
+    // Runs after every AccumulateGrad of this backward, before backward() returns; an error in
+    // it leaves backward() as the error.
+    auto token = std::make_shared<char>();
+    queued_ = token;
+    torch::autograd::Engine::get_default_engine().queue_callback([this, token] {
+      queued_.reset();
+      step();
+    });
+  }
   // A second backward() before finish(): the first contribution is already on its way. Refused
   // in finish(), on every rank that did it; the Sync still gets each gradient once.
   if (staged_[i]) {
@@ -370,13 +441,20 @@ void gradient_sync<Sync>::stage(std::size_t i, const torch::Tensor& contribution
 
 template <class Sync>
 void gradient_sync<Sync>::finish() {
+  check(how_ != handover::within_backward, "interop::gradient_sync: finish",
+        "handover::within_backward finishes each step in backward(); finish() would step the Sync once more");
+  step();
+}
+
+template <class Sync>
+void gradient_sync<Sync>::step() {
   torch::NoGradGuard plain;
   // Backprop order: the last parameters' gradients come first.
   for (std::size_t k = params_.size(); k-- > 0;) {
     if (staged_[k]) continue;
     auto& p = params_[k];
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p, torch::MemoryFormat::Contiguous);
-    if (how_ == handover::during_backward) {
+    if (how_ != handover::after_backward) {
       staging_[k].copy_(p.grad());
       ready(sync_, static_cast<int>(k), staging_[k]);
     } else {
@@ -384,16 +462,18 @@ void gradient_sync<Sync>::finish() {
       ready(sync_, static_cast<int>(k), p.grad());
     }
   }
-  sync_.finish();
-  if (how_ == handover::during_backward)
-    for (std::size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad().copy_(staging_[k]);
+  // The next step starts afresh even if the Sync fails this one.
   std::fill(staged_.begin(), staged_.end(), 0);
-  if (!twice_.empty()) {
-    const std::string which = std::move(twice_);
-    twice_.clear();
+  const std::string which = std::move(twice_);
+  twice_.clear();
+  sync_.finish();
+  if (how_ != handover::after_backward)
+    for (std::size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad().copy_(staging_[k]);
+  if (!which.empty()) {
     fail("interop::gradient_sync: finish",
          cat(which, " received two gradients before finish() (two backward() calls in one step?); "
-                    "handover::during_backward takes one backward() per finish(), after_backward any number"));
+                    "handover::during_backward takes one backward() per finish(), after_backward and within_backward "
+                    "any number"));
   }
 }
 
