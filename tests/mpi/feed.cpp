@@ -5,6 +5,8 @@
 #include <boost/mpl/list.hpp>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -517,4 +519,108 @@ BOOST_AUTO_TEST_CASE(a_failed_request_ends_the_wait_while_others_are_pending) {
   }
   fc::set_default_timeout(limit);
   BOOST_TEST(all_ranks(rank != 0 || (contains(what, "irecv") && !contains(what, "timed out"))), what);
+}
+
+namespace {
+// Whether `p` lies in one of flexcomm's shared-memory files as this process maps them: the
+// mapping's line in /proc/self/maps names the file ("/dev/shm/flexcomm-..." once unlinked too).
+bool in_flexcomm_shared_memory(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx", &lo, &hi) != 2) continue;
+    if (at >= lo && at < hi) return line.find("/dev/shm/flexcomm-") != std::string::npos;
+  }
+  return false;
+}
+
+// Every trainer of these members owns one piece of each step: its batch can be the bytes where
+// the producer's loader wrote them.
+bool one_piece_per_trainer(const fc::ensemble_layout& layout) { return layout.homogeneous(); }
+}  // namespace
+
+// On the producer's host (every rank here shares one), one_to_many hands steps over in shared
+// memory by default: the same bytes as with messages, and a trainer that owns one piece of a
+// step reads it where the loader wrote it, in the producer's shared slot (no copy at all); with
+// shared memory off, the same stream arrives as messages.
+BOOST_AUTO_TEST_CASE(on_the_producers_host_trainers_read_the_loaders_bytes_in_place) {
+  for (const auto& text : usable_layouts<fc::one_to_many<fc::mpi>>(world().size())) {
+    const auto layout = layout_of(text);
+    const auto role = layout.role_of(world().rank());
+    for (const auto use : {fc::shared_memory_use::automatic, fc::shared_memory_use::off}) {
+      fc::feed_options options;
+      options.steps = 9;
+      options.shard_capacity = 24;
+      options.depth = 2;
+      options.shared_memory = use;
+      fc::one_to_many<fc::mpi> feed(world(), layout, test_loader(options.shard_capacity), options);
+      bool ok = true;
+      if (role.kind == fc::role::producer) {
+        const bool fed = feed.shared_memory();
+        feed.produce();
+        ok = use == fc::shared_memory_use::automatic || !fed;
+      } else {
+        ok = feed.shared_memory() == (use == fc::shared_memory_use::automatic);
+        const auto shards = layout.shards_of(role.member, role.rank_in_member);
+        std::int64_t next = 0;
+        while (auto b = feed.next()) {
+          ok = ok && b->step() == next++ && batch_is_exact(*b, shards, options.shard_capacity);
+          if (one_piece_per_trainer(layout))
+            ok = ok && in_flexcomm_shared_memory(b->bytes().data()) == (use == fc::shared_memory_use::automatic);
+        }
+        ok = ok && next == options.steps;
+      }
+      BOOST_TEST(all_ranks(ok), "layout '" << text << "' shared memory " << fc::name_of(use));
+    }
+  }
+}
+
+// A trainer that holds its batch far past FLEXCOMM_TIMEOUT: its producer, waiting in shared
+// memory for the slot to be released, fails naming that trainer's world rank; the trainers that
+// wait for the producer's next step fail naming the producer; nobody hangs.
+BOOST_AUTO_TEST_CASE(a_trainer_that_never_releases_its_batch_is_named_by_its_producer) {
+  const int n = world().size();
+  if (n < 2) return;
+  const auto layout = fc::ensemble_layout::parse(fc::cat("producers=1 members=", n - 1, "x1"));
+  const auto role = layout.role_of(world().rank());
+  fc::feed_options options;
+  options.steps = 6;
+  options.shard_capacity = 16;
+  options.depth = 1;
+  options.shared_memory = fc::shared_memory_use::on;
+  const auto limit = fc::default_timeout();
+  fc::set_default_timeout(std::chrono::milliseconds(400));
+  std::string what;
+  {
+    fc::one_to_many<fc::mpi> feed(world(), layout, test_loader(options.shard_capacity), options);
+    if (role.kind == fc::role::producer) {
+      what = error_of([&] { feed.produce(); });
+    } else {
+      what = error_of([&] {
+        while (auto b = feed.next())
+          if (role.member == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      });
+    }
+  }
+  fc::set_default_timeout(limit);
+  const bool ok = role.kind == fc::role::producer
+                      ? contains(what, "did not release step 0") && contains(what, "world rank 1") &&
+                            contains(what, "FLEXCOMM_TIMEOUT")
+                      : contains(what, "producer on this host (world rank 0)") && contains(what, "step 1");
+  BOOST_TEST(all_ranks(ok), what);
+}
+
+// Shared memory on a backend that has it is a choice every rank must make alike.
+BOOST_AUTO_TEST_CASE(ranks_that_disagree_on_shared_memory_are_refused_on_every_rank) {
+  const int n = world().size();
+  if (n < 2) return;
+  const auto layout = fc::ensemble_layout::parse(fc::cat("producers=1 members=", n - 1));
+  fc::feed_options options;
+  options.steps = 3;
+  options.shard_capacity = 8;
+  options.shared_memory = world().rank() == n - 1 ? fc::shared_memory_use::off : fc::shared_memory_use::automatic;
+  const std::string e = error_of([&] { fc::one_to_many<fc::mpi> feed(world(), layout, test_loader(8), options); });
+  BOOST_TEST(all_ranks(contains(e, "ranks disagree on shared_memory (FLEXCOMM_SHM)")), e);
 }

@@ -70,6 +70,19 @@ struct host_shared_memory_of<B, std::void_t<typename B::host_reducer>> : std::tr
 template <class B>
 inline constexpr bool has_host_shared_memory = host_shared_memory_of<B>::value;
 
+// Whether B can give the ranks of a communicator that share a host one shared mapping: B declares
+// `using host_window = ...;`, made collectively as `host_window(comm, bytes, who)` over a
+// communicator whose ranks are all on one host (collective `host_window::on_one_host(comm)` says
+// whether they are), each rank with a region of its own size: `region(r)` (page-aligned, zeroed
+// when made, valid for the window's life), `rank()`, `size()`. The feeds hand batches to the
+// trainers on a producer's host through it.
+template <class B, class = void>
+struct host_window_of : std::false_type {};
+template <class B>
+struct host_window_of<B, std::void_t<typename B::host_window>> : std::true_type {};
+template <class B>
+inline constexpr bool has_host_window = host_window_of<B>::value;
+
 // The layout as it runs on `comm`: a per-host layout not yet placed is placed on the hosts of
 // comm's ranks (collective over comm: every rank calls this at the same point); any other layout
 // is returned as it is, without communication. Every backend says which of a communicator's

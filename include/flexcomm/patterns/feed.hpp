@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "../core/error.hpp"
+#include "../core/hosts.hpp"
 #include "../core/span.hpp"
 
 namespace flexcomm {
@@ -36,6 +37,11 @@ struct feed_options {
   std::size_t shard_capacity = 0;  // the most bytes the loader may write for one shard
   int depth = 2;                   // batches in flight
   flow_control flow = flow_control::lockstep();
+  // Whether a producer hands its steps to the trainers on its own host through shared memory
+  // (backends with has_host_window): the loader writes a slot once and they read it in place.
+  // automatic: wherever a producer shares a host with trainers it feeds; on: the same, and an
+  // error where the backend has no shared memory; off: messages to every trainer (FLEXCOMM_SHM).
+  shared_memory_use shared_memory = shared_memory_from_env();
 };
 
 // One step as a trainer sees it: its shards, concatenated. Valid until the next next().

@@ -84,6 +84,7 @@ std::function<void()> average_epilogue(op o, span<T> out, int ranks) {
 }  // namespace detail
 
 class mpi_host_reducer;  // mpi/shared_memory.hpp
+class mpi_host_window;   // mpi/host_window.hpp
 
 struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
   static constexpr memory_space memory = memory_space::host;
@@ -91,6 +92,8 @@ struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
   // An allreduce through one shared-memory segment for a communicator on one host (contract.hpp:
   // has_host_shared_memory; mpi/shared_memory.hpp).
   using host_reducer = mpi_host_reducer;
+  // One shared mapping for the ranks of a communicator on one host (contract.hpp: has_host_window).
+  using host_window = mpi_host_window;
   // An adapter's own scratch space, in the memory this backend's buffers live in.
   template <class T>
   using buffer = std::vector<T>;

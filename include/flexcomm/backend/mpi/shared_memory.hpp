@@ -22,18 +22,13 @@
 // thread. Tasks run in the order they were started (a ticket), whoever polls them.
 #pragma once
 
-#include <fcntl.h>
 #include <mpi.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <cerrno>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -47,6 +42,7 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "communicator.hpp"
+#include "host_window.hpp"
 #include "setup.hpp"
 #include "types.hpp"
 
@@ -65,41 +61,16 @@ class host_segment {
         rank(this->comm.rank()),
         ranks(this->comm.size()),
         large_bytes(round_up(std::max(large_bytes, line))),
-        small_bytes(round_up(small_bytes)) {
+        small_bytes(round_up(small_bytes)),
+        window(this->comm, line + 2 * this->small_bytes + this->large_bytes,
+               cat(this->comm.name(), ": shared-memory setup")) {
     const std::string who = cat(this->comm.name(), ": shared-memory setup");
-    check(shares_one_host(this->comm.native(), who), who,
-          cat("the communicator's ", ranks, " ranks are not all on one host; shared memory needs one host"));
-    // One POSIX shared-memory file for the host's ranks, made by rank 0 and unlinked once every
-    // rank has mapped it: setting it up takes a broadcast and a barrier, nonblocking (an
-    // MPI_Win_allocate_shared took 90 ms at 4 ranks on 2 cores, busy-polling), and releasing it
-    // is a local munmap, so a rank that leaves early never holds its peers in a collective.
-    region = round_up(line + 2 * this->small_bytes + this->large_bytes, page);
-    std::uint64_t regions_agree[2] = {region, ~std::uint64_t{region}};
-    MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, regions_agree, 2, MPI_UINT64_T, MPI_MAX, this->comm.native(), &request),
-              cat(who, " (MPI_Iallreduce)"));
-    wait_setup(request, cat(who, " (agreeing on the slot sizes)"));
-    check(regions_agree[0] == region && regions_agree[1] == ~std::uint64_t{region}, who,
-          cat("the slot sizes differ across the ranks (this rank's region is ", region, " bytes)"));
-    mapped = region * static_cast<std::size_t>(ranks);
-    // Rank 0's outcome travels with the name: an empty name and its errno when it failed.
-    made_file made{};
-    if (rank == 0) made = create(mapped);
-    check_mpi(MPI_Ibcast(&made, sizeof made, MPI_BYTE, 0, this->comm.native(), &request), cat(who, " (MPI_Ibcast)"));
-    wait_setup(request, cat(who, " (the segment's name)"));
-    check(made.error == 0, who,
-          cat("rank 0 could not make a shared-memory file of ", mapped, " bytes: ", std::strerror(made.error)));
-    const int error = map(made.name);
-    // Everyone has mapped (or failed to) before the name goes; the file lives on in the mappings.
-    int failures = error != 0;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, this->comm.native(), &request),
-              cat(who, " (MPI_Iallreduce)"));
-    wait_setup(request, cat(who, " (mapping the segment)"));
-    if (rank == 0) shm_unlink(made.name);
-    check(error == 0, who, cat("mapping shared-memory file ", made.name, ": ", std::strerror(error)));
-    check(failures == 0, who, cat(failures, " of the ranks could not map shared-memory file ", made.name));
+    for (int r = 0; r < ranks; ++r)
+      check(window.region_bytes(r) == window.region_bytes(rank), who,
+            cat("the slot sizes differ across the ranks (this rank's region is ", window.region_bytes(rank),
+                " bytes, rank ", r, "'s ", window.region_bytes(r), ")"));
     regions.resize(static_cast<std::size_t>(ranks));
-    for (int r = 0; r < ranks; ++r) regions[static_cast<std::size_t>(r)] = base + region * static_cast<std::size_t>(r);
+    for (int r = 0; r < ranks; ++r) regions[static_cast<std::size_t>(r)] = window.region(r);
     // Each rank touches its own region first, so its pages are placed near its owner.
     static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
     new (regions[static_cast<std::size_t>(rank)]) std::atomic<std::uint64_t>(0);
@@ -107,9 +78,6 @@ class host_segment {
   }
   host_segment(const host_segment&) = delete;
   host_segment& operator=(const host_segment&) = delete;
-  ~host_segment() {
-    if (base) munmap(base, mapped);
-  }
 
   std::atomic<std::uint64_t>& progress(int r) const noexcept {
     return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions[static_cast<std::size_t>(r)]));
@@ -135,53 +103,12 @@ class host_segment {
     return out;
   }
 
-  // Rank 0: a new, sized shared-memory file: its name, or errno.
-  struct made_file {
-    char name[56];
-    int error;
-  };
-  static made_file create(std::size_t bytes) {
-    made_file made{};
-    static std::atomic<unsigned> made_here{0};
-    for (int attempt = 0; attempt < 16; ++attempt) {
-      std::snprintf(made.name, sizeof made.name, "/flexcomm-%ld-%u", static_cast<long>(getpid()), made_here++);
-      const int fd = shm_open(made.name, O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0 && errno == EEXIST) continue;
-      if (fd < 0) break;
-      const bool sized = ftruncate(fd, static_cast<off_t>(bytes)) == 0;
-      const int error = sized ? 0 : errno;
-      close(fd);
-      if (sized) return made;
-      shm_unlink(made.name);
-      made.error = error;
-      made.name[0] = '\0';
-      return made;
-    }
-    made.error = errno ? errno : EEXIST;
-    made.name[0] = '\0';
-    return made;
-  }
-  // Maps the whole file; 0 or errno.
-  int map(const char* name) {
-    const int fd = shm_open(name, O_RDWR, 0600);
-    if (fd < 0) return errno;
-    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int error = p == MAP_FAILED ? errno : 0;
-    close(fd);
-    if (error) return error;
-    base = static_cast<std::byte*>(p);
-    return 0;
-  }
-
   static std::size_t round_up(std::size_t bytes, std::size_t to = line) { return (bytes + to - 1) / to * to; }
 
   mpi_communicator comm;
   int rank = 0, ranks = 0;
   std::size_t large_bytes = 0, small_bytes = 0;
-  static constexpr std::size_t page = 4096;
-  std::size_t region = 0;   // bytes per rank, page-aligned
-  std::size_t mapped = 0;   // bytes of the whole segment
-  std::byte* base = nullptr;
+  mpi_host_window window;
   std::vector<std::byte*> regions;
   std::atomic<std::uint64_t> serving{0};  // the ticket of the task allowed to run
   std::atomic<bool> broken{false};         // a task timed out: no later one may run
@@ -371,8 +298,7 @@ class mpi_host_reducer {
   // Collective over `comm`: whether MPI puts all its ranks on one host (the same answer on every
   // rank), i.e. whether a reducer can be made over it.
   static bool on_one_host(const mpi_communicator& comm) {
-    comm.post_deferred();  // MPI sees this allgather directly
-    return detail::shares_one_host(comm.native(), cat(comm.name(), ": split by host"));
+    return mpi_host_window::on_one_host(comm);
   }
 
   explicit operator bool() const noexcept { return segment_ != nullptr; }

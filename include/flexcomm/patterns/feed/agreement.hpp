@@ -29,7 +29,8 @@ inline std::vector<std::int64_t> agreement_key(bool rejected, const ensemble_lay
         for (int r : layout.member_ranks(m)) f.add(static_cast<std::uint64_t>(r));
   }
   return {rejected ? 1 : 0, o.steps, static_cast<std::int64_t>(o.shard_capacity), o.depth,
-          static_cast<std::int64_t>(o.flow.kind), o.flow.max_behind, f.folded()};
+          static_cast<std::int64_t>(o.flow.kind), o.flow.max_behind, f.folded(),
+          static_cast<std::int64_t>(o.shared_memory)};
 }
 
 // What is wrong with these options on their own, or "" (the same answer on every rank).
@@ -52,8 +53,10 @@ void agree(const typename B::communicator& world, const ensemble_layout& layout,
   B::template iallreduce<std::int64_t>(world, a.buffer(), op::max).wait();
   if (!local_problem.empty()) fail(feed, local_problem);
   check(a.highest(0) == 0, feed, "another rank rejected the layout or the feed options");
-  static const char* names[] = {"", "steps", "shard_capacity", "depth", "flow policy", "skip_ahead n", "layout"};
-  for (std::size_t i = 1; i < 7; ++i)
+  static const char* names[] = {"",           "steps",  "shard_capacity",
+                                "depth",      "flow policy", "skip_ahead n",
+                                "layout",     "shared_memory (FLEXCOMM_SHM)"};
+  for (std::size_t i = 1; i < 8; ++i)
     check(a.agreed(i), feed,
           cat("ranks disagree on ", names[i], i == 6 ? cat(" (this rank: '", layout.str(), "')") : cat(
                   ": values range from ", a.lowest(i), " to ", a.highest(i))));

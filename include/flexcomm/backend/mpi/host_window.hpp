@@ -1,0 +1,160 @@
+// mpi::host_window: one shared-memory mapping for the ranks of a communicator that share a host,
+// each owning a region of the size it asked for (contract.hpp: has_host_window). The intra-host
+// allreduce (shared_memory.hpp) and the feeds' in-place batches (patterns/feed/host_slots.hpp)
+// lay out their flags and slots in it.
+//
+// One POSIX shared-memory file, made by rank 0 and unlinked once every rank has mapped it:
+// setting it up takes an allgather, a broadcast and a reduction, all nonblocking and waited
+// through the wait policy (an MPI_Win_allocate_shared took 90 ms at 4 ranks on 2 cores,
+// busy-polling), and releasing it is a local munmap, so a rank that leaves early never holds its
+// peers in a collective. The file's pages start zeroed.
+#pragma once
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/error.hpp"
+#include "communicator.hpp"
+#include "setup.hpp"
+
+namespace flexcomm {
+
+class mpi_host_window {
+ public:
+  static constexpr std::size_t page = 4096;
+
+  mpi_host_window() = default;
+
+  // Collective over `comm`, whose ranks must all share one host (MPI decides: otherwise an error
+  // on every rank). `bytes`: this rank's region, rounded up to whole pages; ranks may ask for
+  // different sizes, 0 included. A failure on any rank (no shared-memory file, no mapping) is an
+  // error on every rank, naming `who`.
+  mpi_host_window(const mpi_communicator& comm, std::size_t bytes, const std::string& who) {
+    comm.post_deferred();  // MPI sees the setup collectives directly, after what was posted before
+    MPI_Comm native = comm.native();
+    MPI_Comm_rank(native, &rank_);
+    MPI_Comm_size(native, &size_);
+    check(detail::shares_one_host(native, who), who,
+          cat("the communicator's ", size_, " ranks are not all on one host; shared memory needs one host"));
+    const std::uint64_t mine = round_up(bytes, page);
+    std::vector<std::uint64_t> sizes(static_cast<std::size_t>(size_));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(&mine, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, native, &request),
+              cat(who, " (MPI_Iallgather)"));
+    detail::wait_setup(request, cat(who, " (the regions' sizes)"));
+    offsets_.resize(static_cast<std::size_t>(size_) + 1);
+    for (std::size_t r = 0; r < sizes.size(); ++r) offsets_[r + 1] = offsets_[r] + sizes[r];
+    // An empty file cannot be mapped: every window holds at least a page.
+    mapped_ = std::max<std::size_t>(offsets_.back(), page);
+    // Rank 0's outcome travels with the name: an empty name and its errno when it failed.
+    made_file made{};
+    if (rank_ == 0) made = create(mapped_);
+    check_mpi(MPI_Ibcast(&made, sizeof made, MPI_BYTE, 0, native, &request), cat(who, " (MPI_Ibcast)"));
+    detail::wait_setup(request, cat(who, " (the segment's name)"));
+    check(made.error == 0, who,
+          cat("rank 0 could not make a shared-memory file of ", mapped_, " bytes: ", std::strerror(made.error)));
+    const int error = map(made.name);
+    // Everyone has mapped (or failed to) before the name goes; the file lives on in the mappings.
+    int failures = error != 0;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, native, &request),
+              cat(who, " (MPI_Iallreduce)"));
+    detail::wait_setup(request, cat(who, " (mapping the segment)"));
+    if (rank_ == 0) shm_unlink(made.name);
+    check(error == 0, who, cat("mapping shared-memory file ", made.name, ": ", std::strerror(error)));
+    check(failures == 0, who, cat(failures, " of the ranks could not map shared-memory file ", made.name));
+  }
+  mpi_host_window(mpi_host_window&& o) noexcept { swap(o); }
+  mpi_host_window& operator=(mpi_host_window&& o) noexcept {
+    mpi_host_window gone(std::move(o));
+    swap(gone);
+    return *this;
+  }
+  mpi_host_window(const mpi_host_window&) = delete;
+  mpi_host_window& operator=(const mpi_host_window&) = delete;
+  ~mpi_host_window() {
+    if (base_) munmap(base_, mapped_);
+  }
+
+  // Collective over `comm`: whether MPI puts all its ranks on one host (the same answer on every
+  // rank), i.e. whether a window can be made over it.
+  static bool on_one_host(const mpi_communicator& comm) {
+    comm.post_deferred();  // MPI sees this allgather directly
+    return detail::shares_one_host(comm.native(), cat(comm.name(), ": split by host"));
+  }
+
+  explicit operator bool() const noexcept { return base_ != nullptr; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  // Rank r's region as this process maps it: page-aligned, zeroed when the window was made.
+  std::byte* region(int r) const noexcept { return base_ + offsets_[static_cast<std::size_t>(r)]; }
+  std::size_t region_bytes(int r) const noexcept {
+    return offsets_[static_cast<std::size_t>(r) + 1] - offsets_[static_cast<std::size_t>(r)];
+  }
+
+  static std::size_t round_up(std::size_t bytes, std::size_t to) { return (bytes + to - 1) / to * to; }
+
+ private:
+  struct made_file {
+    char name[56];
+    int error;
+  };
+  // Rank 0: a new, sized shared-memory file: its name, or errno.
+  static made_file create(std::size_t bytes) {
+    made_file made{};
+    static std::atomic<unsigned> made_here{0};
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      std::snprintf(made.name, sizeof made.name, "/flexcomm-%ld-%u", static_cast<long>(getpid()), made_here++);
+      const int fd = shm_open(made.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0 && errno == EEXIST) continue;
+      if (fd < 0) break;
+      const bool sized = ftruncate(fd, static_cast<off_t>(bytes)) == 0;
+      const int error = sized ? 0 : errno;
+      close(fd);
+      if (sized) return made;
+      shm_unlink(made.name);
+      made.error = error;
+      made.name[0] = '\0';
+      return made;
+    }
+    made.error = errno ? errno : EEXIST;
+    made.name[0] = '\0';
+    return made;
+  }
+  // Maps the whole file; 0 or errno.
+  int map(const char* name) {
+    const int fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0) return errno;
+    void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int error = p == MAP_FAILED ? errno : 0;
+    close(fd);
+    if (error) return error;
+    base_ = static_cast<std::byte*>(p);
+    return 0;
+  }
+  void swap(mpi_host_window& o) noexcept {
+    std::swap(rank_, o.rank_);
+    std::swap(size_, o.size_);
+    std::swap(offsets_, o.offsets_);
+    std::swap(mapped_, o.mapped_);
+    std::swap(base_, o.base_);
+  }
+
+  int rank_ = 0, size_ = 0;
+  std::vector<std::size_t> offsets_;  // size_ + 1: where each rank's region starts
+  std::size_t mapped_ = 0;
+  std::byte* base_ = nullptr;
+};
+
+}  // namespace flexcomm
