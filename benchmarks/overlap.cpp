@@ -8,8 +8,14 @@
 // Pure-Comm: on an oversubscribed node the isolated Pure-Comm loop is scheduled differently.
 // Each model runs twice: backward as CPU work on the trainer thread, and backward with the host
 // idle for as long (what a trainer whose accelerator computes looks like to the CPU).
-// With --trace-dir, overlapped_ring's row runs again with tracing on, between two runs with it
-// off, and the ratio says what FLEXCOMM_TRACE costs a step.
+// Every adapter runs twice, timed one right after the other: with the intra-host shared-memory
+// path off (the backend's allreduce, or the ring), and with it automatic ("shm" rows: on one
+// host the buckets go through one shared-memory segment, as a user gets them by default).
+// FLEXCOMM_SHM is overridden for both. An shm row's Hidden(%) is against the shm sync after
+// backward (what that path exposes); its speedup against sync after backward with shm off (what
+// a user had without it); shm/off is its Overall over the same adapter's with shm off.
+// With --trace-dir, overlapped_ring's row (shm off) runs again with tracing on, between two runs
+// with it off, and the ratio says what FLEXCOMM_TRACE costs a step.
 #include <boost/program_options.hpp>
 
 #include <flexcomm/flexcomm.hpp>
@@ -20,6 +26,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <iostream>
 #include <numeric>
 #include <string>
@@ -149,6 +156,7 @@ int main(int argc, char** argv) {
                 world.size(), env.ranks_on_node(), std::thread::hardware_concurrency(),
                 fc::name_of(env.wait().kind), scale, work);
   std::string records;
+  bool shm_rows_used = true;  // every shm row went through shared memory
   for (const char* name : {"resnet50", "vgg16"}) {
     const std::string model = name;
     if (models.find(model) == std::string::npos) continue;
@@ -184,11 +192,17 @@ int main(int argc, char** argv) {
       for (int l = layers - 1; l >= 0; --l) sync->ready(l, fc::span<float>(grads[static_cast<std::size_t>(l)]));
       sync->finish();
     };
-    fc::subgroup_allreduce<mpi> after(world, options);
-    fc::sync_options early_options = options;
-    early_options.launch_when_full = true;
-    fc::subgroup_allreduce<mpi> early(world, early_options);
-    fc::overlapped_ring<mpi> ring(world, options);
+    // Each adapter with shared memory off (the path of any host layout: the backend's allreduce,
+    // or the ring) and automatic (one segment on one host; off across hosts). Built in the same
+    // order on every rank: construction is collective.
+    options.shared_memory = fc::shared_memory_use::off;
+    fc::sync_options shm_options = options;
+    shm_options.shared_memory = fc::shared_memory_use::automatic;
+    fc::sync_options early_options = options, early_shm_options = shm_options;
+    early_options.launch_when_full = early_shm_options.launch_when_full = true;
+    fc::subgroup_allreduce<mpi> after(world, options), after_shm(world, shm_options);
+    fc::subgroup_allreduce<mpi> early(world, early_options), early_shm(world, early_shm_options);
+    fc::overlapped_ring<mpi> ring(world, options), ring_shm(world, shm_options);
     const double cpu_compute =
         time_steps(world, warmup, iters, [&](int s) { backward(s, static_cast<fc::overlapped_ring<mpi>*>(nullptr)); });
     for (const char* mode : {"cpu", "idle"}) {
@@ -196,19 +210,37 @@ int main(int argc, char** argv) {
     const double compute = idle > 0 ? time_steps(world, warmup, iters, [&](int s) {
       backward(s, static_cast<fc::overlapped_ring<mpi>*>(nullptr)); }) : cpu_compute;
     struct row {
-      const char* name;
+      std::string name;
+      bool shm;       // shared memory allowed (automatic)
+      bool shm_used;  // and the adapter took it (the member is on one host)
       double overall, comm;
       std::size_t buckets;
-    } rows[] = {
-        {"subgroup_allreduce (sync after backward)",
-         time_steps(world, warmup, iters, [&](int s) { backward(s, &after); }),
-         time_steps(world, warmup, iters, [&](int) { comm_only(&after); }), after.plan().buckets().size()},
-        {"subgroup_allreduce (launch when full)",
-         time_steps(world, warmup, iters, [&](int s) { backward(s, &early); }),
-         time_steps(world, warmup, iters, [&](int) { comm_only(&early); }), early.plan().buckets().size()},
-        {"overlapped_ring", time_steps(world, warmup, iters, [&](int s) { backward(s, &ring); }),
-         time_steps(world, warmup, iters, [&](int) { comm_only(&ring); }), ring.plan().buckets().size()},
     };
+    auto measure = [&](std::string name, auto& sync, bool shm) {
+      row r{std::move(name), shm, sync.shared_memory(), 0, 0, 0};
+      r.overall = time_steps(world, warmup, iters, [&](int s) { backward(s, &sync); });
+      r.comm = time_steps(world, warmup, iters, [&](int) { comm_only(&sync); });
+      r.buckets = sync.plan().buckets().size();  // planned at the first step
+      return r;
+    };
+    // Off then shm for each adapter, back to back, so the busy machine drifts little between the
+    // two rows the ratio compares. A braced list is evaluated in order.
+    const std::vector<row> rows{
+        measure("subgroup_allreduce (sync after backward)", after, false),
+        measure("subgroup_allreduce shm (sync after backward)", after_shm, true),
+        measure("subgroup_allreduce (launch when full)", early, false),
+        measure("subgroup_allreduce shm (launch when full)", early_shm, true),
+        measure("overlapped_ring", ring, false),
+        measure("overlapped_ring shm", ring_shm, true),
+    };
+    // Hidden: the share of the communication that sync after backward on the same path exposes
+    // (its Overall - Compute, measured under the same scheduling) that this adapter hides.
+    const auto hidden = [&](std::size_t i) {
+      return overlap_percent(rows[i].overall, compute, rows[rows[i].shm ? 1 : 0].overall - compute);
+    };
+    // shm rows: Overall over that of the off row just before (the same adapter).
+    const auto shm_over_off = [&](std::size_t i) { return rows[i].overall / rows[i - 1].overall; };
+    for (const auto& r : rows) shm_rows_used = shm_rows_used && (!r.shm || r.shm_used);
     if (root) {
       std::printf("# %s: %d tensors, %zu parameters (full model), %zu after scaling = %.2f MiB of float gradients, "
                   "buckets of %zu bytes\n",
@@ -216,23 +248,31 @@ int main(int argc, char** argv) {
                   options.bucket_bytes);
       std::printf("# backward: %s\n", idle > 0 ? "host idle for as long as the CPU backward took (an accelerator computes)"
                                               : "CPU multiply-adds on the trainer thread");
-      std::printf("# %-42s %8s %12s %12s %13s %11s %10s %13s\n", "adapter", "buckets", "Overall(us)", "Compute(us)",
-                  "Pure-Comm(us)", "Overlap(%)", "Hidden(%)", "speedup");
-      // Hidden: the share of the communication that sync-after-backward exposes (its Overall -
-      // Compute, measured under the same scheduling) that this adapter hides.
-      const double exposed = rows[0].overall - compute;
-      for (auto& r : rows) {
-        std::printf("  %-42s %8zu %12.0f %12.0f %13.0f %11.1f %10.1f %13.2f\n", r.name, r.buckets, r.overall, compute,
-                    r.comm, overlap_percent(r.overall, compute, r.comm), overlap_percent(r.overall, compute, exposed),
-                    rows[0].overall / r.overall);
+      std::printf("# %-44s %8s %8s %12s %12s %13s %11s %10s %8s %8s\n", "adapter", "shm", "buckets", "Overall(us)",
+                  "Compute(us)", "Pure-Comm(us)", "Overlap(%)", "Hidden(%)", "speedup", "shm/off");
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        const auto& r = rows[i];
+        const char* shm = !r.shm ? "off" : r.shm_used ? "used" : "unused";
+        const std::string ratio = r.shm ? fc::cat(std::fixed, std::setprecision(2), shm_over_off(i)) : "";
+        std::printf("  %-44s %8s %8zu %12.0f %12.0f %13.0f %11.1f %10.1f %8.2f %8s\n", r.name.c_str(), shm, r.buckets,
+                    r.overall, compute, r.comm, overlap_percent(r.overall, compute, r.comm), hidden(i),
+                    rows[0].overall / r.overall, ratio.c_str());
         records += fc::cat(records.empty() ? "" : ",\n", "  {\"model\": \"", model, "\", \"backward\": \"", mode,
-                           "\", \"adapter\": \"", r.name,
-                           "\", \"ranks\": ", world.size(), ", \"scale\": ", scale, ", \"parameters\": ", scaled,
+                           "\", \"adapter\": \"", r.name, "\", \"shared_memory\": \"", r.shm ? "auto" : "off",
+                           "\", \"shared_memory_used\": ", r.shm_used ? "true" : "false",
+                           ", \"ranks\": ", world.size(), ", \"scale\": ", scale, ", \"parameters\": ", scaled,
                            ", \"buckets\": ", r.buckets, ", \"overall_us\": ", r.overall, ", \"compute_us\": ", compute,
                            ", \"pure_comm_us\": ", r.comm, ", \"overlap_percent\": ",
                            overlap_percent(r.overall, compute, r.comm), ", \"hidden_vs_after_backward_percent\": ",
-                           overlap_percent(r.overall, compute, exposed), "}");
+                           hidden(i), ", \"hidden_baseline\": \"", rows[r.shm ? 1 : 0].name,
+                           "\", \"speedup_vs_after_backward_shm_off\": ", rows[0].overall / r.overall,
+                           r.shm ? fc::cat(", \"overall_shm_over_off\": ", shm_over_off(i)) : "", "}");
       }
+      // The hidden share with shared memory, beside the one without, for the two adapters that
+      // overlap (sync after backward hides nothing by construction).
+      std::printf("# shm off -> on: hidden %.1f%% -> %.1f%% (launch when full), %.1f%% -> %.1f%% (overlapped_ring); "
+                  "Overall shm/off %.2f, %.2f, %.2f (sync after backward, launch when full, overlapped_ring)\n",
+                  hidden(2), hidden(3), hidden(4), hidden(5), shm_over_off(1), shm_over_off(3), shm_over_off(5));
       std::fflush(stdout);
     }
     if (!trace_dir.empty()) {
@@ -245,9 +285,9 @@ int main(int argc, char** argv) {
       const double off_after = time_steps(world, warmup, iters, ring_step);
       const double off = (off_before + off_after) / 2;
       if (root) {
-        std::printf("  %-42s %8zu %12.0f %12s %13s %11s %10s %13s\n", "overlapped_ring, tracing off (mean of 2)",
-                    ring.plan().buckets().size(), off, "", "", "", "", "");
-        std::printf("  %-42s %8zu %12.0f %12s %13s %11s %10s %13.3f\n", "overlapped_ring, tracing on",
+        std::printf("  %-44s %8s %8zu %12.0f %12s %13s %11s %10s %8s\n", "overlapped_ring, tracing off (mean of 2)",
+                    "off", ring.plan().buckets().size(), off, "", "", "", "", "");
+        std::printf("  %-44s %8s %8zu %12.0f %12s %13s %11s %10s %8.3f\n", "overlapped_ring, tracing on", "off",
                     ring.plan().buckets().size(), on, "", "", "", "", on / off);
         std::printf("# tracing on/off: %.3f (off %.0f and %.0f us around on %.0f us)\n", on / off, off_before,
                     off_after, on);
@@ -260,6 +300,8 @@ int main(int argc, char** argv) {
     }
     }
   }
+  if (root)
+    std::printf("# the shm rows went through shared memory: %s\n", shm_rows_used ? "yes" : "no (ranks on several hosts, or one rank)");
   if (root && !json.empty()) {
     std::ofstream out(json);
     out << "{\"benchmark\": \"overlap\", \"ranks\": " << world.size() << ", \"work\": " << work << ", \"results\": [\n"
