@@ -22,6 +22,7 @@
 #include "feed/ring.hpp"
 #include "feed/wire.hpp"
 #include "feed/agreement.hpp"
+#include "feed/host_slots.hpp"
 
 namespace flexcomm {
 
@@ -29,6 +30,9 @@ namespace flexcomm {
 // piece c of step g*M + i, and one allgather per piece gives every owner all M steps. Each
 // step is thus preprocessed once, and work is spread evenly (a shard cannot be cut smaller,
 // so the ensemble shares steps, not parts of a step). `depth` rounds are in flight.
+// Where a piece's owners share one host (feed_options.shared_memory, backends with
+// has_host_window), there is no allgather: each owner's loader writes its step into a slot of
+// shared memory and the others read it in place (feed/host_slots.hpp).
 template <class B>
 class all_shared {
   static_assert(holds_host_memory<B>,
@@ -56,6 +60,12 @@ class all_shared {
   // behind a shared stream: nothing is skipped under either flow-control policy.
   std::int64_t skipped() const noexcept { return 0; }
   bool is_trainer() const noexcept { return role_.kind == role::trainer; }
+  // Whether some piece of this trainer's goes round in shared memory.
+  bool shared_memory() const noexcept {
+    for (const auto& h : host_)
+      if (h) return true;
+    return false;
+  }
 
  private:
   using request = typename B::request;
@@ -66,6 +76,10 @@ class all_shared {
 
   void post_free_rounds();
   void drain() noexcept;
+  void setup_host_slots();
+  std::size_t piece_size(std::size_t i) const {
+    return detail::piece_bytes(pieces_[static_cast<std::size_t>(my_pieces_[i])].shards, options_.shard_capacity);
+  }
 
   ensemble_layout layout_;
   loader load_;
@@ -78,6 +92,7 @@ class all_shared {
   int members_ = 1;
   std::int64_t rounds_ = 0;
 
+  std::vector<detail::host_slots<B>> host_;  // per piece of this trainer: where its owners share a host
   detail::pump<round> pump_;
   detail::batch_ring<round> ring_;
   std::int64_t next_round_ = 0, next_step_ = 0, lent_round_ = -1;
@@ -113,13 +128,37 @@ all_shared<B>::all_shared(const communicator& world, const ensemble_layout& layo
   shards_ = layout_.shards_of(role_.member, role_.rank_in_member);
   batch_.offsets.resize(static_cast<std::size_t>(shards_.count) + 1);
   const auto rounds_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_)));
+  setup_host_slots();
   ring_ = detail::batch_ring<round>(rounds_in_flight, [&](round& r) {
-    for (int c : my_pieces_) {
-      const std::size_t bytes = detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity);
-      r.send.emplace_back(bytes + detail::guard_bytes);
-      r.recv.emplace_back(bytes * static_cast<std::size_t>(members_));
+    for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
+      const bool shared = static_cast<bool>(host_[i]);  // then its slots are in shared memory
+      r.send.emplace_back(shared ? 0 : piece_size(i) + detail::guard_bytes);
+      r.recv.emplace_back(shared ? 0 : piece_size(i) * static_cast<std::size_t>(members_));
     }
   });
+}
+
+// Collective over each of this trainer's piece communicators, in piece order (as every owner
+// takes them): shared slots for the pieces whose owners share one host.
+template <class B>
+void all_shared<B>::setup_host_slots() {
+  host_.resize(my_pieces_.size());
+  if constexpr (has_host_window<B>) {
+    if (options_.shared_memory == shared_memory_use::off || members_ < 2) return;
+    const auto rounds_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_)));
+    for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
+      const communicator& owners = comms_[static_cast<std::size_t>(my_pieces_[i])];
+      // The host map may pretend several hosts (FLEXCOMM_HOSTS); MPI has the last word.
+      if (B::hosts(owners).hosts() != 1 || !B::host_window::on_one_host(owners)) continue;
+      std::vector<int> ranks(static_cast<std::size_t>(owners.size()));
+      for (int r = 0; r < owners.size(); ++r) ranks[static_cast<std::size_t>(r)] = owners.world_rank_of(r);
+      host_[i] = detail::host_slots<B>(owners, true, rounds_in_flight, piece_size(i) + detail::guard_bytes,
+                                       std::move(ranks), cat("all_shared piece ", my_pieces_[i]));
+    }
+  } else {
+    check(options_.shared_memory != shared_memory_use::on, "all_shared",
+          "feed_options.shared_memory (FLEXCOMM_SHM) is on, but this backend has no shared memory");
+  }
 }
 
 template <class B>
@@ -138,11 +177,19 @@ void all_shared<B>::post_free_rounds() {
     const std::int64_t step = g * members_ + role_.member;
     for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
       const auto& piece = pieces_[static_cast<std::size_t>(my_pieces_[i])];
-      auto& send = r.send[i];
+      const auto& shared = host_[i];
+      // The piece communicator's ranks are the members in order: this trainer is rank member.
+      if (shared) shared.wait_free(g, cat("all_shared: round ", g));
+      const span<std::byte> send = shared ? span<std::byte>(shared.slot(role_.member, g), piece_size(i) + detail::guard_bytes)
+                                          : span<std::byte>(r.send[i]);
       if (step < options_.steps)
-        detail::fill_piece(load_, step, piece.first_shard, piece.shards, options_.shard_capacity, span<std::byte>(send));
+        detail::fill_piece(load_, step, piece.first_shard, piece.shards, options_.shard_capacity, send);
       else
-        detail::empty_piece(step, piece.shards, span<std::byte>(send));  // past the end: nobody reads it
+        detail::empty_piece(step, piece.shards, send);  // past the end: nobody reads it
+      if (shared) {
+        shared.publish(g);
+        continue;
+      }
       const std::size_t bytes = send.size() - detail::guard_bytes;
       r.requests.push_back(B::template iallgather<std::uint8_t>(
           comms_[static_cast<std::size_t>(my_pieces_[i])],
@@ -158,6 +205,8 @@ template <class B>
 std::optional<batch> all_shared<B>::next() {
   check(role_.kind == role::trainer, "all_shared", "next() is for trainer ranks; this rank is a producer");
   if (lent_round_ >= 0 && lent_round_ != next_step_ / members_) {
+    for (const auto& shared : host_)
+      if (shared) shared.release(lent_round_);
     ring_.release(lent_round_);
     lent_round_ = -1;
   }
@@ -173,8 +222,12 @@ std::optional<batch> all_shared<B>::next() {
   if (my_pieces_.size() > 1) batch_.bytes.clear();
   for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
     const int shards = pieces_[static_cast<std::size_t>(my_pieces_[i])].shards;
-    const std::size_t bytes = r.send[i].size() - detail::guard_bytes;
-    const span<const std::byte> slot(r.recv[i].data() + static_cast<std::size_t>(step % members_) * bytes, bytes);
+    const std::size_t bytes = piece_size(i);
+    const int from = static_cast<int>(step % members_);  // the member whose turn the step was
+    const auto& shared = host_[i];
+    if (shared) shared.wait_arrived(from, g, cat("all_shared: step ", step));
+    const span<const std::byte> slot(shared ? shared.slot(from, g) : r.recv[i].data() + static_cast<std::size_t>(from) * bytes,
+                                     bytes);
     const std::uint64_t* sizes = detail::read_piece("all_shared", slot, step, shards, options_.shard_capacity);
     std::size_t total = 0;
     for (int k = 0; k < shards; ++k, ++shard) {
@@ -199,6 +252,8 @@ template <class B>
 void all_shared<B>::drain() noexcept {
   try {
     lent_round_ = -1;
+    for (const auto& shared : host_)
+      if (shared) shared.leave();  // the others never wait for this trainer's reading again
     ring_.drain([&] { post_free_rounds(); },
                 [&](round& r, std::int64_t g) { pump_.await(r, cat("all_shared: allgather of round ", g)); });
   } catch (const std::exception& e) {

@@ -274,7 +274,7 @@ void one_to_many<B>::wait_for(std::int64_t step) {
   check(held == step, "one_to_many", cat("step ", step, " was never posted (ring holds step ", held, ")"));
   transfer& t = ring_.at(step);
   if (t.in_place)
-    host_[static_cast<std::size_t>(producer_of(step))].wait_arrived(index_at_producer(step),
+    host_[static_cast<std::size_t>(producer_of(step))].wait_arrived(0, index_at_producer(step),
                                                                     cat("one_to_many: receive of step ", step));
   else
     await(t, "receive");
@@ -285,13 +285,13 @@ span<const std::byte> one_to_many<B>::piece_of(std::int64_t step, transfer& t, s
   const int c = my_pieces_[i];
   if (!t.in_place) return {t.slots[i].data(), t.slots[i].size()};
   const int producer = producer_of(step);
-  return {host_[static_cast<std::size_t>(producer)].slot(index_at_producer(step)) + slot_offset(producer, c),
+  return {host_[static_cast<std::size_t>(producer)].slot(0, index_at_producer(step)) + slot_offset(producer, c),
           detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity)};
 }
 
 template <class B>
 bool one_to_many<B>::arrived(std::int64_t step, const transfer& t) const {
-  if (t.in_place) return host_[static_cast<std::size_t>(producer_of(step))].arrived(index_at_producer(step));
+  if (t.in_place) return host_[static_cast<std::size_t>(producer_of(step))].arrived(0, index_at_producer(step));
   return t.wake.fired.load(std::memory_order_acquire);
 }
 
@@ -396,7 +396,7 @@ void one_to_many<B>::produce() {
     if (!here) return span<std::byte>(ring.at(k).slots[i]);
     const int c = mine[i];
     return span<std::byte>(
-        here->slot(k) + slot_offset(me, c),
+        here->slot(0, k) + slot_offset(me, c),
         detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity) + detail::guard_bytes);
   };
   detail::batch_ring<transfer> ready(static_cast<std::size_t>(depth),
@@ -513,7 +513,7 @@ void one_to_many<B>::setup_host_slots(const communicator& world) {
       }
       std::vector<int> ranks(static_cast<std::size_t>(group.size()));
       for (int r = 0; r < group.size(); ++r) ranks[static_cast<std::size_t>(r)] = group.world_rank_of(r);
-      host_[static_cast<std::size_t>(p)] = detail::host_slots<B>(group, slots, slot_bytes_[static_cast<std::size_t>(p)],
+      host_[static_cast<std::size_t>(p)] = detail::host_slots<B>(group, producer, slots, slot_bytes_[static_cast<std::size_t>(p)],
                                                                   std::move(ranks), cat("one_to_many producer ", p));
     }
   } else {
