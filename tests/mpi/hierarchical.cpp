@@ -121,6 +121,41 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(forced_hierarchy_equals_mpi_allreduce_for_every_op
   }
 }
 
+// On pretend hosts that are one machine, each host's two intra-host stages (a reduce to the
+// leader, a broadcast from it) go through shared memory by default: results still equal
+// MPI_Allreduce's, in chunks of a small slot too (the broadcast and the reduction then pipeline
+// several chunks), and the same with shared memory off; a rank alone on its host has no stage
+// to share.
+BOOST_AUTO_TEST_CASE_TEMPLATE(intra_host_stages_in_shared_memory_equal_mpi_allreduce, Sync, adapters) {
+  const int n = world().size();
+  for (const auto& hosts : host_maps(n)) {
+    const auto map = fc::host_map::parse(hosts);
+    if (map.hosts() < 2) continue;
+    pretend_hosts pretend(hosts);
+    const bool shares_host = map.ranks_per_host(map.host_of(world().rank())) > 1;
+    for (const auto use : {fc::shared_memory_use::automatic, fc::shared_memory_use::off}) {
+      fc::sync_options options;
+      options.hierarchical = fc::hierarchy::on;
+      options.shared_memory = use;
+      options.shared_memory_slot_bytes = 256;  // 64 floats a chunk: the larger gradients take many
+      options.bucket_bytes = 4096;
+      for (fc::op o : {fc::op::avg, fc::op::max}) {
+        options.op = o;
+        std::string detail;
+        {
+          Sync sync(world(), options);
+          BOOST_TEST(all_ranks(sync.shared_memory() == (use == fc::shared_memory_use::automatic && shares_host)),
+                     hosts << " shared memory " << fc::name_of(use));
+        }
+        BOOST_TEST(all_ranks(equals_mpi_allreduce<Sync, float>(world(), options, detail)),
+                   hosts << " shared memory " << fc::name_of(use) << " op " << fc::name_of(o) << " " << detail);
+        BOOST_TEST(all_ranks(equals_mpi_allreduce<Sync, std::int64_t>(world(), options, detail)),
+                   hosts << " shared memory " << fc::name_of(use) << " op " << fc::name_of(o) << " " << detail);
+      }
+    }
+  }
+}
+
 // Members of interleaved world ranks on pretend hosts of two: each member has a rank on several
 // hosts, and hosts hold ranks of several members; nothing mixes.
 BOOST_AUTO_TEST_CASE_TEMPLATE(interleaved_members_across_hosts, Sync, adapters) {

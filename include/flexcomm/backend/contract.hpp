@@ -61,8 +61,10 @@ using host_backend_t = typename host_backend_of<B>::type;
 // are all on one host, as `host_reducer(comm, slot_bytes)` (collective `on_one_host(comm)` says
 // whether they are), with `start(T* data, n, op)` (a task
 // whose `poll()` advances without waiting and returns true once done, for the progress engine)
-// and a blocking `allreduce(T* data, n, op)`; every rank starts the same n, T and op in the same
-// order; avg divides the sum by the rank count; waits time out as the communicator's operations do.
+// and a blocking `allreduce(T* data, n, op)`, and `start_broadcast(T* data, n, root)` (a task
+// likewise; hierarchical averaging's intra-host stage 3); every rank starts the same n, T and op
+// (root) in the same order; avg divides the sum by the rank count; waits time out as the
+// communicator's operations do.
 template <class B, class = void>
 struct host_shared_memory_of : std::false_type {};
 template <class B>

@@ -1,7 +1,10 @@
 // Hierarchical averaging for the Sync adapters: a member whose ranks span hosts reduces each
 // bucket within each host to the host's leader, allreduces across the leaders (the only traffic
 // that crosses the network, once per host instead of once per rank), and broadcasts within each
-// host. Horovod's hierarchical allreduce; NCCL's rings across nodes.
+// host. Horovod's hierarchical allreduce; NCCL's rings across nodes. Where a host's ranks really
+// share memory (sync_options.shared_memory, backends with has_host_shared_memory), the two
+// intra-host stages go through shared memory: an allreduce within the host (the leader needs
+// the sum; the others' copy is overwritten) and a broadcast from the leader.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "../backend/contract.hpp"
@@ -23,6 +27,29 @@
 
 namespace flexcomm::detail {
 
+// The shared-memory reducer and its tasks on backends that have one; placeholders elsewhere, so
+// that the tiers compile (and stay on messages) on every backend.
+template <class B, bool = has_host_shared_memory<B>>
+struct tier_shared_memory {
+  struct reducer {};
+  template <class T>
+  struct task {
+    bool poll() { return true; }
+  };
+  template <class T>
+  using reduce_task = task<T>;
+  template <class T>
+  using broadcast_task = task<T>;
+};
+template <class B>
+struct tier_shared_memory<B, true> {
+  using reducer = typename B::host_reducer;
+  template <class T>
+  using reduce_task = typename reducer::template task<T>;
+  template <class T>
+  using broadcast_task = typename reducer::template broadcast_task<T>;
+};
+
 // The member's hosts and the communicators of the three stages, made eagerly and collectively
 // in the adapter's constructor. Device backends stay flat: their host map would have to come
 // from the MPI twin, and their intra-host path is NCCL's own.
@@ -30,16 +57,23 @@ template <class B>
 class host_tiers {
  public:
   // `member` is the adapter's private duplicate of the member: construction talks on it.
-  host_tiers(const typename B::communicator& member, hierarchy wanted, flat_algorithm flat, const std::string& who) {
+  host_tiers(const typename B::communicator& member, const sync_options& options, flat_algorithm flat,
+             const std::string& who) {
+    const hierarchy wanted = options.hierarchical;
     if constexpr (holds_host_memory<B>) {
       // Every rank of the member takes the same branch: `wanted` is checked equal across the
       // member below, and the host map is the same on every rank.
       hosts_ = B::hosts(member);
-      agreement same({static_cast<std::int64_t>(wanted)});
+      agreement same({static_cast<std::int64_t>(wanted), static_cast<std::int64_t>(options.shared_memory),
+                      static_cast<std::int64_t>(options.shared_memory_slot_bytes)});
       B::iallreduce(member, same.buffer(), op::max).wait();
       check(same.agreed(0), who,
             cat("sync_options.hierarchical (FLEXCOMM_HIERARCHICAL) differs across the member's ranks; this rank has '",
                 name_of(wanted), "'"));
+      check(same.agreed(1) && same.agreed(2), who,
+            cat("sync_options.shared_memory (FLEXCOMM_SHM) or its slot size differs across the member's ranks; this "
+                "rank has '",
+                name_of(options.shared_memory), "'"));
       enabled_ = use_hierarchy(wanted, hosts_, flat);
       if (!enabled_) return;
       const int host = hosts_.host_of(member.rank());
@@ -52,8 +86,18 @@ class host_tiers {
       leaders_ = member.split(reduce_.rank() == 0 ? 0 : B::communicator::undefined, member.rank(),
                               cat(name, " host leaders"));
       order_ = std::make_shared<sequencer>();
+      if constexpr (has_host_shared_memory<B>) {
+        // Decided per host, by that host's ranks alike: the host map may pretend (FLEXCOMM_HOSTS)
+        // that ranks on several machines share one, and MPI has the last word.
+        if (options.shared_memory != shared_memory_use::off && reduce_.size() > 1 &&
+            B::host_reducer::on_one_host(reduce_)) {
+          host_reduce_.emplace(reduce_, options.shared_memory_slot_bytes);
+          host_bcast_.emplace(bcast_, options.shared_memory_slot_bytes);
+        }
+      }
     } else {
       static_cast<void>(member);
+      static_cast<void>(options);
       static_cast<void>(wanted);
       static_cast<void>(flat);
       static_cast<void>(who);
@@ -63,6 +107,8 @@ class host_tiers {
   bool enabled() const noexcept { return enabled_; }
   const host_map& hosts() const noexcept { return hosts_; }
   bool leader() const noexcept { return static_cast<bool>(leaders_); }
+  // Whether this rank's host does the intra-host stages in shared memory.
+  bool shared_memory() const noexcept { return host_reduce_.has_value(); }
   const typename B::communicator& leaders() const noexcept { return leaders_; }
 
   // Bucket `count` x T at `data`, reduced by `o` over the whole member. `cross` starts the
@@ -85,6 +131,9 @@ class host_tiers {
   host_map hosts_;
   bool enabled_ = false;
   typename B::communicator reduce_, bcast_, leaders_;
+  // Stage 1 and stage 3 in shared memory: separate segments for the reasons reduce_ and bcast_
+  // are separate (stage 1 starts on the trainer's thread, stage 3 on the engine's).
+  std::optional<typename tier_shared_memory<B>::reducer> host_reduce_, host_bcast_;
   std::shared_ptr<sequencer> order_;
   std::uint64_t launched_ = 0;  // trainer's thread only
 };
@@ -107,6 +156,12 @@ class host_tiers<B>::bucket {
         what_(cat("hierarchical ", name_of(o), " of ", count, " x ", name_of(dtype_of<T>), " over ",
                   tiers.hosts_.hosts(), " hosts (", tiers.hosts_.str(), ")")) {
     // Stage 1 is posted here, on the trainer's thread, in bucket order like every launch.
+    if constexpr (has_host_shared_memory<B>) {
+      if (tiers_.host_reduce_) {
+        shm_reduce_ = tiers_.host_reduce_->start(data_, count_, stage_op_);
+        return;
+      }
+    }
     if (tiers_.reduce_.size() > 1)
       reduce_.emplace(B::ireduce(tiers_.reduce_, span<const T>(data_, count_), span<T>(data_, count_), stage_op_, 0));
   }
@@ -131,6 +186,7 @@ class host_tiers<B>::bucket {
       fail(what_, "an earlier bucket of this member failed; this one cannot keep its place in the order");
     if (stage_ == stage::reducing) {
       if (reduce_ && !reduce_->test()) return false;
+      if (shm_reduce_ && !shm_reduce_->poll()) return false;
       if (tiers_.leader()) {
         if (order_->crossed != sequence_) return false;
         if (tiers_.leaders_.size() > 1) crossing_ = cross_(data_, count_, stage_op_);
@@ -145,12 +201,17 @@ class host_tiers<B>::bucket {
       stage_ = stage::broadcasting;
     }
     if (stage_ == stage::broadcasting) {
-      if (!bcast_) {
+      if (!broadcast_posted_) {
         if (order_->broadcast != sequence_) return false;
         ++order_->broadcast;
-        if (tiers_.bcast_.size() > 1) bcast_.emplace(B::ibcast(tiers_.bcast_, span<T>(data_, count_), 0));
+        broadcast_posted_ = true;
+        if constexpr (has_host_shared_memory<B>) {
+          if (tiers_.host_bcast_) shm_bcast_ = tiers_.host_bcast_->start_broadcast(data_, count_, 0);
+        }
+        if (!shm_bcast_ && tiers_.bcast_.size() > 1) bcast_.emplace(B::ibcast(tiers_.bcast_, span<T>(data_, count_), 0));
       }
       if (bcast_ && !bcast_->test()) return false;
+      if (shm_bcast_ && !shm_bcast_->poll()) return false;
       stage_ = stage::done;
     }
     return true;
@@ -166,6 +227,9 @@ class host_tiers<B>::bucket {
   std::function<std::function<bool()>(T*, std::size_t, op)> cross_;
   std::function<bool()> crossing_;
   std::optional<typename B::request> reduce_, bcast_;
+  std::shared_ptr<typename tier_shared_memory<B>::template reduce_task<T>> shm_reduce_;
+  std::shared_ptr<typename tier_shared_memory<B>::template broadcast_task<T>> shm_bcast_;
+  bool broadcast_posted_ = false;
   stage stage_ = stage::reducing;
   std::string what_;
 };

@@ -37,7 +37,7 @@ class overlapped_ring {
   explicit overlapped_ring(const typename B::communicator& member, sync_options options = {})
       : ring_(member.dup(cat(member.name(), " overlapped_ring"))),
         options_(options),
-        tiers_(ring_, options_.hierarchical, flat_algorithm::ring, "overlapped_ring"),
+        tiers_(ring_, options_, flat_algorithm::ring, "overlapped_ring"),
         sync_(member, options_, "overlapped_ring", true) {
     check(options_.segment_bytes > 0, "overlapped_ring", "sync_options.segment_bytes must be positive");
     check(options_.segments_in_flight > 0, "overlapped_ring",
@@ -58,8 +58,9 @@ class overlapped_ring {
   bool hierarchical() const noexcept { return tiers_.enabled(); }
   const host_map& hosts() const noexcept { return tiers_.hosts(); }
   // True when buckets are reduced through shared memory, not round the ring (decided at
-  // construction: the member's ranks all share one host).
-  bool shared_memory() const noexcept { return static_cast<bool>(shm_); }
+  // construction): the member's ranks all share one host, or, averaging hierarchically, in this
+  // rank's host's stages.
+  bool shared_memory() const noexcept { return static_cast<bool>(shm_) || tiers_.shared_memory(); }
 
  private:
   auto launcher() {

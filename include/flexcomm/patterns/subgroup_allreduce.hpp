@@ -32,7 +32,7 @@ class subgroup_allreduce {
   explicit subgroup_allreduce(const typename B::communicator& member, sync_options options = {})
       : comm_(member.dup(cat(member.name(), " subgroup_allreduce"))),
         options_(options),
-        tiers_(comm_, options_.hierarchical, flat_algorithm::backend_allreduce, "subgroup_allreduce"),
+        tiers_(comm_, options_, flat_algorithm::backend_allreduce, "subgroup_allreduce"),
         sync_(member, options_, "subgroup_allreduce", options_.launch_when_full) {
     shm_.setup(comm_, tiers_.hosts(), tiers_.enabled(), options_, "subgroup_allreduce");
     shm_.check_steps_of(sync_);
@@ -52,8 +52,9 @@ class subgroup_allreduce {
   // True when buckets are averaged hierarchically across hosts (decided at construction).
   bool hierarchical() const noexcept { return tiers_.enabled(); }
   const host_map& hosts() const noexcept { return tiers_.hosts(); }
-  // True when buckets are reduced through shared memory (decided at construction).
-  bool shared_memory() const noexcept { return static_cast<bool>(shm_); }
+  // True when buckets are reduced through shared memory (decided at construction): on one host,
+  // or, averaging hierarchically, in this rank's host's stages.
+  bool shared_memory() const noexcept { return static_cast<bool>(shm_) || tiers_.shared_memory(); }
 
  private:
   auto launcher() {

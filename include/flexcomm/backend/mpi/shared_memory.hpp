@@ -93,6 +93,8 @@ class host_segment {
       if (progress(r).load(std::memory_order_acquire) < step) return false;
     return true;
   }
+  // Whether rank r has finished `step`.
+  bool reached_by(int r, std::uint64_t step) const noexcept { return progress(r).load(std::memory_order_acquire) >= step; }
   // "2 (at step 5), 3 (at step 4)": the ranks that have not finished `step`.
   std::string behind(std::uint64_t step) const {
     std::string out;
@@ -274,6 +276,88 @@ class host_allreduce {
   std::chrono::steady_clock::time_point since_;
 };
 
+// One broadcast through a host_segment from `root`: two steps per chunk of at most a large slot.
+// For chunk c the root waits until every rank has copied chunk c - 1 out of its slot, copies
+// chunk c in and publishes both steps; every other rank waits for the root's first step, copies
+// the chunk out and publishes the second. The root's data is read once, and each other rank's
+// written once.
+template <class T>
+class host_broadcast {
+ public:
+  struct plan {
+    std::uint64_t ticket, first;  // steps already taken by earlier tasks
+    std::uint64_t free_after;     // the root's large slot is free once all reach this
+  };
+
+  host_broadcast(std::shared_ptr<host_segment> segment, T* data, std::size_t n, int root, plan p)
+      : seg_(std::move(segment)), data_(data), n_(n), root_(root), plan_(p) {
+    if (n == 0) done_ = true;  // took no ticket and no steps
+  }
+
+  std::string what() const {
+    return cat("shared-memory broadcast on ", seg_->comm.name(), " (", n_, " x ", name_of(dtype_of<T>), " from rank ",
+               root_, ")");
+  }
+  bool done() const noexcept { return done_; }
+
+  // Advances as far as it can without waiting; true once this rank holds the root's data.
+  bool poll() {
+    if (done_) return true;
+    if (!started_) {
+      if (seg_->broken.load(std::memory_order_acquire))
+        fail(who(), cat(seg_->comm.name(), " is unusable after an earlier timeout"));
+      if (seg_->serving.load(std::memory_order_acquire) != plan_.ticket) return false;
+      started_ = true;
+      since_ = std::chrono::steady_clock::now();
+    }
+    const std::size_t per_chunk = seg_->large_bytes / sizeof(T);
+    T* slot = reinterpret_cast<T*>(seg_->large_slot(root_));
+    while (chunk_ * per_chunk < n_) {
+      const std::size_t lo = chunk_ * per_chunk, count = std::min(per_chunk, n_ - lo);
+      const std::uint64_t written = plan_.first + 2 * chunk_ + 1, read = written + 1;
+      if (seg_->rank == root_) {
+        const std::uint64_t free = chunk_ == 0 ? plan_.free_after : written - 1;
+        if (!seg_->reached(free)) return late(free, "peers to copy the previous chunk out", [&] { return seg_->behind(free); });
+        std::memcpy(slot, data_ + lo, count * sizeof(T));
+        seg_->publish(read);
+      } else {
+        if (!seg_->reached_by(root_, written))
+          return late(written, "the root to copy its chunk in", [&] { return cat(root_); });
+        std::memcpy(data_ + lo, slot, count * sizeof(T));
+        seg_->publish(read);
+      }
+      ++chunk_;
+      since_ = std::chrono::steady_clock::now();
+    }
+    done_ = true;
+    seg_->serving.store(plan_.ticket + 1, std::memory_order_release);
+    return true;
+  }
+
+ private:
+  std::string who() const { return cat(what(), ", rank ", seg_->rank); }
+  // Not there yet: false, or past the communicator's timeout an error naming who is behind.
+  template <class Behind>
+  bool late(std::uint64_t needed, const char* for_what, Behind&& behind) {
+    const auto limit = seg_->comm.timeout();
+    if (limit.count() > 0 && std::chrono::steady_clock::now() - since_ > limit) {
+      seg_->broken.store(true, std::memory_order_release);
+      fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
+                      "); not arrived: rank ", behind()));
+    }
+    return false;
+  }
+
+  std::shared_ptr<host_segment> seg_;
+  T* data_;
+  std::size_t n_;
+  int root_;
+  plan plan_;
+  bool started_ = false, done_ = false;
+  std::uint64_t chunk_ = 0;
+  std::chrono::steady_clock::time_point since_;
+};
+
 }  // namespace detail
 
 class mpi_host_reducer {
@@ -285,6 +369,8 @@ class mpi_host_reducer {
 
   template <class T>
   using task = detail::host_allreduce<T>;
+  template <class T>
+  using broadcast_task = detail::host_broadcast<T>;
 
   mpi_host_reducer() = default;
 
@@ -331,6 +417,22 @@ class mpi_host_reducer {
       large_free_ = steps_;
     }
     return std::make_shared<task<T>>(segment_, data, n, o, p);
+  }
+
+  // Starts a broadcast of root's data[0, n) to every rank's data: every rank starts the same n
+  // and T with the same root, in the same order as its other tasks on this reducer.
+  template <class T>
+  std::shared_ptr<broadcast_task<T>> start_broadcast(T* data, std::size_t n, int root) {
+    static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
+    auto& seg = usable("shared-memory broadcast");
+    check(root >= 0 && root < seg.ranks, "shared-memory broadcast",
+          cat("root ", root, " is outside the communicator's ", seg.ranks, " ranks"));
+    if (n == 0) return std::make_shared<broadcast_task<T>>(segment_, data, n, root, typename broadcast_task<T>::plan{0, 0, 0});
+    typename broadcast_task<T>::plan p{tickets_++, steps_, large_free_};
+    const std::size_t per_chunk = seg.large_bytes / sizeof(T);
+    steps_ += 2 * ((n + per_chunk - 1) / per_chunk);
+    large_free_ = steps_;
+    return std::make_shared<broadcast_task<T>>(segment_, data, n, root, p);
   }
 
   // Blocking allreduce on the calling thread: start() and poll until done, answering the
