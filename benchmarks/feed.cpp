@@ -1,12 +1,21 @@
 // benchmarks/feed: what the shared feeds save an ensemble. K members train on the same stream of
 // Fashion-MNIST batches; preprocessing (inflate + normalize + crop/flip/rotation/elastic
 // augmentation) is CPU-heavy, training is light. For each feed in one run: total CPU time over
-// all ranks (getrusage, all threads), wall time, batches/s, and both as ratios to local_feed.
+// all ranks (getrusage, all threads), the trainers' share of it, wall time, batches/s, and the
+// totals as ratios to local_feed.
+// one_to_many runs twice, back to back: with its shared-memory path off (a message per trainer),
+// and with it automatic ("one_to_many shm": on the producer's host the loader writes each step
+// into a shared slot and the trainers read it in place). The shm row's shm/off is its CPU time
+// over the off row's, and a summary line gives the trainers' CPU, wall and batches/s the same
+// way: the trainers' CPU is where copying a batch out of a message would show. Column shm says
+// whether the path was taken (one_to_many::shared_memory() on every rank). FLEXCOMM_SHM is
+// overridden for every feed; all_shared and local_feed have no shared-memory path and run off.
 //
 //   mpiexec -n 5 build/benchmarks/feed --wait backoff:20000     # layout producers=1 members=4x1
 //
 // Flags follow nccl-tests where they mean something here: -b/-e/-f images per step (min, max,
 // factor), -n timed steps, -w warm-up steps, -c check (every feed's bytes against local_feed's).
+// --feeds names one_to_many's shm row one_to_many_shm (a flag value without a space).
 #include <sys/resource.h>
 
 #include <boost/program_options.hpp>
@@ -18,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -104,13 +114,25 @@ struct config {
 
 struct measurement {
   double cpu = 0, wall = 0;
+  double trainer_cpu = 0;  // the part of cpu spent by trainer ranks (producers excluded)
+  int shm_ranks = 0;       // ranks that handed over or read steps through shared memory
   std::int64_t wrong = 0;
   std::uint64_t sum = 0;
 };
 
+// Whether the feed took its shared-memory path on this rank; feeds without one never do.
+template <class Feed>
+auto took_shared_memory(const Feed& feed, int) -> decltype(feed.shared_memory()) {
+  return feed.shared_memory();
+}
+template <class Feed>
+bool took_shared_memory(const Feed&, long) {
+  return false;
+}
+
 template <class Feed>
 measurement run(const fc::mpi::communicator& world, const fc::ensemble_layout& layout, const fm::packed_dataset& data,
-                std::size_t images, const config& cfg, std::uint64_t expected_sum) {
+                std::size_t images, const config& cfg, std::uint64_t expected_sum, fc::shared_memory_use shm) {
   const int shards = layout.shards_per_step();
   const std::size_t per_shard = images / static_cast<std::size_t>(shards);
   fc::loader load = [&](std::int64_t step, int shard, fc::span<std::byte> out) -> std::size_t {
@@ -124,6 +146,7 @@ measurement run(const fc::mpi::communicator& world, const fc::ensemble_layout& l
     options.steps = steps;
     options.shard_capacity = per_shard * fm::sample_bytes;
     options.depth = cfg.depth;
+    options.shared_memory = shm;  // set for every feed, so that FLEXCOMM_SHM changes no row
     Feed feed(world, layout, load, options);
     barrier(world);
     const double cpu0 = cpu_seconds(), t0 = now();
@@ -145,8 +168,12 @@ measurement run(const fc::mpi::communicator& world, const fc::ensemble_layout& l
       std::fprintf(stderr, "rank %d: cpu %.3f s wall %.3f s, context switches so far: %ld voluntary %ld involuntary\n",
                    world.rank(), cpu_seconds() - cpu0, now() - t0, u.ru_nvcsw, u.ru_nivcsw);
     }
-    m->cpu = reduce(world, cpu_seconds() - cpu0, fc::op::sum);
-    m->wall = reduce(world, now() - t0, fc::op::max);
+    // Read both clocks before reducing: each reduction may sleep in the wait policy.
+    const double cpu = cpu_seconds() - cpu0, wall = now() - t0;
+    m->cpu = reduce(world, cpu, fc::op::sum);
+    m->trainer_cpu = reduce(world, role.kind == fc::role::trainer ? cpu : 0.0, fc::op::sum);
+    m->wall = reduce(world, wall, fc::op::max);
+    m->shm_ranks = static_cast<int>(reduce(world, took_shared_memory(feed, 0) ? 1.0 : 0.0, fc::op::sum));
     m->sum = sum;
   };
   if (cfg.warmup > 0) stream(cfg.warmup, nullptr);
@@ -180,7 +207,7 @@ int main(int argc, char** argv) {
   const auto& world = env.world();
   std::size_t min_images = 256, max_images = 256, factor = 2;
   config cfg;
-  std::string layout_text, json_path, wait_text, feeds = "local_feed,one_to_many,all_shared";
+  std::string layout_text, json_path, wait_text, feeds = "local_feed,one_to_many,one_to_many_shm,all_shared";
   int check = 1;
   po::options_description flags("benchmarks/feed options");
   flags.add_options()("help,h", "this text")
@@ -194,7 +221,8 @@ int main(int argc, char** argv) {
       ("train-images,t", po::value(&cfg.train_images)->default_value(cfg.train_images), "images per SGD step")
       ("elastic", po::value(&cfg.augment.elastic_alpha)->default_value(2.0f), "elastic distortion alpha (0: off)")
       ("sigma", po::value(&cfg.augment.elastic_sigma)->default_value(4.0f), "elastic distortion smoothing (cost grows with it)")
-      ("feeds", po::value(&feeds)->default_value(feeds), "feeds to run (ratios need local_feed)")
+      ("feeds", po::value(&feeds)->default_value(feeds),
+       "feeds to run (ratios need local_feed; one_to_many_shm: one_to_many with shared memory automatic, shm/off needs one_to_many too)")
       ("layout,L", po::value(&layout_text), "ensemble layout (default FLEXCOMM_LAYOUT, else producers=1 members=(n-1)x1)")
       ("wait", po::value(&wait_text), "wait policy for this run (spin, yield, backoff, backoff:<us>); default: flexcomm's")
       ("json,J", po::value(&json_path)->default_value("feed.json"), "JSON output file (rank 0)");
@@ -221,6 +249,8 @@ int main(int argc, char** argv) {
   const fm::packed_dataset data(fm::load(fm::split::test), 64);
   const int shards = layout.shards_per_step();
   const auto wait = fc::default_wait();
+  // Trainer CPU per batch a trainer takes: what receiving (or reading in place) and training cost it.
+  const double trainers = reduce(world, layout.role_of(world.rank()).kind == fc::role::trainer ? 1.0 : 0.0, fc::op::sum);
   if (world.rank() == 0) {
     std::printf("# flexcomm feed benchmark on %s: layout '%s' (%d members, %d ranks, %d shards/step), %lld steps + %lld "
                 "warm-up\n", fc::mpi_implementation::name, layout.str().c_str(), layout.members(), world.size(), shards,
@@ -230,9 +260,9 @@ int main(int argc, char** argv) {
                 "train on %zu images/step\n",
                 fc::name_of(wait.kind), static_cast<long long>(wait.max_sleep.count()), std::thread::hardware_concurrency(),
                 data.count(), static_cast<double>(cfg.augment.elastic_alpha), static_cast<double>(cfg.augment.elastic_sigma), cfg.train_images);
-    std::printf("#\n# %10s %8s %6s %6s %5s %12s %10s %11s %11s %9s %9s %10s %9s %10s %7s\n", "size", "count", "type",
-                "redop", "root", "feed", "time(ms)", "algbw(GB/s)", "busbw(GB/s)", "cpu(s)", "wall(s)", "batches/s",
-                "cpu_ratio", "wall_ratio", "#wrong");
+    std::printf("#\n# %10s %8s %6s %6s %5s %16s %6s %10s %11s %11s %9s %14s %9s %10s %9s %10s %8s %7s\n", "size",
+                "count", "type", "redop", "root", "feed", "shm", "time(ms)", "algbw(GB/s)", "busbw(GB/s)", "cpu(s)",
+                "trainer_cpu(s)", "wall(s)", "batches/s", "cpu_ratio", "wall_ratio", "shm/off", "#wrong");
   }
   std::ostringstream json;
   json << "{\"benchmark\":\"feed\",\"layout\":\"" << layout.str() << "\",\"ranks\":" << world.size()
@@ -250,37 +280,78 @@ int main(int argc, char** argv) {
       std::printf("# %zu images/step: preprocessing %.2f ms, training %.3f ms (CPU, one rank alone)\n", images,
                   pre * 1e3, train * 1e3);
     auto wanted = [&](const char* name) { return ("," + feeds + ",").find(fc::cat(",", name, ",")) != std::string::npos; };
+    const auto off = fc::shared_memory_use::off, automatic = fc::shared_memory_use::automatic;
     measurement base;
-    if (wanted("local_feed")) base = run<fc::local_feed>(world, layout, data, images, cfg, 0);
+    if (wanted("local_feed")) base = run<fc::local_feed>(world, layout, data, images, cfg, 0, off);
     // local_feed's own checksums are the reference; its #wrong is 0 by definition.
     struct row {
       const char* name;
       measurement m;
       int root;
+      bool shm;  // shared memory allowed (automatic); off otherwise
     };
     std::vector<row> rows;
     if (wanted("local_feed")) {
-      rows.push_back({"local_feed", base, -1});
+      rows.push_back({"local_feed", base, -1, false});
       rows.back().m.wrong = 0;
     }
-    if (layout.producers() > 0 && wanted("one_to_many")) rows.push_back({"one_to_many", run<fc::one_to_many<fc::mpi>>(world, layout, data, images, cfg, base.sum), 0});
-    if (wanted("all_shared")) rows.push_back({"all_shared", run<fc::all_shared<fc::mpi>>(world, layout, data, images, cfg, base.sum), -1});
+    // Off, then automatic, back to back, so that the busy machine drifts little between the two.
+    if (layout.producers() > 0 && wanted("one_to_many"))
+      rows.push_back(
+          {"one_to_many", run<fc::one_to_many<fc::mpi>>(world, layout, data, images, cfg, base.sum, off), 0, false});
+    if (layout.producers() > 0 && wanted("one_to_many_shm"))
+      rows.push_back(
+          {"one_to_many shm", run<fc::one_to_many<fc::mpi>>(world, layout, data, images, cfg, base.sum, automatic), 0, true});
+    if (wanted("all_shared"))
+      rows.push_back(
+          {"all_shared", run<fc::all_shared<fc::mpi>>(world, layout, data, images, cfg, base.sum, off), -1, false});
+    const measurement* one_to_many_off = nullptr;  // what the shm row's ratios are against
+    for (const auto& r : rows)
+      if (!r.shm && std::strcmp(r.name, "one_to_many") == 0) one_to_many_off = &r.m;
     const double bytes = static_cast<double>(images * fm::sample_bytes);
+    const auto rate = [&](const measurement& m) { return static_cast<double>(cfg.steps) / m.wall; };
+    const auto trainer_ms = [&](const measurement& m) {
+      return m.trainer_cpu * 1e3 / (trainers * static_cast<double>(cfg.steps));
+    };
     for (const auto& r : rows) {
       const double per_step = r.m.wall / static_cast<double>(cfg.steps);
       const double algbw = bytes / per_step / 1e9;
+      // used: every rank took the path; a count where only some did (trainers on other hosts).
+      const std::string shm = !r.shm ? "off"
+                              : r.m.shm_ranks == world.size() ? "used"
+                              : r.m.shm_ranks == 0            ? "unused"
+                                                              : fc::cat(r.m.shm_ranks, "/", world.size());
+      const bool ratio = r.shm && one_to_many_off != nullptr;
       if (world.rank() == 0)
-        std::printf("  %10.0f %8zu %6s %6s %5d %12s %10.3f %11.3f %11.3f %9.3f %9.3f %10.1f %9.2f %10.2f %7lld\n", bytes,
-                    images, "float", "none", r.root, r.name, per_step * 1e3, algbw, algbw, r.m.cpu, r.m.wall,
-                    static_cast<double>(cfg.steps) / r.m.wall, base.cpu / r.m.cpu, base.wall / r.m.wall,
+        std::printf("  %10.0f %8zu %6s %6s %5d %16s %6s %10.3f %11.3f %11.3f %9.3f %14.3f %9.3f %10.1f %9.2f %10.2f %8s %7lld\n",
+                    bytes, images, "float", "none", r.root, r.name, shm.c_str(), per_step * 1e3, algbw, algbw, r.m.cpu,
+                    r.m.trainer_cpu, r.m.wall, rate(r.m), base.cpu / r.m.cpu, base.wall / r.m.wall,
+                    ratio ? fc::cat(std::fixed, std::setprecision(2), r.m.cpu / one_to_many_off->cpu).c_str() : "",
                     static_cast<long long>(r.m.wrong));
       json << (first_row ? "" : ",") << "{\"feed\":\"" << r.name << "\",\"size\":" << bytes << ",\"count\":" << images
            << ",\"preprocess_ms\":" << pre * 1e3 << ",\"train_ms\":" << train * 1e3 << ",\"cpu_s\":" << r.m.cpu
-           << ",\"wall_s\":" << r.m.wall << ",\"batches_per_s\":" << static_cast<double>(cfg.steps) / r.m.wall
+           << ",\"wall_s\":" << r.m.wall << ",\"batches_per_s\":" << rate(r.m)
            << ",\"cpu_ratio\":" << base.cpu / r.m.cpu << ",\"wall_ratio\":" << base.wall / r.m.wall
-           << ",\"wrong\":" << r.m.wrong << "}";
+           << ",\"wrong\":" << r.m.wrong << ",\"trainer_cpu_s\":" << r.m.trainer_cpu
+           << ",\"trainer_cpu_ms_per_batch\":" << trainer_ms(r.m)
+           << ",\"producer_cpu_s\":" << r.m.cpu - r.m.trainer_cpu << ",\"shared_memory\":\"" << (r.shm ? "auto" : "off")
+           << "\",\"shared_memory_ranks\":" << r.m.shm_ranks
+           << ",\"shared_memory_used\":" << (r.m.shm_ranks == world.size() ? "true" : "false");
+      if (ratio)
+        json << ",\"cpu_shm_over_off\":" << r.m.cpu / one_to_many_off->cpu
+             << ",\"trainer_cpu_shm_over_off\":" << r.m.trainer_cpu / one_to_many_off->trainer_cpu
+             << ",\"wall_shm_over_off\":" << r.m.wall / one_to_many_off->wall
+             << ",\"batches_per_s_shm_over_off\":" << rate(r.m) / rate(*one_to_many_off);
+      json << "}";
       first_row = false;
     }
+    for (const auto& r : rows)
+      if (r.shm && one_to_many_off != nullptr && world.rank() == 0)
+        std::printf("# one_to_many shm/off: cpu %.2f, trainers' cpu %.2f (%.3f s -> %.3f s, %.3f -> %.3f ms per trainer "
+                    "and batch), wall %.2f, batches/s %.2f; shared memory on %d of %d ranks\n",
+                    r.m.cpu / one_to_many_off->cpu, r.m.trainer_cpu / one_to_many_off->trainer_cpu,
+                    one_to_many_off->trainer_cpu, r.m.trainer_cpu, trainer_ms(*one_to_many_off), trainer_ms(r.m),
+                    r.m.wall / one_to_many_off->wall, rate(r.m) / rate(*one_to_many_off), r.m.shm_ranks, world.size());
     if (images == max_images) break;
   }
   json << "]}\n";
