@@ -3,19 +3,20 @@
 // augmentation) is CPU-heavy, training is light. For each feed in one run: total CPU time over
 // all ranks (getrusage, all threads), the trainers' share of it, wall time, batches/s, and the
 // totals as ratios to local_feed.
-// one_to_many runs twice, back to back: with its shared-memory path off (a message per trainer),
-// and with it automatic ("one_to_many shm": on the producer's host the loader writes each step
-// into a shared slot and the trainers read it in place). The shm row's shm/off is its CPU time
-// over the off row's, and a summary line gives the trainers' CPU, wall and batches/s the same
-// way: the trainers' CPU is where copying a batch out of a message would show. Column shm says
-// whether the path was taken (one_to_many::shared_memory() on every rank). FLEXCOMM_SHM is
-// overridden for every feed; all_shared and local_feed have no shared-memory path and run off.
+// one_to_many and all_shared run twice each, back to back: with their shared-memory path off (a
+// message per trainer, an allgather per piece), and with it automatic ("one_to_many shm": on the
+// producer's host the loader writes each step into a shared slot and the trainers read it in
+// place; "all_shared shm": each member's turn is read in place by the others). An shm row's
+// shm/off is its CPU time over the off row's, and a summary line gives the trainers' CPU, wall
+// and batches/s the same way: the trainers' CPU is where copying a batch out of a message would
+// show. Column shm says whether the path was taken (the feed's shared_memory() on every rank).
+// FLEXCOMM_SHM is overridden for every feed; local_feed has no shared-memory path and runs off.
 //
 //   mpiexec -n 5 build/benchmarks/feed --wait backoff:20000     # layout producers=1 members=4x1
 //
 // Flags follow nccl-tests where they mean something here: -b/-e/-f images per step (min, max,
 // factor), -n timed steps, -w warm-up steps, -c check (every feed's bytes against local_feed's).
-// --feeds names one_to_many's shm row one_to_many_shm (a flag value without a space).
+// --feeds names the shm rows one_to_many_shm and all_shared_shm (flag values without a space).
 #include <sys/resource.h>
 
 #include <boost/program_options.hpp>
@@ -207,7 +208,7 @@ int main(int argc, char** argv) {
   const auto& world = env.world();
   std::size_t min_images = 256, max_images = 256, factor = 2;
   config cfg;
-  std::string layout_text, json_path, wait_text, feeds = "local_feed,one_to_many,one_to_many_shm,all_shared";
+  std::string layout_text, json_path, wait_text, feeds = "local_feed,one_to_many,one_to_many_shm,all_shared,all_shared_shm";
   int check = 1;
   po::options_description flags("benchmarks/feed options");
   flags.add_options()("help,h", "this text")
@@ -222,7 +223,8 @@ int main(int argc, char** argv) {
       ("elastic", po::value(&cfg.augment.elastic_alpha)->default_value(2.0f), "elastic distortion alpha (0: off)")
       ("sigma", po::value(&cfg.augment.elastic_sigma)->default_value(4.0f), "elastic distortion smoothing (cost grows with it)")
       ("feeds", po::value(&feeds)->default_value(feeds),
-       "feeds to run (ratios need local_feed; one_to_many_shm: one_to_many with shared memory automatic, shm/off needs one_to_many too)")
+       "feeds to run (ratios need local_feed; one_to_many_shm, all_shared_shm: with shared memory automatic, shm/off needs "
+       "the same feed's off row too)")
       ("layout,L", po::value(&layout_text), "ensemble layout (default FLEXCOMM_LAYOUT, else producers=1 members=(n-1)x1)")
       ("wait", po::value(&wait_text), "wait policy for this run (spin, yield, backoff, backoff:<us>); default: flexcomm's")
       ("json,J", po::value(&json_path)->default_value("feed.json"), "JSON output file (rank 0)");
@@ -305,9 +307,17 @@ int main(int argc, char** argv) {
     if (wanted("all_shared"))
       rows.push_back(
           {"all_shared", run<fc::all_shared<fc::mpi>>(world, layout, data, images, cfg, base.sum, off), -1, false});
-    const measurement* one_to_many_off = nullptr;  // what the shm row's ratios are against
-    for (const auto& r : rows)
-      if (!r.shm && std::strcmp(r.name, "one_to_many") == 0) one_to_many_off = &r.m;
+    if (wanted("all_shared_shm"))
+      rows.push_back(
+          {"all_shared shm", run<fc::all_shared<fc::mpi>>(world, layout, data, images, cfg, base.sum, automatic), -1, true});
+    // What an shm row's ratios are against: the same feed's off row ("one_to_many shm" -> "one_to_many").
+    const auto off_row_of = [&](const row& r) -> const measurement* {
+      if (!r.shm) return nullptr;
+      const std::string feed = std::string(r.name).substr(0, std::strlen(r.name) - std::strlen(" shm"));
+      for (const auto& o : rows)
+        if (!o.shm && feed == o.name) return &o.m;
+      return nullptr;
+    };
     const double bytes = static_cast<double>(images * fm::sample_bytes);
     const auto rate = [&](const measurement& m) { return static_cast<double>(cfg.steps) / m.wall; };
     const auto trainer_ms = [&](const measurement& m) {
@@ -321,12 +331,13 @@ int main(int argc, char** argv) {
                               : r.m.shm_ranks == world.size() ? "used"
                               : r.m.shm_ranks == 0            ? "unused"
                                                               : fc::cat(r.m.shm_ranks, "/", world.size());
-      const bool ratio = r.shm && one_to_many_off != nullptr;
+      const measurement* off_row = off_row_of(r);
+      const bool ratio = off_row != nullptr;
       if (world.rank() == 0)
         std::printf("  %10.0f %8zu %6s %6s %5d %16s %6s %10.3f %11.3f %11.3f %9.3f %14.3f %9.3f %10.1f %9.2f %10.2f %8s %7lld\n",
                     bytes, images, "float", "none", r.root, r.name, shm.c_str(), per_step * 1e3, algbw, algbw, r.m.cpu,
                     r.m.trainer_cpu, r.m.wall, rate(r.m), base.cpu / r.m.cpu, base.wall / r.m.wall,
-                    ratio ? fc::cat(std::fixed, std::setprecision(2), r.m.cpu / one_to_many_off->cpu).c_str() : "",
+                    ratio ? fc::cat(std::fixed, std::setprecision(2), r.m.cpu / off_row->cpu).c_str() : "",
                     static_cast<long long>(r.m.wrong));
       json << (first_row ? "" : ",") << "{\"feed\":\"" << r.name << "\",\"size\":" << bytes << ",\"count\":" << images
            << ",\"preprocess_ms\":" << pre * 1e3 << ",\"train_ms\":" << train * 1e3 << ",\"cpu_s\":" << r.m.cpu
@@ -338,20 +349,20 @@ int main(int argc, char** argv) {
            << "\",\"shared_memory_ranks\":" << r.m.shm_ranks
            << ",\"shared_memory_used\":" << (r.m.shm_ranks == world.size() ? "true" : "false");
       if (ratio)
-        json << ",\"cpu_shm_over_off\":" << r.m.cpu / one_to_many_off->cpu
-             << ",\"trainer_cpu_shm_over_off\":" << r.m.trainer_cpu / one_to_many_off->trainer_cpu
-             << ",\"wall_shm_over_off\":" << r.m.wall / one_to_many_off->wall
-             << ",\"batches_per_s_shm_over_off\":" << rate(r.m) / rate(*one_to_many_off);
+        json << ",\"cpu_shm_over_off\":" << r.m.cpu / off_row->cpu
+             << ",\"trainer_cpu_shm_over_off\":" << r.m.trainer_cpu / off_row->trainer_cpu
+             << ",\"wall_shm_over_off\":" << r.m.wall / off_row->wall
+             << ",\"batches_per_s_shm_over_off\":" << rate(r.m) / rate(*off_row);
       json << "}";
       first_row = false;
     }
     for (const auto& r : rows)
-      if (r.shm && one_to_many_off != nullptr && world.rank() == 0)
-        std::printf("# one_to_many shm/off: cpu %.2f, trainers' cpu %.2f (%.3f s -> %.3f s, %.3f -> %.3f ms per trainer "
+      if (const measurement* off_row = off_row_of(r); off_row != nullptr && world.rank() == 0)
+        std::printf("# %s/off: cpu %.2f, trainers' cpu %.2f (%.3f s -> %.3f s, %.3f -> %.3f ms per trainer "
                     "and batch), wall %.2f, batches/s %.2f; shared memory on %d of %d ranks\n",
-                    r.m.cpu / one_to_many_off->cpu, r.m.trainer_cpu / one_to_many_off->trainer_cpu,
-                    one_to_many_off->trainer_cpu, r.m.trainer_cpu, trainer_ms(*one_to_many_off), trainer_ms(r.m),
-                    r.m.wall / one_to_many_off->wall, rate(r.m) / rate(*one_to_many_off), r.m.shm_ranks, world.size());
+                    r.name, r.m.cpu / off_row->cpu, r.m.trainer_cpu / off_row->trainer_cpu,
+                    off_row->trainer_cpu, r.m.trainer_cpu, trainer_ms(*off_row), trainer_ms(r.m),
+                    r.m.wall / off_row->wall, rate(r.m) / rate(*off_row), r.m.shm_ranks, world.size());
     if (images == max_images) break;
   }
   json << "]}\n";
