@@ -27,7 +27,7 @@ inline constexpr setting_doc known_settings[] = {
     {"FLEXCOMM_BUCKET_BYTES", "gradient bucket capacity of the Sync adapters (default 25 MiB)"},
     {"FLEXCOMM_SEGMENT_BYTES", "overlapped_ring's segment size (default 1 MiB)"},
     {"FLEXCOMM_HIERARCHICAL", "averaging across hosts in tiers: auto, on or off (default auto)"},
-    {"FLEXCOMM_SHM", "subgroup_allreduce through shared memory when a member is on one host: auto, on or off (default auto)"},
+    {"FLEXCOMM_SHM", "shared memory within a host (Sync adapters, hierarchical stages, one_to_many, all_shared): auto, on or off (default auto)"},
     {"FLEXCOMM_HOSTS", "a host map to pretend, e.g. 2+1+2 (tests on one machine)"},
     {"FLEXCOMM_LAYOUT", "the ensemble layout of examples and benchmarks"},
     {"FLEXCOMM_STAGE_CHUNK", "the staged backend's chunk size in bytes"},
