@@ -93,7 +93,7 @@ bool reducer_agrees(mpi::host_reducer& reducer, const mpi::communicator& comm, i
 template <class T>
 std::vector<std::vector<T>> run_subgroup(const mpi::communicator& member, const fc::sync_options& options,
                                          bool& used_shm) {
-  const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 70000};
+  const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 7000};  // 7000: chunks of a 1 KiB slot for every type
   fc::subgroup_allreduce<mpi> sync(member, options);
   used_shm = sync.shared_memory();
   std::vector<std::vector<T>> out;
@@ -109,7 +109,7 @@ std::vector<std::vector<T>> run_subgroup(const mpi::communicator& member, const 
 
 template <class T>
 std::vector<std::vector<T>> subgroup_reference(const mpi::communicator& member, fc::op o) {
-  const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 70000};
+  const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 7000};  // 7000: chunks of a 1 KiB slot for every type
   const auto ranks = world_ranks_of(member);
   std::vector<std::vector<T>> out;
   for (int step = 0; step < 3; ++step)
@@ -178,7 +178,7 @@ BOOST_AUTO_TEST_CASE(overlapped_ring_on_one_host_goes_through_shared_memory) {
       options.shared_memory = on ? fc::shared_memory_use::on : fc::shared_memory_use::off;
       fc::overlapped_ring<mpi> sync(this_host(), options);
       used[on] = sync.shared_memory();
-      const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 70000};
+      const std::vector<std::size_t> sizes{0, 1, 3, 64, 333, 2049, 7000};  // 7000: chunks of a 1 KiB slot for every type
       for (int step = 0; step < 3; ++step) {
         std::vector<std::vector<float>> grads(sizes.size());
         for (std::size_t i = 0; i < sizes.size(); ++i)
