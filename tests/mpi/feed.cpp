@@ -639,11 +639,16 @@ BOOST_AUTO_TEST_CASE(a_trainer_that_never_releases_its_batch_is_named_by_its_pro
       }
     }
     fc::set_default_timeout(limit);
-    ok = contains(what, "FLEXCOMM_TIMEOUT") &&
-         (role.kind == fc::role::producer
-              ? contains(what, fc::cat("world rank ", host.world_rank_of(1), " on this host did not release step 0"))
-              : contains(what, fc::cat("world rank ", host.world_rank_of(0), " on this host published")) &&
-                    contains(what, "not step 1"));
+    // In the words a wait on messages uses, the shared memory's account on a line of its own.
+    ok = role.kind == fc::role::producer
+             ? contains(what, fc::cat("one_to_many: credits of step 1: timed out after 400 ms (FLEXCOMM_TIMEOUT); not "
+                                      "answered by world rank ",
+                                      host.world_rank_of(1), "\n")) &&
+                   contains(what, "step 0 of world rank") && contains(what, "slots not released")
+             : contains(what, fc::cat("one_to_many: receive of step 1: timed out after 400 ms (FLEXCOMM_TIMEOUT); not "
+                                      "answered by world rank ",
+                                      host.world_rank_of(0), "\n")) &&
+                   contains(what, "it published 1 steps, not step 1");
   }
   BOOST_TEST(all_ranks(ok), what);
 }

@@ -179,7 +179,7 @@ void all_shared<B>::post_free_rounds() {
       const auto& piece = pieces_[static_cast<std::size_t>(my_pieces_[i])];
       const auto& shared = host_[i];
       // The piece communicator's ranks are the members in order: this trainer is rank member.
-      if (shared) shared.wait_free(g, cat("all_shared: round ", g));
+      if (shared) shared.wait_free(g, cat("all_shared: allgather of round ", g));
       const span<std::byte> send = shared ? span<std::byte>(shared.slot(role_.member, g), piece_size(i) + detail::guard_bytes)
                                           : span<std::byte>(r.send[i]);
       if (step < options_.steps)
@@ -225,7 +225,7 @@ std::optional<batch> all_shared<B>::next() {
     const std::size_t bytes = piece_size(i);
     const int from = static_cast<int>(step % members_);  // the member whose turn the step was
     const auto& shared = host_[i];
-    if (shared) shared.wait_arrived(from, g, cat("all_shared: step ", step));
+    if (shared) shared.wait_arrived(from, g, cat("all_shared: allgather of round ", g));
     const span<const std::byte> slot(shared ? shared.slot(from, g) : r.recv[i].data() + static_cast<std::size_t>(from) * bytes,
                                      bytes);
     const std::uint64_t* sizes = detail::read_piece("all_shared", slot, step, shards, options_.shard_capacity);

@@ -431,7 +431,7 @@ void one_to_many<B>::produce() {
   for (std::int64_t s = first; s < options_.steps; s += P, ++k) {
     transfer& t = ring.at(k);
     if (t.posted) await(t, "send");  // its sends finished: the slot can be refilled
-    if (here) here->wait_free(k, cat("one_to_many: step ", s));  // and the trainers here let go of it
+    if (here) here->wait_free(k, cat("one_to_many: credits of step ", s));  // and the trainers here let go of it
     // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
     // only its owners stop.
     for (std::size_t i = 0; i < mine.size(); ++i) {

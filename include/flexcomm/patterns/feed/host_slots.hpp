@@ -38,10 +38,11 @@ class host_slots {
   host_slots() = default;
 
   // Collective over `group`. `publishes`: whether this rank writes slots of `slot_bytes` (the
-  // same on every rank). `world_ranks[r]`: the world rank of group rank r, named in timeouts.
+  // same on every rank). `world_ranks[r]`: the world rank of group rank r, named in timeouts;
+  // `who` names the feed in set-up errors.
   host_slots(const typename B::communicator& group, bool publishes, std::size_t slots, std::size_t slot_bytes,
              std::vector<int> world_ranks, const std::string& who)
-      : slots_(slots), slot_bytes_(round_up(slot_bytes)), world_ranks_(std::move(world_ranks)), who_(who) {
+      : slots_(slots), slot_bytes_(round_up(slot_bytes)), world_ranks_(std::move(world_ranks)) {
     window_ = typename B::host_window(group, 2 * line + (publishes ? slots_ * slot_bytes_ : 0), who);
     // Each rank places its own counters; the file starts zeroed, so a peer that reads them before
     // the placement reads 0 all the same.
@@ -77,8 +78,9 @@ class host_slots {
     };
     wait([&] { return late(false).empty(); }, what, [&] {
       const std::string who = late(true);
-      return cat("world rank", who.find(',') == std::string::npos ? " " : "s ", who, " on this host did not release step ",
-                 needed - 1, " of world rank ", world_ranks_[static_cast<std::size_t>(window_.rank())], "'s slots");
+      return cat("world rank", who.find(',') == std::string::npos ? " " : "s ", who,
+                 "\n  (in shared memory on this host: step ", needed - 1, " of world rank ",
+                 world_ranks_[static_cast<std::size_t>(window_.rank())], "'s slots not released)");
     });
   }
   // Publisher: its step k is in its slot.
@@ -92,8 +94,9 @@ class host_slots {
   }
   void wait_arrived(int r, std::int64_t k, const std::string& what) const {
     wait([&] { return arrived(r, k); }, what, [&] {
-      return cat("world rank ", world_ranks_[static_cast<std::size_t>(r)], " on this host published ",
-                 published(r).load(std::memory_order_acquire), " steps, not step ", k);
+      return cat("world rank ", world_ranks_[static_cast<std::size_t>(r)],
+                 "\n  (in shared memory on this host: it published ", published(r).load(std::memory_order_acquire),
+                 " steps, not step ", k, ")");
     });
   }
   // Reader: done with steps [0, k] of every publisher; they may refill those slots.
@@ -115,20 +118,18 @@ class host_slots {
     if (mine.load(std::memory_order_relaxed) < done) mine.store(done, std::memory_order_release);
   }
   // Through the wait policy, answering the watchdog's queries; past FLEXCOMM_TIMEOUT, `what`
-  // fails with who has not moved.
+  // fails naming who has not moved, in the words a wait on messages uses (feed/pump.hpp).
   template <class Done, class Late>
   void wait(Done&& done, const std::string& what, Late&& late) const {
     if (done()) return;
     const auto limit = default_timeout();
     if (!wait_answering(default_wait(), limit, done, [] { watchdog::instance().answer_queries(); }))
-      fail(cat(who_, ": ", what), cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) in shared memory: ",
-                                      late()));
+      fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
   }
 
   typename B::host_window window_;
   std::size_t slots_ = 0, slot_bytes_ = 0;
   std::vector<int> world_ranks_;
-  std::string who_;
 };
 
 }  // namespace flexcomm::detail
