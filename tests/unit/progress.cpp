@@ -47,6 +47,23 @@ BOOST_AUTO_TEST_CASE(many_tasks_from_many_threads) {
   BOOST_TEST(finished.load() == 64);
 }
 
+// Waits beside the engine back off from the moment a task is handed over, not from when the
+// engine's thread wakes to take it (a waiter yielding in between keeps the core it needs), and
+// stop doing so once the engine has nothing left.
+BOOST_AUTO_TEST_CASE(a_task_handed_over_counts_as_background_polling_at_once) {
+  fc::progress_engine engine;
+  std::atomic<bool> release{false};
+  auto done = engine.submit([&] { return release.load(); }, "held");
+  BOOST_TEST(fc::detail::background_pollers().load() > 0);
+  release = true;
+  done->wait(fc::wait_policy::backoff(), 5s);
+  BOOST_TEST(fc::wait_policy::backoff().until([] { return fc::detail::background_pollers().load() == 0; }, 5s));
+  auto late = engine.submit([] { return true; }, "after the engine went idle");
+  late->wait(fc::wait_policy::backoff(), 5s);
+  engine.stop();
+  BOOST_TEST(fc::detail::background_pollers().load() == 0);
+}
+
 BOOST_AUTO_TEST_CASE(an_exception_in_a_task_reaches_the_waiter) {
   fc::progress_engine engine;
   auto done = engine.submit([]() -> bool { throw std::runtime_error("peer vanished"); }, "bad task");

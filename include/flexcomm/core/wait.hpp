@@ -44,7 +44,8 @@ inline std::atomic<gap_work_fn>& gap_work() {
 }
 
 // Threads of this process that poll MPI in the background right now (the progress engine while
-// it has work); wait_policy::pause backs off while there are any.
+// it has work, from the moment a task is handed to it); wait_policy::pause backs off while there
+// are any.
 inline std::atomic<int>& background_pollers() {
   static std::atomic<int> pollers{0};
   return pollers;
