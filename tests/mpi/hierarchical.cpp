@@ -132,7 +132,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(intra_host_stages_in_shared_memory_equal_mpi_allre
   const auto real = fc::hosts_of(world());  // the cluster suite runs this across simulated hosts
   for (const auto& hosts : host_maps(n)) {
     const auto map = fc::host_map::parse(hosts);
-    if (map.hosts() < 2) continue;
+    // One rank a host has no stage to share: the maps with a lone rank beside a pair cover it
+    // (kept at 2 ranks, where it is the only split).
+    if (map.hosts() < 2 || (map.hosts() == n && n > 2)) continue;
     pretend_hosts pretend(hosts);
     // This rank's pretend host shares memory when it has 2+ ranks, all on this rank's real host.
     const auto& mates = map.ranks_on(map.host_of(me));
@@ -145,19 +147,20 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(intra_host_stages_in_shared_memory_equal_mpi_allre
       options.shared_memory = use;
       options.shared_memory_slot_bytes = 256;  // 64 floats a chunk: the larger gradients take many
       options.bucket_bytes = 4096;
-      for (fc::op o : {fc::op::avg, fc::op::max}) {
-        options.op = o;
-        std::string detail;
-        {
-          Sync sync(world(), options);
-          BOOST_TEST(all_ranks(sync.shared_memory() == (use == fc::shared_memory_use::automatic && shares_host)),
-                     hosts << " shared memory " << fc::name_of(use));
-        }
-        BOOST_TEST(all_ranks(equals_mpi_allreduce<Sync, float>(world(), options, detail)),
-                   hosts << " shared memory " << fc::name_of(use) << " op " << fc::name_of(o) << " " << detail);
-        BOOST_TEST(all_ranks(equals_mpi_allreduce<Sync, std::int64_t>(world(), options, detail)),
-                   hosts << " shared memory " << fc::name_of(use) << " op " << fc::name_of(o) << " " << detail);
+      {
+        Sync sync(world(), options);
+        BOOST_TEST(all_ranks(sync.shared_memory() == (use == fc::shared_memory_use::automatic && shares_host)),
+                   hosts << " shared memory " << fc::name_of(use));
       }
+      // A reduction that divides and one that selects, on a real and an integer type (every op on
+      // every type is forced_hierarchy's case; here the stages' transport is what varies).
+      std::string detail;
+      options.op = fc::op::avg;
+      BOOST_TEST(all_ranks(equals_mpi_allreduce<Sync, float>(world(), options, detail)),
+                 hosts << " shared memory " << fc::name_of(use) << " avg float " << detail);
+      options.op = fc::op::max;
+      BOOST_TEST(all_ranks(equals_mpi_allreduce<Sync, std::int64_t>(world(), options, detail)),
+                 hosts << " shared memory " << fc::name_of(use) << " max int64 " << detail);
     }
   }
 }
