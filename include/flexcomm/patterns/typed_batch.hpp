@@ -1,6 +1,8 @@
 // typed_batch: one step as a trainer of a typed_feed sees it: its samples (and labels) as
 // tensors of shape {samples, ...field shape}, contiguous and 64-byte aligned, the dataset
 // index of each, and where the step sits in its epoch. Valid until the feed's next next().
+// The tensors are this trainer's own copy, so they may be changed in place: the byte batch
+// underneath can be a shared-memory slot that other members read too.
 #pragma once
 
 #include <cstddef>
