@@ -14,12 +14,14 @@
 #     --quick "ARGS"        arguments added to every run after the first (e.g. a Boost.Test
 #                           filter that leaves out the slowest cases of a repeated binary)
 #     --quick-first         the first run takes the --quick arguments too (--whole-first: it does not)
+#     --whole "ARGS"        arguments of the first run when it is the whole one (e.g. a filter that
+#                           leaves out cases whose hosts are only pretended, run by the MPI suite)
 #     --mpi mpich|openmpi   the implementation PROGRAM was built with (default mpich): its launcher,
 #                           mpiexec.mpich (Hydra) or mpiexec.openmpi (ORTE), started as below
 # Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" stacks=1 net_stats=0 show=0 mpi=mpich quick_first=0
+hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" whole="" stacks=1 net_stats=0 show=0 mpi=mpich quick_first=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -29,6 +31,7 @@ while [ $# -gt 0 ]; do
     --id) id=$2; shift 2 ;;
     --expect-status) expect=$2; shift 2 ;;
     --quick) quick=$2; shift 2 ;;
+    --whole) whole=$2; shift 2 ;;
     --mpi) mpi=$2; shift 2 ;;
     --quick-first) quick_first=1; shift ;;
     --whole-first) quick_first=0; shift ;;
@@ -67,7 +70,12 @@ ranks() { pgrep -x "$comm"; }
 failed=0 hung=0 fallback=0
 for ((run = 1; run <= repeat; run++)); do
   log=$(mktemp)
-  extra=(); [ "$run" -gt $((1 - quick_first)) ] && [ -n "$quick" ] && read -r -a extra <<<"$quick"
+  extra=()
+  if [ "$run" -gt $((1 - quick_first)) ]; then
+    [ -n "$quick" ] && read -r -a extra <<<"$quick"
+  else
+    [ -n "$whole" ] && read -r -a extra <<<"$whole"
+  fi
   # The launcher runs in host 0; every other host is reached through launch.sh (as ssh).
   # FLEXCOMM_TEST_HOSTS tells the tests which host map they must find for themselves.
   export FLEXCOMM_TEST_HOSTS="$(IFS=+; echo "${counts[*]}")"
