@@ -92,6 +92,8 @@ constexpr fc::flat_algorithm flat_of = std::is_same_v<Sync, fc::overlapped_ring<
 // Hierarchical forced on: the intra-host stages run even where the ranks share one machine, and
 // results equal MPI_Allreduce's for every type and op. Each type takes the next pretend host map
 // (the seven types cover every map at every world size), which keeps 6 ranks on 2 cores quick.
+// Labelled: only pretend hosts vary here, so the cluster suite leaves it out (!@pretend_hosts_only).
+BOOST_TEST_DECORATOR(*boost::unit_test::label("pretend_hosts_only"))
 BOOST_AUTO_TEST_CASE_TEMPLATE(forced_hierarchy_equals_mpi_allreduce_for_every_op, T, element_types) {
   std::mt19937 rng(77 + static_cast<unsigned>(fc::dtype_of<T>));  // same on every rank
   const auto maps = host_maps(world().size());
