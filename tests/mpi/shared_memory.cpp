@@ -3,6 +3,8 @@
 #include "errors.hpp"
 #include "exact_values.hpp"
 
+#include <sys/statvfs.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -300,6 +302,24 @@ BOOST_AUTO_TEST_CASE(settings_and_agreement) {
     const auto op_message = error_of([&] { fc::subgroup_allreduce<mpi> sync(world(), options); });
     BOOST_TEST(all_ranks(contains(op_message, "sync_options.op differs")), op_message);
   }
+}
+
+// A window /dev/shm has no room for: an error on every rank of the host, naming the cause and the
+// way out, when it is made; never a mapping whose first write dies of SIGBUS. Rank 0 asks for
+// more than the whole of /dev/shm, the others for a page.
+BOOST_AUTO_TEST_CASE(window_larger_than_dev_shm_is_an_error_on_every_rank) {
+  const auto& host = this_host();
+  struct statvfs shm {};
+  BOOST_TEST_REQUIRE(statvfs("/dev/shm", &shm) == 0);
+  const std::size_t whole = static_cast<std::size_t>(shm.f_blocks) * shm.f_frsize;
+  const std::size_t mine = host.rank() == 0 ? whole + (std::size_t{1} << 20) : 4096;
+  const auto message = error_of([&] { mpi::host_window window(host, mine, "too large a window"); });
+  BOOST_TEST(contains(message, "too large a window"), message);
+  BOOST_TEST(contains(message, "could not make a shared-memory file"), message);
+  BOOST_TEST(contains(message, "FLEXCOMM_SHM=off"), message);
+  // The next window is made as usual.
+  mpi::host_window fine(host, 4096, "a window after it");
+  BOOST_TEST(static_cast<bool>(fine));
 }
 
 // A rank that never arrives: the others' wait becomes a flexcomm::error after the timeout, naming

@@ -7,7 +7,8 @@
 // setting it up takes an allgather, a broadcast and a reduction, all nonblocking and waited
 // through the wait policy (an MPI_Win_allocate_shared took 90 ms at 4 ranks on 2 cores,
 // busy-polling), and releasing it is a local munmap, so a rank that leaves early never holds its
-// peers in a collective. The file's pages start zeroed.
+// peers in a collective. The file's pages start zeroed, and are reserved when it is made: a
+// /dev/shm without room is an error on every rank then, not a SIGBUS later.
 #pragma once
 
 #include <fcntl.h>
@@ -64,7 +65,9 @@ class mpi_host_window {
     check_mpi(MPI_Ibcast(&made, sizeof made, MPI_BYTE, 0, native, &request), cat(who, " (MPI_Ibcast)"));
     detail::wait_setup(request, cat(who, " (the segment's name)"));
     check(made.error == 0, who,
-          cat("rank 0 could not make a shared-memory file of ", mapped_, " bytes: ", std::strerror(made.error)));
+          cat("rank 0 could not make a shared-memory file of ", mapped_, " bytes: ", std::strerror(made.error),
+              " (/dev/shm too small? a container's default is 64 MiB: enlarge it, e.g. docker run --shm-size, "
+              "or set FLEXCOMM_SHM=off to send messages instead)"));
     const int error = map(made.name);
     // Everyone has mapped (or failed to) before the name goes; the file lives on in the mappings.
     int failures = error != 0;
@@ -119,10 +122,13 @@ class mpi_host_window {
       const int fd = shm_open(made.name, O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0 && errno == EEXIST) continue;
       if (fd < 0) break;
-      const bool sized = ftruncate(fd, static_cast<off_t>(bytes)) == 0;
-      const int error = sized ? 0 : errno;
+      // Reserved, not just sized: a sparse file on a full /dev/shm (a container's default is
+      // 64 MiB) would map and then kill its first writer with SIGBUS. Filesystems that cannot
+      // reserve fall back to sizing.
+      int error = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+      if (error == EOPNOTSUPP || error == EINVAL) error = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
       close(fd);
-      if (sized) return made;
+      if (error == 0) return made;
       shm_unlink(made.name);
       made.error = error;
       made.name[0] = '\0';
