@@ -7,13 +7,15 @@
 // setting it up takes an allgather, a broadcast and a reduction, all nonblocking and waited
 // through the wait policy (an MPI_Win_allocate_shared took 90 ms at 4 ranks on 2 cores,
 // busy-polling), and releasing it is a local munmap, so a rank that leaves early never holds its
-// peers in a collective. The file's pages start zeroed, and are reserved when it is made: a
-// /dev/shm without room is an error on every rank then, not a SIGBUS later.
+// peers in a collective. The file's pages start zeroed; each rank allocates its own region's
+// while the window is made (placing them near itself), so a /dev/shm without room is an error on
+// every rank then, not a SIGBUS later.
 #pragma once
 
 #include <fcntl.h>
 #include <mpi.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -66,8 +68,7 @@ class mpi_host_window {
     detail::wait_setup(request, cat(who, " (the segment's name)"));
     check(made.error == 0, who,
           cat("rank 0 could not make a shared-memory file of ", mapped_, " bytes: ", std::strerror(made.error),
-              " (/dev/shm too small? a container's default is 64 MiB: enlarge it, e.g. docker run --shm-size, "
-              "or set FLEXCOMM_SHM=off to send messages instead)"));
+              made.error == ENOSPC ? room_advice : ""));
     const int error = map(made.name);
     // Everyone has mapped (or failed to) before the name goes; the file lives on in the mappings.
     int failures = error != 0;
@@ -75,7 +76,9 @@ class mpi_host_window {
               cat(who, " (MPI_Iallreduce)"));
     detail::wait_setup(request, cat(who, " (mapping the segment)"));
     if (rank_ == 0) shm_unlink(made.name);
-    check(error == 0, who, cat("mapping shared-memory file ", made.name, ": ", std::strerror(error)));
+    check(error == 0, who,
+          cat("mapping shared-memory file ", made.name, " (this rank's region: ", region_bytes(rank_), " bytes): ",
+              std::strerror(error), error == ENOSPC ? room_advice : ""));
     check(failures == 0, who, cat(failures, " of the ranks could not map shared-memory file ", made.name));
   }
   mpi_host_window(mpi_host_window&& o) noexcept { swap(o); }
@@ -109,6 +112,9 @@ class mpi_host_window {
   static std::size_t round_up(std::size_t bytes, std::size_t to) { return (bytes + to - 1) / to * to; }
 
  private:
+  static constexpr const char* room_advice =
+      " (/dev/shm too small? a container's is 64 MiB unless told otherwise: enlarge it, e.g. docker run "
+      "--shm-size, or set FLEXCOMM_SHM=off to send messages instead)";
   struct made_file {
     char name[56];
     int error;
@@ -122,11 +128,12 @@ class mpi_host_window {
       const int fd = shm_open(made.name, O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0 && errno == EEXIST) continue;
       if (fd < 0) break;
-      // Reserved, not just sized: a sparse file on a full /dev/shm (a container's default is
-      // 64 MiB) would map and then kill its first writer with SIGBUS. Filesystems that cannot
-      // reserve fall back to sizing.
-      int error = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-      if (error == EOPNOTSUPP || error == EINVAL) error = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+      // Sized, not reserved (each owner places its own pages, map()), so a file larger than the
+      // room left would map and then kill a writer with SIGBUS: a container's /dev/shm is 64 MiB
+      // unless told otherwise.
+      struct statvfs room {};
+      int error = fstatvfs(fd, &room) == 0 && static_cast<std::uint64_t>(room.f_bavail) * room.f_frsize < bytes ? ENOSPC : 0;
+      if (error == 0 && ftruncate(fd, static_cast<off_t>(bytes)) != 0) error = errno;
       close(fd);
       if (error == 0) return made;
       shm_unlink(made.name);
@@ -138,7 +145,7 @@ class mpi_host_window {
     made.name[0] = '\0';
     return made;
   }
-  // Maps the whole file; 0 or errno.
+  // Maps the whole file and puts in this rank's own pages; 0 or errno (ENOSPC: no room for them).
   int map(const char* name) {
     const int fd = shm_open(name, O_RDWR, 0600);
     if (fd < 0) return errno;
@@ -147,6 +154,14 @@ class mpi_host_window {
     close(fd);
     if (error) return error;
     base_ = static_cast<std::byte*>(p);
+    // Its owner allocates each page (placed on its memory node), here and now, where a full
+    // /dev/shm is an error (EFAULT: a write would have raised SIGBUS) instead of a crash later.
+    // Kernels before 5.14 do not know the advice: their pages come on first write.
+#ifdef MADV_POPULATE_WRITE
+    const std::size_t own = region_bytes(rank_);
+    if (own > 0 && madvise(region(rank_), own, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+      return errno == EFAULT ? ENOSPC : errno;
+#endif
     return 0;
   }
   void swap(mpi_host_window& o) noexcept {
