@@ -3,20 +3,24 @@
 // mpi::host_reducer. Made collectively over a communicator whose ranks all share one host.
 //
 // Each rank owns a region of the segment: its progress counter (a cache line), two small slots
-// and one large slot. Every allreduce is a fixed number of steps (the same on every rank, from n
+// and two large slots. Every allreduce is a fixed number of steps (the same on every rank, from n
 // alone), and a rank publishes the last step it finished with a release store; a peer that needs
 // it waits with acquire loads, through the wait policy. Two paths:
 //   small (at most small_bytes): one round. Every rank copies its data into a small slot
 //     (alternating, so a fast rank never overwrites what a slow one still reads) and publishes;
 //     once all have, every rank reduces all slots itself, in rank order: identical bits
 //     everywhere, one synchronisation, no progress-thread hop.
-//   large: in chunks of at most a large slot, three steps each. For chunk c rank r
+//   large: in chunks of at most a large slot, three steps each, chunk c in large slot c mod 2.
+//     For chunk c rank r
 //     1. copies into its slot the parts of the chunk its peers reduce (not its own share);
 //     2. once all have, reduces its share (a cache-line aligned 1/N) from its own buffer and the
 //        peers' slots into its own buffer, then copies the result into its slot;
 //     3. once all have, copies the peers' reduced shares out of their slots.
 //     Each element is reduced by one rank, so every rank ends with the same bits; the user's
 //     buffer is read and written once and only (N-1)/N of it crosses the segment each way.
+//     Two slots pipeline the chunks: a rank copies chunk c + 1 in while its peers still copy
+//     chunk c out, and waits only for chunk c - 1 to be out of the slot it reuses (with one slot,
+//     every chunk was three full stops, and a rank that lost its core for a moment held all).
 // An allreduce is a task (host_allreduce): poll() does what it can without waiting and returns,
 // so the progress engine can drive it during backward; allreduce() drives one on the caller's
 // thread. Tasks run in the order they were started (a ticket), whoever polls them.
@@ -62,7 +66,7 @@ class host_segment {
         ranks(this->comm.size()),
         large_bytes(round_up(std::max(large_bytes, line))),
         small_bytes(round_up(small_bytes)),
-        window(this->comm, line + 2 * this->small_bytes + this->large_bytes,
+        window(this->comm, line + 2 * this->small_bytes + 2 * this->large_bytes,
                cat(this->comm.name(), ": shared-memory setup")) {
     const std::string who = cat(this->comm.name(), ": shared-memory setup");
     for (int r = 0; r < ranks; ++r)
@@ -71,7 +75,7 @@ class host_segment {
                 " bytes, rank ", r, "'s ", window.region_bytes(r), ")"));
     regions.resize(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) regions[static_cast<std::size_t>(r)] = window.region(r);
-    // Each rank touches its own region first, so its pages are placed near its owner.
+    // Each rank's counter lives in its own region (whose pages the window placed near it).
     static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
     new (regions[static_cast<std::size_t>(rank)]) std::atomic<std::uint64_t>(0);
     barrier(this->comm.native(), who);
@@ -85,7 +89,9 @@ class host_segment {
   std::byte* small_slot(int r, int which) const noexcept {
     return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_bytes;
   }
-  std::byte* large_slot(int r) const noexcept { return regions[static_cast<std::size_t>(r)] + line + 2 * small_bytes; }
+  std::byte* large_slot(int r, int which) const noexcept {
+    return regions[static_cast<std::size_t>(r)] + line + 2 * small_bytes + static_cast<std::size_t>(which) * large_bytes;
+  }
   void publish(std::uint64_t step) const noexcept { progress(rank).store(step, std::memory_order_release); }
   // Whether every rank has finished `step`.
   bool reached(std::uint64_t step) const noexcept {
@@ -122,8 +128,10 @@ class host_allreduce {
  public:
   struct plan {
     std::uint64_t ticket, first;  // steps already taken by earlier tasks
-    std::uint64_t free_after;     // the slot this task writes first is free once all reach this
-    int small_slot;               // -1: the large path
+    // The slots this task writes are free once all reach these: the small slot ([0]), or large
+    // slots 0 and 1.
+    std::uint64_t free_after[2];
+    int small_slot;  // -1: the large path
   };
 
   host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p)
@@ -152,7 +160,7 @@ class host_allreduce {
     for (;;) {
       switch (stage_) {
         case stage::small_write:
-          if (!ready(plan_.free_after, "peers to finish reading the previous small allreduce")) return false;
+          if (!ready(plan_.free_after[0], "peers to finish reading the previous small allreduce")) return false;
           std::memcpy(seg_->small_slot(seg_->rank, plan_.small_slot), data_, n_ * sizeof(T));
           advance(stage::small_reduce, 1);
           break;
@@ -162,7 +170,9 @@ class host_allreduce {
           advance(stage::done, 2);
           return finish();
         case stage::large_write:
-          if (!ready(chunk_ == 0 ? plan_.free_after : step(0), "peers to copy the previous chunk out")) return false;
+          // This slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
+          if (!ready(chunk_ < 2 ? plan_.free_after[chunk_] : step(0) - 3, "peers to copy the chunk before out"))
+            return false;
           write_chunk();
           advance(stage::large_reduce, 1);
           break;
@@ -237,7 +247,7 @@ class host_allreduce {
     lo = std::min(count, share * static_cast<std::size_t>(r));
     hi = std::min(count, lo + share);
   }
-  T* large_of(int r) const { return reinterpret_cast<T*>(seg_->large_slot(r)); }
+  T* large_of(int r) const { return reinterpret_cast<T*>(seg_->large_slot(r, static_cast<int>(chunk_ % 2))); }
 
   void write_chunk() {
     std::size_t lo = 0, hi = 0;
@@ -286,7 +296,7 @@ class host_broadcast {
  public:
   struct plan {
     std::uint64_t ticket, first;  // steps already taken by earlier tasks
-    std::uint64_t free_after;     // the root's large slot is free once all reach this
+    std::uint64_t free_after[2];  // the root's large slots 0 and 1 are free once all reach these
   };
 
   host_broadcast(std::shared_ptr<host_segment> segment, T* data, std::size_t n, int root, plan p)
@@ -311,12 +321,13 @@ class host_broadcast {
       since_ = std::chrono::steady_clock::now();
     }
     const std::size_t per_chunk = seg_->large_bytes / sizeof(T);
-    T* slot = reinterpret_cast<T*>(seg_->large_slot(root_));
     while (chunk_ * per_chunk < n_) {
       const std::size_t lo = chunk_ * per_chunk, count = std::min(per_chunk, n_ - lo);
       const std::uint64_t written = plan_.first + 2 * chunk_ + 1, read = written + 1;
+      T* slot = reinterpret_cast<T*>(seg_->large_slot(root_, static_cast<int>(chunk_ % 2)));
       if (seg_->rank == root_) {
-        const std::uint64_t free = chunk_ == 0 ? plan_.free_after : written - 1;
+        // The slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
+        const std::uint64_t free = chunk_ < 2 ? plan_.free_after[chunk_] : written - 3;
         if (!seg_->reached(free)) return late(free, "peers to copy the previous chunk out", [&] { return seg_->behind(free); });
         std::memcpy(slot, data_ + lo, count * sizeof(T));
         seg_->publish(read);
@@ -376,7 +387,7 @@ class mpi_host_reducer {
 
   // Collective over `comm`, whose ranks must all share one host (MPI decides: a communicator
   // that MPI_COMM_TYPE_SHARED would split is an error on every rank). Allocates
-  // slot_bytes + 2 x small_bytes (and a cache line) of shared memory per rank.
+  // 2 x slot_bytes + 2 x small_bytes (and a cache line) of shared memory per rank.
   explicit mpi_host_reducer(const mpi_communicator& comm, std::size_t slot_bytes = default_slot_bytes,
                             std::size_t small_bytes = default_small_bytes)
       : segment_(std::make_shared<detail::host_segment>(comm, slot_bytes, small_bytes)) {}
@@ -403,18 +414,15 @@ class mpi_host_reducer {
   std::shared_ptr<task<T>> start(T* data, std::size_t n, op o) {
     static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
     auto& seg = usable("shared-memory allreduce");
-    if (n == 0) return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, 0, 0, -1});
-    typename task<T>::plan p{tickets_++, steps_, 0, -1};
+    if (n == 0) return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, 0, {0, 0}, -1});
+    typename task<T>::plan p{tickets_++, steps_, {0, 0}, -1};
     if (n * sizeof(T) <= seg.small_bytes) {
       p.small_slot = static_cast<int>(smalls_++ % 2);
-      p.free_after = small_free_[p.small_slot];
+      p.free_after[0] = small_free_[p.small_slot];
       steps_ += 2;
       small_free_[p.small_slot] = steps_;
     } else {
-      p.free_after = large_free_;
-      const std::size_t per_chunk = seg.large_bytes / sizeof(T);
-      steps_ += 3 * ((n + per_chunk - 1) / per_chunk);
-      large_free_ = steps_;
+      take_large_slots(p.free_after, (n + seg.large_bytes / sizeof(T) - 1) / (seg.large_bytes / sizeof(T)), 3);
     }
     return std::make_shared<task<T>>(segment_, data, n, o, p);
   }
@@ -427,11 +435,10 @@ class mpi_host_reducer {
     auto& seg = usable("shared-memory broadcast");
     check(root >= 0 && root < seg.ranks, "shared-memory broadcast",
           cat("root ", root, " is outside the communicator's ", seg.ranks, " ranks"));
-    if (n == 0) return std::make_shared<broadcast_task<T>>(segment_, data, n, root, typename broadcast_task<T>::plan{0, 0, 0});
-    typename broadcast_task<T>::plan p{tickets_++, steps_, large_free_};
-    const std::size_t per_chunk = seg.large_bytes / sizeof(T);
-    steps_ += 2 * ((n + per_chunk - 1) / per_chunk);
-    large_free_ = steps_;
+    if (n == 0)
+      return std::make_shared<broadcast_task<T>>(segment_, data, n, root, typename broadcast_task<T>::plan{0, 0, {0, 0}});
+    typename broadcast_task<T>::plan p{tickets_++, steps_, {0, 0}};
+    take_large_slots(p.free_after, (n + seg.large_bytes / sizeof(T) - 1) / (seg.large_bytes / sizeof(T)), 2);
     return std::make_shared<broadcast_task<T>>(segment_, data, n, root, p);
   }
 
@@ -450,9 +457,22 @@ class mpi_host_reducer {
     return *segment_;
   }
 
+  // A task of `chunks` chunks, `per` steps each, chunk c in large slot c mod 2: when the slots it
+  // writes are free (out), and its own last use of each becomes the next task's (in).
+  void take_large_slots(std::uint64_t (&free_after)[2], std::uint64_t chunks, std::uint64_t per) {
+    free_after[0] = large_free_[0];
+    free_after[1] = large_free_[1];
+    for (std::uint64_t slot = 0; slot < 2 && slot < chunks; ++slot) {
+      const std::uint64_t last = (chunks - 1 - slot) / 2 * 2 + slot;  // the last chunk in this slot
+      large_free_[slot] = steps_ + per * (last + 1);
+    }
+    steps_ += per * chunks;
+  }
+
   std::shared_ptr<detail::host_segment> segment_;
   // Set by start() on the caller's thread, in start order: the same on every rank.
-  std::uint64_t tickets_ = 0, steps_ = 0, smalls_ = 0, large_free_ = 0;
+  std::uint64_t tickets_ = 0, steps_ = 0, smalls_ = 0;
+  std::uint64_t large_free_[2] = {0, 0};
   std::uint64_t small_free_[2] = {0, 0};
 };
 
