@@ -18,7 +18,8 @@
 //     3. once all have, copies the peers' reduced shares out of their slots.
 //     Each element is reduced by one rank, so every rank ends with the same bits; the user's
 //     buffer is read and written once and only (N-1)/N of it crosses the segment each way.
-//     Two slots pipeline the chunks: a rank copies chunk c + 1 in while its peers still copy
+//     Slot writes go through a slot_writer (slot_writer.hpp: ordinary or streaming stores,
+//     whichever this rank measures faster). Two slots pipeline the chunks: a rank copies chunk c + 1 in while its peers still copy
 //     chunk c out, and waits only for chunk c - 1 to be out of the slot it reuses (with one slot,
 //     every chunk was three full stops, and a rank that lost its core for a moment held all).
 // An allreduce is a task (host_allreduce): poll() does what it can without waiting and returns,
@@ -48,6 +49,7 @@
 #include "communicator.hpp"
 #include "host_window.hpp"
 #include "setup.hpp"
+#include "slot_writer.hpp"
 #include "types.hpp"
 
 namespace flexcomm {
@@ -120,6 +122,7 @@ class host_segment {
   std::vector<std::byte*> regions;
   std::atomic<std::uint64_t> serving{0};  // the ticket of the task allowed to run
   std::atomic<bool> broken{false};         // a task timed out: no later one may run
+  slot_writer writer;                      // how this rank writes its large slots
 };
 
 // One allreduce through a host_segment: the steps [first + 1, first + steps] of every rank.
@@ -132,6 +135,7 @@ class host_allreduce {
     // slots 0 and 1.
     std::uint64_t free_after[2];
     int small_slot;  // -1: the large path
+    slot_writer::kind stores;  // how the large path writes its slots
   };
 
   host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p)
@@ -178,6 +182,7 @@ class host_allreduce {
           break;
         case stage::large_reduce:
           if (!ready(step(1), "peers to copy their chunk in")) return false;
+          if (chunk_ == 0) timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
           reduce_share();
           advance(stage::large_gather, 2);
           break;
@@ -188,6 +193,10 @@ class host_allreduce {
           since_ = std::chrono::steady_clock::now();
           if ((++chunk_) * per_chunk() >= n_) {
             stage_ = stage::done;
+            if (chunk_ >= 2) {
+              const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
+              seg_->writer.learn(plan_.stores, took.count() / static_cast<double>(n_ * sizeof(T)));
+            }
             return finish();
           }
           stage_ = stage::large_write;
@@ -253,8 +262,8 @@ class host_allreduce {
     std::size_t lo = 0, hi = 0;
     share_of(seg_->rank, lo, hi);
     const T* chunk = data_ + chunk_lo();
-    std::memcpy(large_of(seg_->rank), chunk, lo * sizeof(T));
-    std::memcpy(large_of(seg_->rank) + hi, chunk + hi, (chunk_count() - hi) * sizeof(T));
+    slot_writer::copy(plan_.stores, large_of(seg_->rank), chunk, lo * sizeof(T));
+    slot_writer::copy(plan_.stores, large_of(seg_->rank) + hi, chunk + hi, (chunk_count() - hi) * sizeof(T));
   }
   void reduce_share() {
     std::size_t lo = 0, hi = 0;
@@ -264,7 +273,7 @@ class host_allreduce {
     for (int r = 0; r < seg_->ranks; ++r)
       if (r != seg_->rank) combine(op_, mine, large_of(r) + lo, hi - lo);
     if (op_ == op::avg) divide_by(mine, hi - lo, seg_->ranks);
-    std::memcpy(large_of(seg_->rank) + lo, mine, (hi - lo) * sizeof(T));
+    slot_writer::copy(plan_.stores, large_of(seg_->rank) + lo, mine, (hi - lo) * sizeof(T));
   }
   void gather_chunk() {
     T* chunk = data_ + chunk_lo();
@@ -283,7 +292,7 @@ class host_allreduce {
   plan plan_;
   stage stage_ = stage::queued;
   std::uint64_t chunk_ = 0;
-  std::chrono::steady_clock::time_point since_;
+  std::chrono::steady_clock::time_point since_, timed_from_;
 };
 
 // One broadcast through a host_segment from `root`: two steps per chunk of at most a large slot.
@@ -329,7 +338,7 @@ class host_broadcast {
         // The slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
         const std::uint64_t free = chunk_ < 2 ? plan_.free_after[chunk_] : written - 3;
         if (!seg_->reached(free)) return late(free, "peers to copy the previous chunk out", [&] { return seg_->behind(free); });
-        std::memcpy(slot, data_ + lo, count * sizeof(T));
+        slot_writer::copy(seg_->writer.preferred(), slot, data_ + lo, count * sizeof(T));
         seg_->publish(read);
       } else {
         if (!seg_->reached_by(root_, written))
@@ -414,15 +423,19 @@ class mpi_host_reducer {
   std::shared_ptr<task<T>> start(T* data, std::size_t n, op o) {
     static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
     auto& seg = usable("shared-memory allreduce");
-    if (n == 0) return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, 0, {0, 0}, -1});
-    typename task<T>::plan p{tickets_++, steps_, {0, 0}, -1};
+    if (n == 0)
+      return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, 0, {0, 0}, -1, detail::slot_writer::cached});
+    typename task<T>::plan p{tickets_++, steps_, {0, 0}, -1, detail::slot_writer::cached};
     if (n * sizeof(T) <= seg.small_bytes) {
       p.small_slot = static_cast<int>(smalls_++ % 2);
       p.free_after[0] = small_free_[p.small_slot];
       steps_ += 2;
       small_free_[p.small_slot] = steps_;
     } else {
-      take_large_slots(p.free_after, (n + seg.large_bytes / sizeof(T) - 1) / (seg.large_bytes / sizeof(T)), 3);
+      const std::uint64_t chunks = (n + seg.large_bytes / sizeof(T) - 1) / (seg.large_bytes / sizeof(T));
+      take_large_slots(p.free_after, chunks, 3);
+      if (chunks >= 2) p.stores = seg.writer.choose(timed_++);  // only these are timed
+      else p.stores = seg.writer.preferred();
     }
     return std::make_shared<task<T>>(segment_, data, n, o, p);
   }
@@ -471,7 +484,7 @@ class mpi_host_reducer {
 
   std::shared_ptr<detail::host_segment> segment_;
   // Set by start() on the caller's thread, in start order: the same on every rank.
-  std::uint64_t tickets_ = 0, steps_ = 0, smalls_ = 0;
+  std::uint64_t tickets_ = 0, steps_ = 0, smalls_ = 0, timed_ = 0;
   std::uint64_t large_free_[2] = {0, 0};
   std::uint64_t small_free_[2] = {0, 0};
 };
