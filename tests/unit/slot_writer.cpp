@@ -1,10 +1,10 @@
 #define BOOST_TEST_MODULE slot_writer
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <vector>
 
 #include <flexcomm/backend/mpi/slot_writer.hpp>

@@ -19,9 +19,10 @@
 //     Each element is reduced by one rank, so every rank ends with the same bits; the user's
 //     buffer is read and written once and only (N-1)/N of it crosses the segment each way.
 //     Slot writes go through a slot_writer (slot_writer.hpp: ordinary or streaming stores,
-//     whichever this rank measures faster). Two slots pipeline the chunks: a rank copies chunk c + 1 in while its peers still copy
-//     chunk c out, and waits only for chunk c - 1 to be out of the slot it reuses (with one slot,
-//     every chunk was three full stops, and a rank that lost its core for a moment held all).
+//     whichever this rank measures faster). Two slots pipeline the chunks: a rank copies chunk
+//     c + 1 in while its peers still copy chunk c out, and waits only for chunk c - 1 to be out of
+//     the slot it reuses (with one slot, every chunk was three full stops, and a rank that lost
+//     its core for a moment held all).
 // An allreduce is a task (host_allreduce): poll() does what it can without waiting and returns,
 // so the progress engine can drive it during backward; allreduce() drives one on the caller's
 // thread. Tasks run in the order they were started (a ticket), whoever polls them.
@@ -93,6 +94,12 @@ class host_segment {
   }
   std::byte* large_slot(int r, int which) const noexcept {
     return regions[static_cast<std::size_t>(r)] + line + 2 * small_bytes + static_cast<std::size_t>(which) * large_bytes;
+  }
+  // Chunks of an n-element task of T: at most a large slot each.
+  template <class T>
+  std::uint64_t chunks_of(std::size_t n) const noexcept {
+    const std::size_t per_chunk = large_bytes / sizeof(T);
+    return (n + per_chunk - 1) / per_chunk;
   }
   void publish(std::uint64_t step) const noexcept { progress(rank).store(step, std::memory_order_release); }
   // Whether every rank has finished `step`.
@@ -432,7 +439,7 @@ class mpi_host_reducer {
       steps_ += 2;
       small_free_[p.small_slot] = steps_;
     } else {
-      const std::uint64_t chunks = (n + seg.large_bytes / sizeof(T) - 1) / (seg.large_bytes / sizeof(T));
+      const std::uint64_t chunks = seg.template chunks_of<T>(n);
       take_large_slots(p.free_after, chunks, 3);
       if (chunks >= 2) p.stores = seg.writer.choose(timed_++);  // only these are timed
       else p.stores = seg.writer.preferred();
@@ -451,7 +458,7 @@ class mpi_host_reducer {
     if (n == 0)
       return std::make_shared<broadcast_task<T>>(segment_, data, n, root, typename broadcast_task<T>::plan{0, 0, {0, 0}});
     typename broadcast_task<T>::plan p{tickets_++, steps_, {0, 0}};
-    take_large_slots(p.free_after, (n + seg.large_bytes / sizeof(T) - 1) / (seg.large_bytes / sizeof(T)), 2);
+    take_large_slots(p.free_after, seg.template chunks_of<T>(n), 2);
     return std::make_shared<broadcast_task<T>>(segment_, data, n, root, p);
   }
 
