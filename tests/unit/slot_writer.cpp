@@ -27,23 +27,62 @@ BOOST_AUTO_TEST_CASE(stream_copy_equals_memcpy_at_every_alignment) {
       }
 }
 
-// Both kinds are tried first, the cheaper one is kept, the other is tried one allreduce in
+// Sizes fall in classes a factor of 4 apart, from 256 KiB to 64 MiB and beyond.
+BOOST_AUTO_TEST_CASE(size_classes) {
+  using k = fcd::slot_writer;
+  BOOST_TEST(k::size_class(0) == 0);
+  BOOST_TEST(k::size_class((256u << 10) - 1) == 0);
+  BOOST_TEST(k::size_class(256u << 10) == 1);
+  BOOST_TEST(k::size_class((1u << 20) - 1) == 1);
+  BOOST_TEST(k::size_class(1u << 20) == 2);
+  BOOST_TEST(k::size_class(4u << 20) == 3);
+  BOOST_TEST(k::size_class(16u << 20) == 4);
+  BOOST_TEST(k::size_class((64u << 20) - 1) == 4);
+  BOOST_TEST(k::size_class(64u << 20) == k::classes - 1);
+  BOOST_TEST(k::size_class(std::size_t{1} << 40) == k::classes - 1);
+}
+
+// Both kinds are tried twice first, the cheaper one is kept, the other is tried one task in
 // explore_every, and a change of costs changes the choice.
 BOOST_AUTO_TEST_CASE(keeps_the_cheaper_kind_and_explores) {
   fcd::slot_writer w;
   using k = fcd::slot_writer;
-  BOOST_TEST(w.choose(0) == k::cached);
-  BOOST_TEST(w.choose(1) == k::streaming);
-  w.learn(k::cached, 0.5);
-  w.learn(k::streaming, 0.2);
-  BOOST_TEST(w.preferred() == k::streaming);
+  const int cls = 3;
+  BOOST_TEST(w.choose(cls, 0) == k::cached);
+  BOOST_TEST(w.choose(cls, 1) == k::streaming);
+  BOOST_TEST(w.choose(cls, 2) == k::cached);
+  BOOST_TEST(w.choose(cls, 3) == k::streaming);
+  w.learn(cls, k::cached, 0.5);
+  w.learn(cls, k::streaming, 0.2);
+  BOOST_TEST(w.preferred(cls) == k::streaming);
   int explored = 0;
-  for (std::uint64_t n = 2; n < 2 + 4 * k::explore_every; ++n) explored += w.choose(n) == k::cached;
+  for (std::uint64_t n = 4; n < 4 + 4 * k::explore_every; ++n) explored += w.choose(cls, n) == k::cached;
   BOOST_TEST(explored == 4);
-  // The cached kind turns cheap (the process moved): a few samples move the choice back.
-  for (int i = 0; i < 6; ++i) w.learn(k::cached, 0.05);
-  BOOST_TEST(w.preferred() == k::cached);
-  // One interrupted allreduce (100x) does not undo it.
-  w.learn(k::cached, 5.0);
-  BOOST_TEST(w.preferred() == k::cached);
+  // The cached kind turns cheap (the process moved): each sample halves the distance.
+  for (int i = 0; i < 3; ++i) w.learn(cls, k::cached, 0.05);
+  BOOST_TEST(w.preferred(cls) == k::cached);
+  // One interrupted task (100x) does not undo it.
+  w.learn(cls, k::cached, 5.0);
+  BOOST_TEST(w.preferred(cls) == k::cached);
+  // A lasting slowdown does, within a few tasks.
+  int tasks = 0;
+  while (w.preferred(cls) == k::cached && tasks < 50) {
+    w.learn(cls, k::cached, 1.0);
+    ++tasks;
+  }
+  BOOST_TEST(w.preferred(cls) == k::streaming);
+  BOOST_TEST(tasks <= 12);
+}
+
+// Each size class learns apart: a first cost in one says nothing of another.
+BOOST_AUTO_TEST_CASE(classes_learn_apart) {
+  fcd::slot_writer w;
+  using k = fcd::slot_writer;
+  w.learn(1, k::cached, 0.1);
+  w.learn(1, k::streaming, 0.3);
+  w.learn(5, k::cached, 2.0);
+  w.learn(5, k::streaming, 0.4);
+  BOOST_TEST(w.preferred(1) == k::cached);
+  BOOST_TEST(w.preferred(5) == k::streaming);
+  BOOST_TEST(w.preferred(3) == k::cached);  // nothing measured: ordinary stores
 }

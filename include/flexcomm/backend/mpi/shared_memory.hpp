@@ -200,10 +200,9 @@ class host_allreduce {
           since_ = std::chrono::steady_clock::now();
           if ((++chunk_) * per_chunk() >= n_) {
             stage_ = stage::done;
-            if (chunk_ >= 2) {
-              const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
-              seg_->writer.learn(plan_.stores, took.count() / static_cast<double>(n_ * sizeof(T)));
-            }
+            const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
+            const std::size_t bytes = n_ * sizeof(T);
+            seg_->writer.learn(slot_writer::size_class(bytes), plan_.stores, took.count() / static_cast<double>(bytes));
             return finish();
           }
           stage_ = stage::large_write;
@@ -345,7 +344,8 @@ class host_broadcast {
         // The slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
         const std::uint64_t free = chunk_ < 2 ? plan_.free_after[chunk_] : written - 3;
         if (!seg_->reached(free)) return late(free, "peers to copy the previous chunk out", [&] { return seg_->behind(free); });
-        slot_writer::copy(seg_->writer.preferred(), slot, data_ + lo, count * sizeof(T));
+        slot_writer::copy(seg_->writer.preferred(slot_writer::size_class(n_ * sizeof(T))), slot, data_ + lo,
+                          count * sizeof(T));
         seg_->publish(read);
       } else {
         if (!seg_->reached_by(root_, written))
@@ -439,10 +439,9 @@ class mpi_host_reducer {
       steps_ += 2;
       small_free_[p.small_slot] = steps_;
     } else {
-      const std::uint64_t chunks = seg.template chunks_of<T>(n);
-      take_large_slots(p.free_after, chunks, 3);
-      if (chunks >= 2) p.stores = seg.writer.choose(timed_++);  // only these are timed
-      else p.stores = seg.writer.preferred();
+      take_large_slots(p.free_after, seg.template chunks_of<T>(n), 3);
+      const int cls = detail::slot_writer::size_class(n * sizeof(T));
+      p.stores = seg.writer.choose(cls, timed_[cls]++);
     }
     return std::make_shared<task<T>>(segment_, data, n, o, p);
   }
@@ -491,7 +490,8 @@ class mpi_host_reducer {
 
   std::shared_ptr<detail::host_segment> segment_;
   // Set by start() on the caller's thread, in start order: the same on every rank.
-  std::uint64_t tickets_ = 0, steps_ = 0, smalls_ = 0, timed_ = 0;
+  std::uint64_t tickets_ = 0, steps_ = 0, smalls_ = 0;
+  std::uint64_t timed_[detail::slot_writer::classes] = {};  // large allreduces started, per size class
   std::uint64_t large_free_[2] = {0, 0};
   std::uint64_t small_free_[2] = {0, 0};
 };

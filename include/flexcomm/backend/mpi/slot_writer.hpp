@@ -55,36 +55,50 @@ inline void stream_copy(void* dst, const void* src, std::size_t bytes) {
 }
 
 // Which stores a rank uses for its slot writes, learned from whole allreduces: each rank times
-// its own (from the moment every rank has its first chunk in to the end; per byte, smoothed) and
-// keeps the faster kind. The first large allreduce uses ordinary stores and the second
-// streaming ones, and one in `explore_every` tries the kind not preferred, so a change of
-// placement shows. Timing the copies alone would mislead: streaming stores are cheap for the
-// writer and make its readers fetch from memory.
+// its own (from the moment every rank has its first chunk in to the end; per byte) and keeps the
+// faster kind, for each size class apart (a factor of 4 each, from 256 KiB to 64 MiB): a task
+// whose data stays in the caches wants ordinary stores where one many times their size may want
+// streaming ones. In each class the first four tasks try ordinary, streaming, ordinary,
+// streaming stores, and one in `explore_every` after them tries the kind not preferred, so a
+// change of placement shows. Timing the copies alone would mislead: streaming stores are cheap
+// for the writer and make its readers fetch from memory.
 class slot_writer {
  public:
   enum kind : int { cached = 0, streaming = 1 };
-  static constexpr unsigned explore_every = 32;
+  static constexpr unsigned explore_every = 16;
+  static constexpr int classes = 6;
 
-  // The kind for the `nth` large allreduce on this reducer (counted alike on every rank, so
+  // The size class of a task of `bytes`: 0 below 256 KiB, then one per factor of 4, the last
+  // from 64 MiB up.
+  static int size_class(std::size_t bytes) noexcept {
+    int cls = 0;
+    for (std::size_t limit = std::size_t{256} << 10; cls < classes - 1 && bytes >= limit; limit *= 4) ++cls;
+    return cls;
+  }
+
+  // The kind for the `nth` task of class `cls` on this reducer (counted alike on every rank, so
   // they explore together).
-  kind choose(std::uint64_t nth) const noexcept {
-    if (nth == 0) return cached;
-    if (nth == 1) return streaming;
-    const kind best = preferred();
+  kind choose(int cls, std::uint64_t nth) const noexcept {
+    if (nth < 4) return nth % 2 == 0 ? cached : streaming;
+    const kind best = preferred(cls);
     return nth % explore_every == explore_every - 1 ? (best == cached ? streaming : cached) : best;
   }
-  kind preferred() const noexcept {
-    const double c = cost_[cached].load(std::memory_order_relaxed), s = cost_[streaming].load(std::memory_order_relaxed);
+  kind preferred(int cls) const noexcept {
+    const double c = cost_[cls][cached].load(std::memory_order_relaxed);
+    const double s = cost_[cls][streaming].load(std::memory_order_relaxed);
     return s > 0 && (c == 0 || s < c) ? streaming : cached;
   }
-  // An allreduce with stores of kind `k` took `ns_per_byte`. Callable from any thread (a race
-  // only blurs the estimate).
-  void learn(kind k, double ns_per_byte) noexcept {
-    const double old = cost_[k].load(std::memory_order_relaxed);
-    // An allreduce the kernel interrupted says little of the stores: a sample counts for at most
-    // twice the estimate (a real change moves it 1.25x per allreduce).
-    const double sample = old > 0 ? std::min(ns_per_byte, 2 * old) : ns_per_byte;
-    cost_[k].store(old > 0 ? 0.75 * old + 0.25 * sample : sample, std::memory_order_relaxed);
+  // A task of class `cls` with stores of kind `k` took `ns_per_byte`. Callable from any thread
+  // (a race only blurs the estimate). The estimate falls fast and rises slowly: the kernel only
+  // ever makes a task slower (a sample counts for at most twice the estimate), while a real
+  // change of placement lasts, and moves it 1.125x per task.
+  void learn(int cls, kind k, double ns_per_byte) noexcept {
+    std::atomic<double>& cost = cost_[cls][k];
+    const double old = cost.load(std::memory_order_relaxed);
+    double now = ns_per_byte;
+    if (old > 0)
+      now = ns_per_byte < old ? 0.5 * old + 0.5 * ns_per_byte : 0.875 * old + 0.125 * std::min(ns_per_byte, 2 * old);
+    cost.store(now, std::memory_order_relaxed);
   }
 
   static void copy(kind k, void* slot, const void* from, std::size_t bytes) {
@@ -95,7 +109,7 @@ class slot_writer {
   }
 
  private:
-  std::atomic<double> cost_[2] = {0.0, 0.0};  // ns per byte, smoothed; 0: not measured yet
+  std::atomic<double> cost_[classes][2] = {};  // ns per byte, smoothed; 0: not measured yet
 };
 
 }  // namespace flexcomm::detail
