@@ -166,6 +166,30 @@ BOOST_AUTO_TEST_CASE(tasks_on_the_engine_run_in_start_order) {
   BOOST_TEST(all_ranks(ok));
 }
 
+// Polling a task drives every task started before it: a trainer waiting on a small allreduce
+// finishes the buckets queued before it on its own thread, never polling them.
+BOOST_AUTO_TEST_CASE(polling_a_task_drives_those_started_before_it) {
+  const auto& host = this_host();
+  if (!shm_possible(host)) {
+    BOOST_TEST(all_ranks(true));
+    return;
+  }
+  mpi::host_reducer reducer(host, 256, 64);
+  const auto ranks = world_ranks_of(host);
+  std::vector<std::vector<float>> data;
+  std::vector<std::shared_ptr<mpi::host_reducer::task<float>>> tasks;
+  for (int i = 0; i < 5; ++i) data.push_back(gradient<float>(world().rank(), i, 1, 100 + 97 * static_cast<std::size_t>(i)));
+  for (auto& d : data) tasks.push_back(reducer.start(d.data(), d.size(), fc::op::sum));
+  BOOST_TEST(!tasks.front()->done());
+  fc::default_wait().until([&] { return tasks.back()->poll(); });
+  bool ok = true;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    ok = ok && tasks[i]->done();
+    ok = ok && same(data[i], reference<float>(fc::op::sum, ranks, static_cast<int>(i), 1, data[i].size()));
+  }
+  BOOST_TEST(all_ranks(ok));
+}
+
 // overlapped_ring on one host takes the shared-memory path instead of the ring; same bits.
 BOOST_AUTO_TEST_CASE(overlapped_ring_on_one_host_goes_through_shared_memory) {
   for (fc::op o : {fc::op::sum, fc::op::avg}) {

@@ -56,11 +56,21 @@ struct wait_policy {
   wait_kind kind = wait_kind::backoff;
   // backoff: sleeps start at 1 us and double up to this bound.
   std::chrono::microseconds max_sleep{100};
+  // The waiting thread does the work it waits for itself (it drives a shared-memory segment that
+  // the engine's thread may drive too): beside the engine it yields instead of backing off,
+  // since sleeping would only delay the work.
+  bool drives = false;
 
   static wait_policy spin() { return {wait_kind::spin, {}}; }
   static wait_policy yield() { return {wait_kind::yield, {}}; }
   static wait_policy backoff(std::chrono::microseconds max = std::chrono::microseconds{100}) {
     return {wait_kind::backoff, max};
+  }
+  // This policy for a thread that drives what it waits for.
+  wait_policy driving() const {
+    wait_policy p = *this;
+    p.drives = true;
+    return p;
   }
 
   // "spin", "yield", "backoff" or "backoff:<max microseconds>" (the FLEXCOMM_WAIT syntax).
@@ -78,7 +88,9 @@ struct wait_policy {
   // ring allreduce at 2 ranks took 0.4-1.6 ms instead of about 50 us).
   void pause(unsigned round) const {
     const bool beside_engine = detail::background_pollers().load(std::memory_order_relaxed) > 0;
-    switch (beside_engine ? wait_kind::backoff : kind) {
+    wait_kind now = kind;
+    if (beside_engine) now = drives && kind == wait_kind::spin ? wait_kind::yield : wait_kind::backoff;
+    switch (now) {
       case wait_kind::spin: return;
       case wait_kind::yield: std::this_thread::yield(); return;
       case wait_kind::backoff: {

@@ -25,7 +25,11 @@
 //     its core for a moment held all).
 // An allreduce is a task (host_allreduce): poll() does what it can without waiting and returns,
 // so the progress engine can drive it during backward; allreduce() drives one on the caller's
-// thread. Tasks run in the order they were started (a ticket), whoever polls them.
+// thread. Tasks run in the order they were started, and polling any task drives the segment:
+// every task started before it, then itself, as far as they go (one thread at a time; another
+// that finds it busy returns at once). So a trainer waiting on a blocking allreduce (the step's
+// check in finish()) finishes the buckets still queued before it on its own thread, instead of
+// waiting for the engine's thread to be scheduled between each of their steps.
 #pragma once
 
 #include <mpi.h>
@@ -36,7 +40,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -56,6 +62,29 @@
 namespace flexcomm {
 
 namespace detail {
+
+// A task of one host_segment (an allreduce or a broadcast).
+class segment_task {
+ public:
+  segment_task() = default;
+  segment_task(const segment_task&) = delete;
+  segment_task& operator=(const segment_task&) = delete;
+  virtual ~segment_task() = default;
+
+  // Whether this rank's part is finished; readable from any thread.
+  bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+
+ protected:
+  void finished() noexcept { done_.store(true, std::memory_order_release); }
+
+ private:
+  friend class host_segment;
+  // Advances as far as it can without waiting; true once finished. Called by one thread at a
+  // time (the segment's driver), in start order.
+  virtual bool step() = 0;
+
+  std::atomic<bool> done_{false};
+};
 
 // The segment and the bookkeeping every task of one reducer shares; tasks hold it, so a task the
 // engine still polls never outlives it.
@@ -122,19 +151,56 @@ class host_segment {
 
   static std::size_t round_up(std::size_t bytes, std::size_t to = line) { return (bytes + to - 1) / to * to; }
 
+  // Queues a started task behind the others (the caller's thread, in start order).
+  void enqueue(const std::shared_ptr<segment_task>& task) {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.push_back(task);
+  }
+  // Drives the queued tasks in start order as far as they go without waiting, unless another
+  // thread is driving them now. Throws what a task's step throws (that task stays queued, and
+  // throws again when next driven).
+  void drive() {
+    std::unique_lock<std::mutex> driving(driving_, std::try_to_lock);
+    if (!driving.owns_lock()) return;
+    for (;;) {
+      std::shared_ptr<segment_task> front;
+      {
+        std::lock_guard<std::mutex> lock(queue_mutex_);
+        if (queue_.empty()) return;
+        front = queue_.front().lock();
+        if (!front) {
+          // Dropped before it finished (an engine stopped with it pending): its peers will wait
+          // for steps this rank never takes, so nothing after it may run.
+          broken.store(true, std::memory_order_release);
+          queue_.pop_front();
+          continue;
+        }
+      }
+      if (!front->step()) return;
+      front->finished();
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      queue_.pop_front();
+    }
+  }
+
   mpi_communicator comm;
   int rank = 0, ranks = 0;
   std::size_t large_bytes = 0, small_bytes = 0;
   mpi_host_window window;
   std::vector<std::byte*> regions;
   std::atomic<std::uint64_t> serving{0};  // the ticket of the task allowed to run
-  std::atomic<bool> broken{false};         // a task timed out: no later one may run
+  std::atomic<bool> broken{false};         // a task timed out or was dropped: no later one may run
   slot_writer writer;                      // how this rank writes its large slots
+
+ private:
+  std::mutex driving_;      // held by the thread driving the tasks
+  std::mutex queue_mutex_;  // guards queue_ only: start() never waits for a step to end
+  std::deque<std::weak_ptr<segment_task>> queue_;  // started, not finished, in start order
 };
 
 // One allreduce through a host_segment: the steps [first + 1, first + steps] of every rank.
 template <class T>
-class host_allreduce {
+class host_allreduce final : public segment_task {
  public:
   struct plan {
     std::uint64_t ticket, first;  // steps already taken by earlier tasks
@@ -147,7 +213,10 @@ class host_allreduce {
 
   host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p)
       : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p) {
-    if (n == 0) stage_ = stage::done;  // took no ticket and no steps
+    if (n == 0) {  // took no ticket and no steps
+      stage_ = stage::done;
+      finished();
+    }
   }
 
   // Built when asked (an error, the engine's list of pending tasks), not per allreduce.
@@ -155,15 +224,22 @@ class host_allreduce {
     return cat("shared-memory allreduce on ", seg_->comm.name(), " (", n_, " x ", name_of(dtype_of<T>), ", ",
                name_of(op_), ")");
   }
-  bool done() const noexcept { return stage_ == stage::done; }
 
-  // Advances as far as it can without waiting; true once this rank's result is in place.
-  // Throws when a peer has not moved for the communicator's timeout, naming it.
+  // Drives the segment (this task and those started before it) as far as it goes without
+  // waiting; true once this rank's result is in place. Throws when a peer has not moved for the
+  // communicator's timeout, naming it. Any thread; the task's state is touched by one at a time.
   bool poll() {
+    if (done()) return true;
+    seg_->drive();
+    return done();
+  }
+
+ private:
+  bool step() override {
     if (stage_ == stage::done) return true;
     if (stage_ == stage::queued) {
       if (seg_->broken.load(std::memory_order_acquire))
-        fail(who(), cat(seg_->comm.name(), " is unusable after an earlier timeout"));
+        fail(who(), cat(seg_->comm.name(), " is unusable after an earlier task timed out or was dropped"));
       if (seg_->serving.load(std::memory_order_acquire) != plan_.ticket) return false;
       stage_ = plan_.small_slot >= 0 ? stage::small_write : stage::large_write;
       since_ = std::chrono::steady_clock::now();
@@ -214,7 +290,6 @@ class host_allreduce {
     }
   }
 
- private:
   enum class stage { queued, small_write, small_reduce, large_write, large_reduce, large_gather, done };
   static constexpr std::size_t align = host_segment::line / sizeof(T) ? host_segment::line / sizeof(T) : 1;
 
@@ -307,7 +382,7 @@ class host_allreduce {
 // the chunk out and publishes the second. The root's data is read once, and each other rank's
 // written once.
 template <class T>
-class host_broadcast {
+class host_broadcast final : public segment_task {
  public:
   struct plan {
     std::uint64_t ticket, first;  // steps already taken by earlier tasks
@@ -316,21 +391,26 @@ class host_broadcast {
 
   host_broadcast(std::shared_ptr<host_segment> segment, T* data, std::size_t n, int root, plan p)
       : seg_(std::move(segment)), data_(data), n_(n), root_(root), plan_(p) {
-    if (n == 0) done_ = true;  // took no ticket and no steps
+    if (n == 0) finished();  // took no ticket and no steps
   }
 
   std::string what() const {
     return cat("shared-memory broadcast on ", seg_->comm.name(), " (", n_, " x ", name_of(dtype_of<T>), " from rank ",
                root_, ")");
   }
-  bool done() const noexcept { return done_; }
 
-  // Advances as far as it can without waiting; true once this rank holds the root's data.
+  // Drives the segment as host_allreduce::poll does; true once this rank holds the root's data.
   bool poll() {
-    if (done_) return true;
+    if (done()) return true;
+    seg_->drive();
+    return done();
+  }
+
+ private:
+  bool step() override {
     if (!started_) {
       if (seg_->broken.load(std::memory_order_acquire))
-        fail(who(), cat(seg_->comm.name(), " is unusable after an earlier timeout"));
+        fail(who(), cat(seg_->comm.name(), " is unusable after an earlier task timed out or was dropped"));
       if (seg_->serving.load(std::memory_order_acquire) != plan_.ticket) return false;
       started_ = true;
       since_ = std::chrono::steady_clock::now();
@@ -356,12 +436,10 @@ class host_broadcast {
       ++chunk_;
       since_ = std::chrono::steady_clock::now();
     }
-    done_ = true;
     seg_->serving.store(plan_.ticket + 1, std::memory_order_release);
     return true;
   }
 
- private:
   std::string who() const { return cat(what(), ", rank ", seg_->rank); }
   // Not there yet: false, or past the communicator's timeout an error naming who is behind.
   template <class Behind>
@@ -380,7 +458,7 @@ class host_broadcast {
   std::size_t n_;
   int root_;
   plan plan_;
-  bool started_ = false, done_ = false;
+  bool started_ = false;
   std::uint64_t chunk_ = 0;
   std::chrono::steady_clock::time_point since_;
 };
@@ -443,7 +521,9 @@ class mpi_host_reducer {
       const int cls = detail::slot_writer::size_class(n * sizeof(T));
       p.stores = seg.writer.choose(cls, timed_[cls]++);
     }
-    return std::make_shared<task<T>>(segment_, data, n, o, p);
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, p);
+    seg.enqueue(t);
+    return t;
   }
 
   // Starts a broadcast of root's data[0, n) to every rank's data: every rank starts the same n
@@ -458,7 +538,9 @@ class mpi_host_reducer {
       return std::make_shared<broadcast_task<T>>(segment_, data, n, root, typename broadcast_task<T>::plan{0, 0, {0, 0}});
     typename broadcast_task<T>::plan p{tickets_++, steps_, {0, 0}};
     take_large_slots(p.free_after, seg.template chunks_of<T>(n), 2);
-    return std::make_shared<broadcast_task<T>>(segment_, data, n, root, p);
+    auto t = std::make_shared<broadcast_task<T>>(segment_, data, n, root, p);
+    seg.enqueue(t);
+    return t;
   }
 
   // Blocking allreduce on the calling thread: start() and poll until done, answering the
@@ -466,7 +548,7 @@ class mpi_host_reducer {
   template <class T>
   void allreduce(T* data, std::size_t n, op o) {
     auto t = start(data, n, o);
-    wait_answering(default_wait(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
+    wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
                    [] { watchdog::instance().answer_queries(); });
   }
 
