@@ -127,14 +127,19 @@ class bucket_plan {
 
 namespace detail {
 
-// One bucket reduction in flight: a backend request the trainer waits on itself, or a task the
-// progress engine drives while the trainer computes.
+// One bucket reduction in flight: a backend request the trainer waits on itself, a task the
+// progress engine drives while the trainer computes, or a shared-memory task that whoever drives
+// the segment next finishes (`driven`: polls it; true once done).
 template <class B>
 struct flight {
   std::optional<typename B::request> request;
   std::shared_ptr<completion> task;
+  std::function<bool()> driven;
   void wait() {
     if (request) request->wait();
+    if (driven)
+      wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, driven,
+                     [] { watchdog::instance().answer_queries(); });
     if (task) {
       // The engine's thread does the work meanwhile: spinning here would take its core.
       wait_policy policy = default_wait();
@@ -145,6 +150,7 @@ struct flight {
   void reset() {
     request.reset();
     task.reset();
+    driven = nullptr;
   }
 };
 
