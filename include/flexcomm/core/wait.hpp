@@ -112,6 +112,7 @@ struct wait_policy {
   // Polls done() until it returns true or `timeout` (zero: none) passes; false on timeout.
   template <class Done>
   bool until(Done&& done, std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) const {
+    if (done()) return true;
     const auto start = std::chrono::steady_clock::now();
     for (unsigned round = 0;; ++round) {
       if (done()) return true;

@@ -63,6 +63,28 @@ namespace flexcomm {
 
 namespace detail {
 
+// How long a task has waited for its peers at one stage, against the communicator's timeout. The
+// clock is read when a wait begins (the first poll that finds the peers not there) and then one
+// poll in 64: reading it on every step and poll cost a third of a 4-byte allreduce.
+class stall_clock {
+ public:
+  // The task moved on: the next wait starts afresh.
+  void moved() noexcept { polls_ = 0; }
+  // Another poll found the peers not there: true once that wait has lasted longer than `limit`
+  // (zero: no limit).
+  bool past(std::chrono::milliseconds limit) {
+    if (polls_++ == 0) {
+      since_ = std::chrono::steady_clock::now();
+      return false;
+    }
+    return limit.count() > 0 && polls_ % 64 == 0 && std::chrono::steady_clock::now() - since_ > limit;
+  }
+
+ private:
+  std::uint64_t polls_ = 0;
+  std::chrono::steady_clock::time_point since_;
+};
+
 // A task of one host_segment (an allreduce or a broadcast).
 class segment_task {
  public:
@@ -242,7 +264,7 @@ class host_allreduce final : public segment_task {
         fail(who(), cat(seg_->comm.name(), " is unusable after an earlier task timed out or was dropped"));
       if (seg_->serving.load(std::memory_order_acquire) != plan_.ticket) return false;
       stage_ = plan_.small_slot >= 0 ? stage::small_write : stage::large_write;
-      since_ = std::chrono::steady_clock::now();
+      stalled_.moved();
     }
     for (;;) {
       switch (stage_) {
@@ -273,7 +295,7 @@ class host_allreduce final : public segment_task {
           if (!ready(step(2), "peers to reduce their share")) return false;
           gather_chunk();
           seg_->publish(step(3));
-          since_ = std::chrono::steady_clock::now();
+          stalled_.moved();
           if ((++chunk_) * per_chunk() >= n_) {
             stage_ = stage::done;
             const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
@@ -301,7 +323,7 @@ class host_allreduce final : public segment_task {
   bool ready(std::uint64_t needed, const char* for_what) {
     if (seg_->reached(needed)) return true;
     const auto limit = seg_->comm.timeout();
-    if (limit.count() > 0 && std::chrono::steady_clock::now() - since_ > limit) {
+    if (stalled_.past(limit)) {
       seg_->broken.store(true, std::memory_order_release);
       fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
                       "); not arrived: rank ", seg_->behind(needed)));
@@ -311,7 +333,7 @@ class host_allreduce final : public segment_task {
   void advance(stage next, int k) {
     seg_->publish(plan_.small_slot >= 0 ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
     stage_ = next;
-    since_ = std::chrono::steady_clock::now();
+    stalled_.moved();
   }
   bool finish() {
     seg_->serving.store(plan_.ticket + 1, std::memory_order_release);
@@ -373,7 +395,8 @@ class host_allreduce final : public segment_task {
   plan plan_;
   stage stage_ = stage::queued;
   std::uint64_t chunk_ = 0;
-  std::chrono::steady_clock::time_point since_, timed_from_;
+  stall_clock stalled_;
+  std::chrono::steady_clock::time_point timed_from_;
 };
 
 // One broadcast through a host_segment from `root`: two steps per chunk of at most a large slot.
@@ -413,7 +436,7 @@ class host_broadcast final : public segment_task {
         fail(who(), cat(seg_->comm.name(), " is unusable after an earlier task timed out or was dropped"));
       if (seg_->serving.load(std::memory_order_acquire) != plan_.ticket) return false;
       started_ = true;
-      since_ = std::chrono::steady_clock::now();
+      stalled_.moved();
     }
     const std::size_t per_chunk = seg_->large_bytes / sizeof(T);
     while (chunk_ * per_chunk < n_) {
@@ -434,7 +457,7 @@ class host_broadcast final : public segment_task {
         seg_->publish(read);
       }
       ++chunk_;
-      since_ = std::chrono::steady_clock::now();
+      stalled_.moved();
     }
     seg_->serving.store(plan_.ticket + 1, std::memory_order_release);
     return true;
@@ -445,7 +468,7 @@ class host_broadcast final : public segment_task {
   template <class Behind>
   bool late(std::uint64_t needed, const char* for_what, Behind&& behind) {
     const auto limit = seg_->comm.timeout();
-    if (limit.count() > 0 && std::chrono::steady_clock::now() - since_ > limit) {
+    if (stalled_.past(limit)) {
       seg_->broken.store(true, std::memory_order_release);
       fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
                       "); not arrived: rank ", behind()));
@@ -460,7 +483,7 @@ class host_broadcast final : public segment_task {
   plan plan_;
   bool started_ = false;
   std::uint64_t chunk_ = 0;
-  std::chrono::steady_clock::time_point since_;
+  stall_clock stalled_;
 };
 
 }  // namespace detail
