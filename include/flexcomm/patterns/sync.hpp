@@ -154,6 +154,25 @@ struct flight {
   }
 };
 
+// The first gradients of a step (index, count), for a mismatch's message: kept as numbers and
+// spelled only when a step goes wrong (formatting them on every ready() cost a tenth of a
+// small step).
+struct first_handed {
+  static constexpr std::size_t kept = 8;
+  std::array<std::pair<int, std::size_t>, kept> first{};
+  std::size_t handed = 0;
+  void add(int index, std::size_t count) {
+    if (handed < kept) first[handed] = {index, count};
+    ++handed;
+  }
+  std::string str() const {
+    std::string out;
+    for (std::size_t i = 0; i < handed && i < kept; ++i)
+      out += cat(i ? " " : "", first[i].first, ":", first[i].second);
+    return out;
+  }
+};
+
 // The cross-rank check of one step, one small nonblocking allreduce on the control
 // communicator: the step's fingerprint, and the highest misusing rank + 1.
 // `agree`, when set, does the max-reduction instead (blocking, on the member's ranks): the adapter's
@@ -171,7 +190,9 @@ class signature_check {
       request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
   }
   // Waits; an empty string when every rank handed over the same gradients and none misused.
-  std::string verdict(const std::string& local_misuse, const std::string& sequence) {
+  // `sequence`: this rank's first hand-overs, for the message (str()).
+  template <class Sequence>
+  std::string verdict(const std::string& local_misuse, const Sequence& sequence) {
     if (request_) request_->wait();
     request_.reset();
     if (!local_misuse.empty()) return local_misuse;
@@ -181,7 +202,7 @@ class signature_check {
     if (!same_->agreed(0))
       return cat("the member's ranks handed gradients over in different orders or with different sizes in this "
                  "step; every rank must call ready() with the same indices, sizes, types and order. This rank's "
-                 "sequence (index:count) starts ", sequence);
+                 "sequence (index:count) starts ", sequence.str());
     return {};
   }
 
@@ -237,7 +258,7 @@ class bucket_sync {
     static_assert(!std::is_const_v<T>, "ready(): the average is written back into the gradient");
     const dtype type = dtype_of<T>;
     step_hash_.add(static_cast<std::uint64_t>(index)).add(static_cast<std::uint64_t>(type)).add(grad.size());
-    if (handed_ < 8) sequence_ += cat(handed_ ? " " : "", index, ":", grad.size());
+    sequence_.add(index, grad.size());
     ++handed_;
     if (planning_) {
       if (!planned_.insert(index).second) return misuse(cat("gradient ", index, " handed over twice in one step"));
@@ -362,7 +383,7 @@ class bucket_sync {
     next_ = 0;
     handed_ = 0;
     step_hash_ = fingerprint();
-    sequence_.clear();
+    sequence_ = {};
     misuse_.clear();
   }
 
@@ -393,7 +414,7 @@ class bucket_sync {
   std::size_t next_ = 0;  // the next bucket to launch: buckets launch in index order only
   std::size_t handed_ = 0;
   fingerprint step_hash_;
-  std::string sequence_;
+  first_handed sequence_;
   std::string misuse_;
 };
 
