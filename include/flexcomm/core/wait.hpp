@@ -85,7 +85,8 @@ struct wait_policy {
   // doubling length: a sleeping rank neither steals the core nor inflates CPU-time figures.
   // While the progress engine has work, every wait backs off: spinning or yielding beside it
   // keeps the core and MPICH's lock from the thread that does the work (measured: a 4 KiB
-  // ring allreduce at 2 ranks took 0.4-1.6 ms instead of about 50 us).
+  // ring allreduce at 2 ranks took 0.4-1.6 ms instead of about 50 us). A waiter that drives its
+  // own work (`drives`) yields instead of sleeping where it would otherwise spin.
   void pause(unsigned round) const {
     const bool beside_engine = detail::background_pollers().load(std::memory_order_relaxed) > 0;
     wait_kind now = kind;
