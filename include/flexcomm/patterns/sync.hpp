@@ -154,9 +154,9 @@ struct flight {
   }
 };
 
-// The first gradients of a step (index, count), for a mismatch's message: kept as numbers and
-// spelled only when a step goes wrong (formatting them on every ready() cost a tenth of a
-// small step).
+// The gradients handed over in a step: how many, and the first few (index, count) for a
+// mismatch's message, kept as numbers and spelled only when a step goes wrong (formatting them on
+// every ready() cost a tenth of a small step).
 struct first_handed {
   static constexpr std::size_t kept = 8;
   std::array<std::pair<int, std::size_t>, kept> first{};
@@ -259,7 +259,6 @@ class bucket_sync {
     const dtype type = dtype_of<T>;
     step_hash_.add(static_cast<std::uint64_t>(index)).add(static_cast<std::uint64_t>(type)).add(grad.size());
     sequence_.add(index, grad.size());
-    ++handed_;
     if (planning_) {
       if (!planned_.insert(index).second) return misuse(cat("gradient ", index, " handed over twice in one step"));
       plan_.add(index, type, grad.size());
@@ -304,8 +303,8 @@ class bucket_sync {
       flights_.resize(buckets.size());
       launch_full(launch);
     } else {
-      if (misuse_.empty() && handed_ < plan_.gradients().size())
-        misuse(cat("finish() after ", handed_, " of the plan's ", plan_.gradients().size(), " gradients"));
+      if (misuse_.empty() && sequence_.handed < plan_.gradients().size())
+        misuse(cat("finish() after ", sequence_.handed, " of the plan's ", plan_.gradients().size(), " gradients"));
       // Every rank launches every bucket, in order, whatever was handed over: no peer waits
       // forever on a bucket this rank skipped.
       while (next_ < plan_.buckets().size()) launch_bucket(next_++, launch);
@@ -381,7 +380,6 @@ class bucket_sync {
       std::fill(arrived_.begin(), arrived_.end(), 0);
     }
     next_ = 0;
-    handed_ = 0;
     step_hash_ = fingerprint();
     sequence_ = {};
     misuse_.clear();
@@ -412,7 +410,6 @@ class bucket_sync {
   std::vector<typename B::template buffer<std::byte>> staging_;
   std::vector<flight<B>> flights_;
   std::size_t next_ = 0;  // the next bucket to launch: buckets launch in index order only
-  std::size_t handed_ = 0;
   fingerprint step_hash_;
   first_handed sequence_;
   std::string misuse_;
