@@ -210,7 +210,6 @@ class host_segment {
   std::size_t large_bytes = 0, small_bytes = 0;
   mpi_host_window window;
   std::vector<std::byte*> regions;
-  std::atomic<std::uint64_t> serving{0};  // the ticket of the task allowed to run
   std::atomic<bool> broken{false};         // a task timed out or was dropped: no later one may run
   slot_writer writer;                      // how this rank writes its large slots
 
@@ -225,7 +224,7 @@ template <class T>
 class host_allreduce final : public segment_task {
  public:
   struct plan {
-    std::uint64_t ticket, first;  // steps already taken by earlier tasks
+    std::uint64_t first;  // steps already taken by earlier tasks
     // The slots this task writes are free once all reach these: the small slot ([0]), or large
     // slots 0 and 1.
     std::uint64_t free_after[2];
@@ -235,7 +234,7 @@ class host_allreduce final : public segment_task {
 
   host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p)
       : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p) {
-    if (n == 0) {  // took no ticket and no steps
+    if (n == 0) {  // took no steps, and is not queued
       stage_ = stage::done;
       finished();
     }
@@ -258,11 +257,9 @@ class host_allreduce final : public segment_task {
 
  private:
   bool step() override {
-    if (stage_ == stage::done) return true;
     if (stage_ == stage::queued) {
       if (seg_->broken.load(std::memory_order_acquire))
         fail(who(), cat(seg_->comm.name(), " is unusable after an earlier task timed out or was dropped"));
-      if (seg_->serving.load(std::memory_order_acquire) != plan_.ticket) return false;
       stage_ = plan_.small_slot >= 0 ? stage::small_write : stage::large_write;
       stalled_.moved();
     }
@@ -277,7 +274,7 @@ class host_allreduce final : public segment_task {
           if (!ready(plan_.first + 1, "peers to copy their data in")) return false;
           reduce_small();
           advance(stage::done, 2);
-          return finish();
+          return true;
         case stage::large_write:
           // This slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
           if (!ready(chunk_ < 2 ? plan_.free_after[chunk_] : step(0) - 3, "peers to copy the chunk before out"))
@@ -301,7 +298,7 @@ class host_allreduce final : public segment_task {
             const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
             const std::size_t bytes = n_ * sizeof(T);
             seg_->writer.learn(slot_writer::size_class(bytes), plan_.stores, took.count() / static_cast<double>(bytes));
-            return finish();
+            return true;
           }
           stage_ = stage::large_write;
           break;
@@ -334,10 +331,6 @@ class host_allreduce final : public segment_task {
     seg_->publish(plan_.small_slot >= 0 ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
     stage_ = next;
     stalled_.moved();
-  }
-  bool finish() {
-    seg_->serving.store(plan_.ticket + 1, std::memory_order_release);
-    return true;
   }
 
   const T* small_of(int r) const {
@@ -408,13 +401,13 @@ template <class T>
 class host_broadcast final : public segment_task {
  public:
   struct plan {
-    std::uint64_t ticket, first;  // steps already taken by earlier tasks
+    std::uint64_t first;  // steps already taken by earlier tasks
     std::uint64_t free_after[2];  // the root's large slots 0 and 1 are free once all reach these
   };
 
   host_broadcast(std::shared_ptr<host_segment> segment, T* data, std::size_t n, int root, plan p)
       : seg_(std::move(segment)), data_(data), n_(n), root_(root), plan_(p) {
-    if (n == 0) finished();  // took no ticket and no steps
+    if (n == 0) finished();  // took no steps, and is not queued
   }
 
   std::string what() const {
@@ -434,7 +427,6 @@ class host_broadcast final : public segment_task {
     if (!started_) {
       if (seg_->broken.load(std::memory_order_acquire))
         fail(who(), cat(seg_->comm.name(), " is unusable after an earlier task timed out or was dropped"));
-      if (seg_->serving.load(std::memory_order_acquire) != plan_.ticket) return false;
       started_ = true;
       stalled_.moved();
     }
@@ -459,7 +451,6 @@ class host_broadcast final : public segment_task {
       ++chunk_;
       stalled_.moved();
     }
-    seg_->serving.store(plan_.ticket + 1, std::memory_order_release);
     return true;
   }
 
@@ -532,8 +523,8 @@ class mpi_host_reducer {
     static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
     auto& seg = usable("shared-memory allreduce");
     if (n == 0)
-      return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, 0, {0, 0}, -1, detail::slot_writer::cached});
-    typename task<T>::plan p{tickets_++, steps_, {0, 0}, -1, detail::slot_writer::cached};
+      return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, {0, 0}, -1, detail::slot_writer::cached});
+    typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
     if (n * sizeof(T) <= seg.small_bytes) {
       p.small_slot = static_cast<int>(smalls_++ % 2);
       p.free_after[0] = small_free_[p.small_slot];
@@ -558,8 +549,8 @@ class mpi_host_reducer {
     check(root >= 0 && root < seg.ranks, "shared-memory broadcast",
           cat("root ", root, " is outside the communicator's ", seg.ranks, " ranks"));
     if (n == 0)
-      return std::make_shared<broadcast_task<T>>(segment_, data, n, root, typename broadcast_task<T>::plan{0, 0, {0, 0}});
-    typename broadcast_task<T>::plan p{tickets_++, steps_, {0, 0}};
+      return std::make_shared<broadcast_task<T>>(segment_, data, n, root, typename broadcast_task<T>::plan{0, {0, 0}});
+    typename broadcast_task<T>::plan p{steps_, {0, 0}};
     take_large_slots(p.free_after, seg.template chunks_of<T>(n), 2);
     auto t = std::make_shared<broadcast_task<T>>(segment_, data, n, root, p);
     seg.enqueue(t);
@@ -595,7 +586,7 @@ class mpi_host_reducer {
 
   std::shared_ptr<detail::host_segment> segment_;
   // Set by start() on the caller's thread, in start order: the same on every rank.
-  std::uint64_t tickets_ = 0, steps_ = 0, smalls_ = 0;
+  std::uint64_t steps_ = 0, smalls_ = 0;
   std::uint64_t timed_[detail::slot_writer::classes] = {};  // large allreduces started, per size class
   std::uint64_t large_free_[2] = {0, 0};
   std::uint64_t small_free_[2] = {0, 0};
