@@ -83,7 +83,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     meson compile -C $build ${missing[*]}"
 fi
 # The archive carries MPICH's launcher, so the programs must be MPICH programs.
-if ! ldd "$build/examples/cuda_trainer" | grep -q 'libmpich\.so'; then
+if ! grep -q 'libmpich\.so' <<< "$(ldd "$build/examples/cuda_trainer")"; then
   die "$build/examples/cuda_trainer is not linked against MPICH; the archive carries MPICH's Hydra.
   Configure with -Dmpi=mpich."
 fi
@@ -137,7 +137,7 @@ keep_lib() {  # keep_lib SONAME PATH: lib, fallback or skip
       libcufft* | libcurand.so.* | libcusolver* | libcusparse.so.* | libnvToolsExt.so.*)
       echo skip ;;
     libstdc++.so.* | libgcc_s.so.*) echo fallback ;;
-    # UCX's plugins find each other in lib/ucx (below).
+    # UCX's plugins stay together in lib/ucx (below), which run.sh puts on the library path.
     *) case $2 in /usr/local/cuda*) echo skip ;; */ucx/*) echo skip ;; *) echo lib ;; esac ;;
   esac
 }
@@ -161,7 +161,7 @@ if [ -n "$ucs" ] && [ -d "$(dirname "$ucs")/ucx" ]; then
 fi
 # Unpacked here, the programs must find every library in the archive or the system.
 mapfile -t elves < <(elf_files "$out"/bin/* "$out"/bench/* "$out"/lib/*.so* "$out"/lib/ucx/* "$out"/fallback/*)
-unresolved=$(LD_LIBRARY_PATH=$out/lib:$out/fallback ldd "${elves[@]}" 2>/dev/null | grep 'not found' | sort -u || true)
+unresolved=$(LD_LIBRARY_PATH=$out/lib:$out/lib/ucx:$out/fallback ldd "${elves[@]}" 2>/dev/null | grep 'not found' | sort -u || true)
 [ -z "$unresolved" ] || die "some libraries are not found here:
 $unresolved"
 strip --strip-unneeded "${elves[@]}"

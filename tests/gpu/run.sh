@@ -57,7 +57,8 @@ mapfile -t elves < <(elf_files "$bin"/* "$here"/bench/* "$here"/lib/ucx/*)
 # Libraries: the archive's own first; then, for what is still missing (CUDA's runtime, NCCL,
 # cuBLAS), the folders where the node keeps them; libstdc++/libgcc_s from the archive last and
 # only where the node's own are missing or older than the build's.
-ldpath=$here/lib
+# (lib/ucx too: one UCX plugin links another by name.)
+ldpath=$here/lib:$here/lib/ucx
 for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
   [ -d "$d" ] && ldpath=$ldpath:$d # containers' driver mount (libcuda is loaded at run time)
 done
@@ -110,12 +111,14 @@ for _ in 1 2 3; do
     done < <(timeout 20 find "$r" -maxdepth 8 \( "${names[@]:1}" \) \( -type f -o -type l \) 2> /dev/null)
   done
 done
-if missing_libs | grep -qE '^lib(stdc\+\+|gcc_s)\.so' ||
-  ldd "${elves[@]}" 2>&1 > /dev/null | grep -E "version .* not found" | grep -qE 'lib(stdc\+\+|gcc_s)\.so'; then
+# (Output kept, not piped into grep -q: with pipefail an early grep exit fails the pipeline.)
+old_cxx=$( (missing_libs; ldd "${elves[@]}" 2>&1 > /dev/null | grep -E "version .* not found") |
+  grep -E 'lib(stdc\+\+|gcc_s)\.so' || true)
+if [ -n "$old_cxx" ]; then
   export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$here/fallback
   say "using the archive's libstdc++/libgcc_s"
 fi
-missing=$(missing_libs | tr '\n' ' ')
+missing=$(missing_libs | paste -sd ' ')
 versions=$(ldd "${elves[@]}" 2>&1 > /dev/null | grep -E "version .* not found" | sort -u)
 
 # compute-sanitizer: on PATH, in the CUDA toolkit, or inside a Python wheel
