@@ -3,12 +3,14 @@
 #
 #   tar -xf flexcomm-gpu.tar.xz && cd flexcomm-gpu && bash run.sh      (OUT=dir: where the logs go)
 #
-# Runs the gpu suite at 1-4 ranks, the CUDA trainer's four variants, the device benchmarks and
-# compute-sanitizer's memcheck, each under its own time limit, and prints one line per run:
+# Runs the gpu suite at 1-4 ranks, the CUDA trainer's four variants (baseline/streamlined x
+# MPI/NCCL), the device benchmarks and compute-sanitizer's memcheck, each under its own time
+# limit, the whole within five minutes on one H100, and prints one line per run:
 #   PASS name (12.3 s) | FAIL name rc=N (12.3 s) | SKIP name: reason
 # then "N passed, N failed, N skipped". Exit status 0 iff nothing failed. Full logs in $OUT.
 # Needs on the node: the NVIDIA driver, CUDA 13's runtime, NCCL and cuBLAS (installed anywhere,
-# Python wheels included: they are looked for), bash and coreutils. Not MPI, not Boost.
+# Python wheels included: they are looked for), bash, coreutils, findutils and ldd. Not MPI, not
+# Boost, not the CUDA toolkit (compute-sanitizer is used where found).
 #
 # Not `set -e`: a failing run is a result to report, not a reason to stop.
 set -uo pipefail
@@ -242,9 +244,9 @@ gpu_only_run() {  # like run, for a program that needs a GPU to mean anything
 
 # ---- the runs ---------------------------------------------------------------------------------
 
-# The gpu suite, each test with the wrapper and environment Meson gives it (suite.tsv, written by
-# pack.sh from the build's test list; "-" for none). Tests Meson runs at one rank only are single-process;
-# the others run at 1, 2, 3 and 4 ranks (every rank on the node's GPUs; two ranks share one
+# The gpu suite, each test with the wrapper and environment Meson gives it (suite.tsv, written
+# by pack.sh from the build's test list; "-" for none). Tests Meson runs at one rank only are
+# single-process; the others run at 1, 2, 3 and 4 ranks (all on this node's GPUs: ranks share one
 # through nccl_env.sh's host ids and sockets). Meson's FLEXCOMM_TIMEOUT (60 s) turns a hang into
 # an error naming the missing ranks, so a test's limit is a little longer.
 suite_limit=75
@@ -260,7 +262,8 @@ for n in 1 2 3 4; do
 done
 
 # The CUDA trainer: baseline/streamlined x MPI (staged)/NCCL, short runs (300 steps on
-# Fashion-MNIST: every variant should report the same accuracies).
+# Fashion-MNIST: every variant should report the same accuracies). Its own timeout turns a hang
+# into a named error before the run's limit.
 trainer=(--steps 300 --log-every 100)
 trainer_limit=60
 for v in "baseline mpi 2 members=2x1" "baseline nccl 2 members=2x1" \
