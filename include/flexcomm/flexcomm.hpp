@@ -39,11 +39,12 @@
 #include "pipeline/presets.hpp"
 
 // CUDA parts: the host-side helpers wherever the build has CUDA; the device backends, whose
-// reduction kernels need nvcc, in translation units nvcc compiles (.cu).
-#if defined(FLEXCOMM_HAVE_CUDA)
+// reduction kernels need nvcc, in translation units nvcc compiles (.cu). On the host stand-in of
+// the device layer (FLEXCOMM_DEVICE_STANDIN, tests only) all of it, compiled as plain C++.
+#if defined(FLEXCOMM_HAVE_CUDA) || defined(FLEXCOMM_DEVICE_STANDIN)
 #include "backend/cuda/device_batch.hpp"
 #include "backend/cuda/error.hpp"
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(FLEXCOMM_DEVICE_STANDIN)
 #include "backend/nccl.hpp"
 #include "backend/staged.hpp"
 #endif

@@ -1,12 +1,12 @@
 // Brings MPI and a CUDA device up once per GPU test program. Without a GPU the program exits 77
-// (Meson's "skipped") before MPI starts; with one, each rank takes a device of its node.
+// (Meson's "skipped") before MPI starts; with one, each rank takes a device of its node. Built
+// with FLEXCOMM_DEVICE_STANDIN, the same program runs on the device layer's host stand-in.
 #pragma once
 
 #define BOOST_TEST_NO_MAIN
 #include <boost/test/unit_test.hpp>
 
-#include <cuda_runtime.h>
-
+#include <flexcomm/backend/device/runtime.hpp>
 #include <flexcomm/flexcomm.hpp>
 
 #include <algorithm>
@@ -28,8 +28,8 @@ struct gpu_fixture {
     int node_rank = 0, devices = 1;
     MPI_Comm_rank(node, &node_rank);
     MPI_Comm_free(&node);
-    check_cuda(cudaGetDeviceCount(&devices), "gpu test: cudaGetDeviceCount");
-    check_cuda(cudaSetDevice(node_rank % devices), "gpu test: cudaSetDevice");
+    check_cuda(device::device_count(&devices), "gpu test: cudaGetDeviceCount");
+    check_cuda(device::set_device(node_rank % devices), "gpu test: cudaSetDevice");
   }
   ~gpu_fixture() {
     backend_world.reset();  // device communicators end before MPI does
@@ -59,12 +59,15 @@ const typename B::communicator& backend_world() {
 // host: tests that share a GPU run through tests/gpu/nccl_env.sh, which gives every rank its
 // own NCCL_HOSTID (and NCCL_NET=Socket). Returns what is wrong, or "" when NCCL can start.
 inline std::string nccl_gpu_sharing_problem() {
+#if defined(FLEXCOMM_DEVICE_STANDIN)
+  return {};  // the stand-in's NCCL is MPI: ranks share its device freely
+#endif
   constexpr int width = 128;
   char mine[2 * width] = {};
   int device = 0;
-  check_cuda(cudaGetDevice(&device), "gpu test: cudaGetDevice");
+  check_cuda(device::get_device(&device), "gpu test: cudaGetDevice");
   char bus[64] = {};
-  check_cuda(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "gpu test: cudaDeviceGetPCIBusId");
+  check_cuda(device::pci_bus_id(bus, sizeof bus, device), "gpu test: cudaDeviceGetPCIBusId");
   char host[MPI_MAX_PROCESSOR_NAME] = {};
   int length = 0;
   MPI_Get_processor_name(host, &length);

@@ -5,7 +5,7 @@
 #include <boost/test/unit_test.hpp>
 #include <boost/mpl/list.hpp>
 
-#include <flexcomm/backend/cuda/reduce_kernels.cuh>
+#include <flexcomm/backend/cuda/local_work.hpp>
 
 #include <cstdio>
 #include <cstring>

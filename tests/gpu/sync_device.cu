@@ -27,9 +27,9 @@ bool averages_in_place(const Comm& member, fc::sync_options options, int steps) 
   Sync sync(member, options);
   std::vector<float*> grads;
   for (std::size_t n : sizes) {
-    float* g = nullptr;
-    fc::check_cuda(cudaMalloc(&g, n * sizeof(float)), "test: cudaMalloc");
-    grads.push_back(g);
+    void* g = nullptr;
+    fc::check_cuda(fc::device::malloc_device(&g, n * sizeof(float)), "test: cudaMalloc");
+    grads.push_back(static_cast<float*>(g));
   }
   bool ok = true;
   for (int step = 0; step < steps; ++step) {
@@ -37,16 +37,16 @@ bool averages_in_place(const Comm& member, fc::sync_options options, int steps) 
       const std::size_t n = sizes[i];
       std::vector<float> host(n);
       for (std::size_t k = 0; k < n; ++k) host[k] = value(rank, step, i, k);
-      fc::check_cuda(cudaMemcpy(grads[static_cast<std::size_t>(i)], host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+      fc::check_cuda(fc::device::copy_sync(grads[static_cast<std::size_t>(i)], host.data(), n * sizeof(float)),
                      "test: upload");
       sync.ready(i, fc::span<float>(grads[static_cast<std::size_t>(i)], n));
     }
     sync.finish();
-    fc::check_cuda(cudaDeviceSynchronize(), "test: sync");
+    fc::check_cuda(fc::device::device_synchronize(), "test: sync");
     for (int i = 0; i < static_cast<int>(grads.size()); ++i) {
       const std::size_t n = sizes[i];
       std::vector<float> got(n);
-      fc::check_cuda(cudaMemcpy(got.data(), grads[static_cast<std::size_t>(i)], n * sizeof(float), cudaMemcpyDeviceToHost),
+      fc::check_cuda(fc::device::copy_sync(got.data(), grads[static_cast<std::size_t>(i)], n * sizeof(float)),
                      "test: download");
       for (std::size_t k = 0; k < n && ok; ++k) {
         float sum = 0;
@@ -57,7 +57,7 @@ bool averages_in_place(const Comm& member, fc::sync_options options, int steps) 
       }
     }
   }
-  for (float* g : grads) cudaFree(g);
+  for (float* g : grads) fc::device::free_device(g);
   return ok;
 }
 
@@ -115,8 +115,9 @@ bool preset_runs_on_host_feed_and_device_sync(const fc::ensemble_layout& layout)
         return out.size();
       },
       [&](auto& ctx) {
-        float* g = nullptr;
-        fc::check_cuda(cudaMalloc(&g, n * sizeof(float)), "test: cudaMalloc");
+        void* raw = nullptr;
+        fc::check_cuda(fc::device::malloc_device(&raw, n * sizeof(float)), "test: cudaMalloc");
+        auto* g = static_cast<float*>(raw);
         float last = 0;
         while (auto batch = ctx.feed().next()) {
           for (int i = 0; i < batch->shards(); ++i)
@@ -124,16 +125,16 @@ bool preset_runs_on_host_feed_and_device_sync(const fc::ensemble_layout& layout)
               ok = ok && b == std::byte{static_cast<unsigned char>(batch->step() * 16 + batch->first_shard() + i)};
           // The member's ranks hand over rank_in_member + step: the average is known.
           const std::vector<float> host(n, static_cast<float>(ctx.rank_in_member() + batch->step()));
-          fc::check_cuda(cudaMemcpy(g, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), "test: upload");
+          fc::check_cuda(fc::device::copy_sync(g, host.data(), n * sizeof(float)), "test: upload");
           ctx.sync().ready(0, fc::span<float>(g, n));
           ctx.sync().finish();
           std::vector<float> got(n);
-          fc::check_cuda(cudaMemcpy(got.data(), g, n * sizeof(float), cudaMemcpyDeviceToHost), "test: download");
+          fc::check_cuda(fc::device::copy_sync(got.data(), g, n * sizeof(float)), "test: download");
           const float want = static_cast<float>(ctx.member_size() - 1) / 2.0f + static_cast<float>(batch->step());
           for (float x : got) ok = ok && std::fabs(x - want) <= 1e-6f;
           last = got[0];
         }
-        cudaFree(g);
+        fc::device::free_device(g);
         ctx.collect().submit(std::vector<float>{last});
       },
       [&](auto& ctx) {

@@ -3,8 +3,6 @@
 // waits for the copy on the GPU only, so the host never blocks on it.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -38,11 +36,13 @@ template <class Feed>
 class device_feed {
  public:
   // `capacity` bytes per batch; `compute` is the trainer's stream (nullptr: the legacy default).
-  device_feed(Feed& feed, std::size_t capacity, cudaStream_t compute = nullptr)
+  device_feed(Feed& feed, std::size_t capacity, device::stream_t compute = nullptr)
       : feed_(feed), capacity_(capacity), compute_(compute) {
-    copy_ = stream_handle::create("device_feed", cudaStreamNonBlocking);
+    copy_ = stream_handle::create("device_feed", true);
     for (auto& s : slots_) {
-      check_cuda(cudaMalloc(&s.device, capacity_ ? capacity_ : 1), cat("device_feed: cudaMalloc(", capacity_, " bytes)"));
+      void* raw = nullptr;
+      check_cuda(device::malloc_device(&raw, capacity_ ? capacity_ : 1), cat("device_feed: cudaMalloc(", capacity_, " bytes)"));
+      s.device = static_cast<std::byte*>(raw);
       s.copied = event::create("device_feed");
       s.consumed = event::create("device_feed");
     }
@@ -50,10 +50,10 @@ class device_feed {
   device_feed(const device_feed&) = delete;
   device_feed& operator=(const device_feed&) = delete;
   ~device_feed() {
-    cudaStreamSynchronize(copy_.get());
-    cudaStreamSynchronize(compute_);
+    device::stream_synchronize(copy_.get());
+    device::stream_synchronize(compute_);
     for (auto& s : slots_)
-      if (s.device) cudaFree(s.device);
+      if (s.device) device::free_device(s.device);
   }
 
   std::optional<device_batch> next() {
@@ -63,7 +63,7 @@ class device_feed {
       // overwritten (two batches from now) ...
       previous.consumed.record(compute_, "device_feed: mark batch consumed");
       // ... and the feed may reuse the previous batch's host slot once its copy is done.
-      check_cuda(cudaEventSynchronize(previous.copied.get()), "device_feed: wait for the previous copy");
+      check_cuda(device::event_synchronize(previous.copied.get()), "device_feed: wait for the previous copy");
     }
     auto batch = feed_.next();
     if (!batch) return std::nullopt;
@@ -73,12 +73,12 @@ class device_feed {
     const auto what = cat("device_feed: step ", batch->step());
     check(host.size() <= capacity_, what,
           cat("batch holds ", host.size(), " bytes, the device slot ", capacity_));
-    if (slot.used) check_cuda(cudaStreamWaitEvent(copy_.get(), slot.consumed.get(), 0), cat(what, ": wait for slot"));
+    if (slot.used) check_cuda(device::stream_wait(copy_.get(), slot.consumed.get()), cat(what, ": wait for slot"));
     if (!host.empty())
-      check_cuda(cudaMemcpyAsync(slot.device, host.data(), host.size(), cudaMemcpyHostToDevice, copy_.get()),
+      check_cuda(device::copy_async(slot.device, host.data(), host.size(), copy_.get()),
                  cat(what, ": cudaMemcpyAsync"));
     slot.copied.record(copy_.get(), what);
-    check_cuda(cudaStreamWaitEvent(compute_, slot.copied.get(), 0), cat(what, ": order the trainer's stream"));
+    check_cuda(device::stream_wait(compute_, slot.copied.get()), cat(what, ": order the trainer's stream"));
     slot.used = true;
     current_ = k;
     return device_batch(batch->step(), span<const std::byte>(slot.device, host.size()));
@@ -93,7 +93,7 @@ class device_feed {
 
   Feed& feed_;
   std::size_t capacity_;
-  cudaStream_t compute_;
+  device::stream_t compute_;
   stream_handle copy_;
   slot_state slots_[2];
   int current_ = -1;

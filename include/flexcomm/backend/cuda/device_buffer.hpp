@@ -2,8 +2,6 @@
 // so that an adapter's scratch space lives where the backend's buffers must live.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <utility>
 
@@ -30,14 +28,16 @@ class device_buffer {
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   ~device_buffer() {
-    if (data_) cudaFree(data_);
+    if (data_) device::free_device(data_);
   }
 
   void resize(std::size_t n) {
     if (n > capacity_) {
       T* fresh = nullptr;
-      check_cuda(cudaMalloc(&fresh, n * sizeof(T)), cat("device_buffer: cudaMalloc(", n * sizeof(T), " bytes)"));
-      if (data_) cudaFree(data_);
+      void* raw = nullptr;
+      check_cuda(device::malloc_device(&raw, n * sizeof(T)), cat("device_buffer: cudaMalloc(", n * sizeof(T), " bytes)"));
+      fresh = static_cast<T*>(raw);
+      if (data_) device::free_device(data_);
       data_ = fresh;
       capacity_ = n;
     }

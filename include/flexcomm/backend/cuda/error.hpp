@@ -1,8 +1,7 @@
 // CUDA return codes as flexcomm::error, and the few RAII handles the device backends share
-// (events, streams, pinned host memory), so no CUDA failure passes unchecked or leaks.
+// (events, streams, pinned host memory), so no CUDA failure passes unchecked or leaks. Written
+// over the device layer (device/runtime.hpp): the same on a GPU and on the host stand-in.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdio>
@@ -14,19 +13,20 @@
 #include <vector>
 
 #include "../../core/error.hpp"
+#include "../device/runtime.hpp"
 
 namespace flexcomm {
 
 // Turns a CUDA runtime return code into a flexcomm::error naming the operation.
-inline void check_cuda(cudaError_t code, const std::string& operation) {
-  if (code != cudaSuccess) fail(operation, cat(cudaGetErrorName(code), ": ", cudaGetErrorString(code)));
+inline void check_cuda(device::error_t code, const std::string& operation) {
+  if (code != device::success) fail(operation, cat(device::error_name(code), ": ", device::error_string(code)));
 }
 
 // True when this process sees at least one CUDA device (false without a driver, too).
 inline bool cuda_device_present() {
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" state for later calls
+  if (device::device_count(&devices) != device::success) {
+    device::last_error();  // clear the sticky "no device" state for later calls
     return false;
   }
   return devices > 0;
@@ -39,14 +39,14 @@ namespace cuda {
 class device_guard {
  public:
   device_guard(int device, const std::string& what) {
-    check_cuda(cudaGetDevice(&previous_), cat(what, ": cudaGetDevice"));
-    if (previous_ != device) check_cuda(cudaSetDevice(device), cat(what, ": cudaSetDevice(", device, ")"));
+    check_cuda(device::get_device(&previous_), cat(what, ": cudaGetDevice"));
+    if (previous_ != device) check_cuda(device::set_device(device), cat(what, ": cudaSetDevice(", device, ")"));
     else previous_ = -1;
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
   ~device_guard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+    if (previous_ >= 0) device::set_device(previous_);
   }
 
  private:
@@ -59,7 +59,7 @@ class event {
   event() = default;
   static event create(const std::string& what) {
     event e;
-    check_cuda(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming), cat(what, ": cudaEventCreate"));
+    check_cuda(device::event_create(&e.event_), cat(what, ": cudaEventCreate"));
     return e;
   }
   event(event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
@@ -70,24 +70,24 @@ class event {
   event(const event&) = delete;
   event& operator=(const event&) = delete;
   ~event() {
-    if (event_) cudaEventDestroy(event_);
+    if (event_) device::event_destroy(event_);
   }
-  cudaEvent_t get() const noexcept { return event_; }
+  device::event_t get() const noexcept { return event_; }
   explicit operator bool() const noexcept { return event_ != nullptr; }
 
-  void record(cudaStream_t stream, const std::string& what) {
-    check_cuda(cudaEventRecord(event_, stream), cat(what, ": cudaEventRecord"));
+  void record(device::stream_t stream, const std::string& what) {
+    check_cuda(device::event_record(event_, stream), cat(what, ": cudaEventRecord"));
   }
   // True once reached; a failure of the work before it is an error.
   bool done(const std::string& what) const {
-    const cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaErrorNotReady) return false;
+    const device::error_t rc = device::event_query(event_);
+    if (rc == device::not_ready) return false;
     check_cuda(rc, cat(what, ": cudaEventQuery"));
     return true;
   }
 
  private:
-  cudaEvent_t event_ = nullptr;
+  device::event_t event_ = nullptr;
 };
 
 // An owned stream. By default it is ordered with the legacy default stream, so a trainer that
@@ -95,9 +95,10 @@ class event {
 class stream_handle {
  public:
   stream_handle() = default;
-  static stream_handle create(const std::string& what, unsigned flags = cudaStreamDefault) {
+  // non_blocking: not ordered with the legacy default stream (cudaStreamNonBlocking).
+  static stream_handle create(const std::string& what, bool non_blocking = false) {
     stream_handle s;
-    check_cuda(cudaStreamCreateWithFlags(&s.stream_, flags), cat(what, ": cudaStreamCreate"));
+    check_cuda(device::stream_create(&s.stream_, non_blocking), cat(what, ": cudaStreamCreate"));
     return s;
   }
   stream_handle(stream_handle&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)) {}
@@ -108,12 +109,12 @@ class stream_handle {
   stream_handle(const stream_handle&) = delete;
   stream_handle& operator=(const stream_handle&) = delete;
   ~stream_handle() {
-    if (stream_) cudaStreamDestroy(stream_);
+    if (stream_) device::stream_destroy(stream_);
   }
-  cudaStream_t get() const noexcept { return stream_; }
+  device::stream_t get() const noexcept { return stream_; }
 
  private:
-  cudaStream_t stream_ = nullptr;
+  device::stream_t stream_ = nullptr;
 };
 
 // Pinned host memory, recycled: cudaMallocHost costs milliseconds, a staged transfer must not.
@@ -143,7 +144,7 @@ class pinned_pool {
       }
     }
     void* p = nullptr;
-    check_cuda(cudaMallocHost(&p, size), cat(what, ": cudaMallocHost(", size, " bytes)"));
+    check_cuda(device::malloc_pinned(&p, size), cat(what, ": cudaMallocHost(", size, " bytes)"));
     return block(static_cast<std::byte*>(p), release{size});
   }
 
@@ -158,7 +159,7 @@ class pinned_pool {
     try {
       free_[size].push_back(p);
     } catch (...) {
-      cudaFreeHost(p);
+      device::free_pinned(p);
     }
   }
 

@@ -1,5 +1,7 @@
 // Device-side reductions for every flexcomm element type and op, the GPU twin of core/reduce.hpp:
 // same arithmetic in the same order, so a device result equals the host reference bit for bit.
+// The CUDA half of the device layer's kernels (device/cuda.hpp); callers use cuda::combine and
+// cuda::divide (cuda/local_work.hpp), which run on the host stand-in as well.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,22 +14,8 @@
 
 #include "../../core/datatype.hpp"
 #include "../../core/reduce.hpp"
-#include "error.hpp"
 
-namespace flexcomm::cuda {
-
-// inout[i] = inout[i] (op) in[i] on `stream`; avg combines as sum (finish with divide()).
-template <class T>
-void combine(op o, T* inout, const T* in, std::size_t n, cudaStream_t stream);
-
-// Turns a sum over `ranks` contributions into their average, as divide_by() does on the host.
-template <class T>
-void divide(T* buf, std::size_t n, int ranks, cudaStream_t stream);
-
-// Stream-ordered copy between any two buffers (device or host; the runtime knows which).
-inline void copy(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
-  if (bytes) check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "cuda copy");
-}
+namespace flexcomm::cuda::kernels {
 
 namespace detail {
 // flexcomm::half and bfloat16 are storage types; on the device they are CUDA's own.
@@ -91,23 +79,25 @@ void launch_combine(T* inout, const T* in, std::size_t n, cudaStream_t stream) {
 }
 }  // namespace detail
 
+// inout[i] = inout[i] (op) in[i] on `stream`; avg combines as sum (finish with divide()).
 template <class T>
-void combine(op o, T* inout, const T* in, std::size_t n, cudaStream_t stream) {
+cudaError_t combine(op o, T* inout, const T* in, std::size_t n, cudaStream_t stream) {
   static_assert(is_element_v<T>, "combine: not a flexcomm element type");
-  if (n == 0) return;
+  if (n == 0) return cudaSuccess;
   switch (o) {
     case op::sum: case op::avg: detail::launch_combine<op::sum>(inout, in, n, stream); break;
     case op::prod: detail::launch_combine<op::prod>(inout, in, n, stream); break;
     case op::min: detail::launch_combine<op::min>(inout, in, n, stream); break;
     case op::max: detail::launch_combine<op::max>(inout, in, n, stream); break;
   }
-  check_cuda(cudaGetLastError(), cat("cuda combine (", n, " x ", name_of(dtype_of<T>), ", ", name_of(o), ")"));
+  return cudaGetLastError();
 }
 
+// Turns a sum over `ranks` contributions into their average, as divide_by() does on the host.
 template <class T>
-void divide(T* buf, std::size_t n, int ranks, cudaStream_t stream) {
+cudaError_t divide(T* buf, std::size_t n, int ranks, cudaStream_t stream) {
   static_assert(is_element_v<T>, "divide: not a flexcomm element type");
-  if (n == 0 || ranks <= 1) return;
+  if (n == 0 || ranks <= 1) return cudaSuccess;
   using D = typename detail::device_type<T>::type;
   D* d = reinterpret_cast<D*>(buf);
   if constexpr (detail::is_f16_device<D>) {
@@ -118,23 +108,7 @@ void divide(T* buf, std::size_t n, int ranks, cudaStream_t stream) {
   } else {
     detail::divide_kernel<<<detail::grid_for(n), detail::block_threads, 0, stream>>>(d, n, static_cast<D>(ranks));
   }
-  check_cuda(cudaGetLastError(), cat("cuda divide (", n, " x ", name_of(dtype_of<T>), " by ", ranks, ")"));
+  return cudaGetLastError();
 }
 
-// The Backend contract's local work (combine, divide, copy) for backends whose buffers live in
-// device memory: kernels and copies on the operation's stream (the legacy default one if none).
-struct device_work {
-  template <class T>
-  static void combine(op o, T* inout, const T* in, std::size_t n, cudaStream_t s = nullptr) {
-    cuda::combine(o, inout, in, n, s);
-  }
-  template <class T>
-  static void divide(T* buf, std::size_t n, int ranks, cudaStream_t s = nullptr) {
-    cuda::divide(buf, n, ranks, s);
-  }
-  static void copy(void* dst, const void* src, std::size_t bytes, cudaStream_t s = nullptr) {
-    cuda::copy(dst, src, bytes, s);
-  }
-};
-
-}  // namespace flexcomm::cuda
+}  // namespace flexcomm::cuda::kernels

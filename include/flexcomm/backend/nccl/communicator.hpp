@@ -2,8 +2,7 @@
 // from an MPI communicator, with the MPI twin (control) that carries its small host exchanges.
 #pragma once
 
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include "../device/runtime.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -45,25 +44,23 @@ class nccl_communicator {
     }
     const auto what = cat("nccl init of '", name, "' (rank ", comm.rank(), " of ", comm.size(), ")");
     // Byte 0 says whether rank 0 got an id, so a failure there is an error everywhere, not a hang.
-    std::vector<std::uint8_t> message(1 + sizeof(ncclUniqueId), 0);
+    std::vector<std::uint8_t> message(1 + sizeof(device::nccl_id_t), 0);
     if (comm.rank() == 0) {
-      ncclUniqueId id;
-      const ncclResult_t rc = ncclGetUniqueId(&id);
-      message[0] = rc == ncclSuccess ? 1 : 0;
-      if (rc == ncclSuccess) std::memcpy(message.data() + 1, &id, sizeof id);
+      device::nccl_id_t id;
+      const device::nccl_result_t rc = device::nccl_get_unique_id(&id);
+      message[0] = rc == device::nccl_success ? 1 : 0;
+      if (rc == device::nccl_success) std::memcpy(message.data() + 1, &id, sizeof id);
     }
     mpi::ibcast(comm, span<std::uint8_t>(message), 0).wait();
     check(message[0] == 1, what, "rank 0 could not make an NCCL unique id (ncclGetUniqueId failed there)");
-    ncclUniqueId id;
+    device::nccl_id_t id;
     std::memcpy(&id, message.data() + 1, sizeof id);
 
     auto state = std::make_shared<detail::nccl_state>();
     state->name = name;
-    check_cuda(cudaGetDevice(&state->device), cat(what, ": cudaGetDevice"));
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclComm_t handle = nullptr;
-    check_nccl(ncclCommInitRankConfig(&handle, comm.size(), id, comm.rank(), &config), what);
+    check_cuda(device::get_device(&state->device), cat(what, ": cudaGetDevice"));
+    device::nccl_comm_t handle = nullptr;
+    check_nccl(device::nccl_comm_init(&handle, comm.size(), id, comm.rank(), comm.native()), what);
     adopt(*state, handle, what);
     state->stream = cuda::stream_handle::create(what);
     control_ = comm.dup(cat(name, " control"));
@@ -87,9 +84,9 @@ class nccl_communicator {
   int rank() const noexcept { return state_ ? state_->rank : -1; }
   int size() const noexcept { return state_ ? state_->size : 0; }
   const std::string& name() const noexcept { return name_; }
-  ncclComm_t native() const noexcept { return state_ ? state_->comm : nullptr; }
+  device::nccl_comm_t native() const noexcept { return state_ ? state_->comm : nullptr; }
   // The communicator's own stream: where operations go when the caller names none.
-  cudaStream_t own_stream() const noexcept { return state_ ? state_->stream.get() : nullptr; }
+  device::stream_t own_stream() const noexcept { return state_ ? state_->stream.get() : nullptr; }
   int device() const noexcept { return state_ ? state_->device : -1; }
   // An MPI communicator over the same ranks, for small host-memory exchanges (an adapter's
   // cross-rank checks) that NCCL, which moves device memory only, cannot carry.
@@ -102,13 +99,11 @@ class nccl_communicator {
     detail::device_guard guard(st.device, what);
     std::lock_guard<std::mutex> lock(st.mutex);
     st.flush_locked(what);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
     // NCCL may write the new handle while the split settles in the background: the slot lives
     // as long as the parent.
-    st.split_slots.push_back(std::make_unique<ncclComm_t>(nullptr));
-    ncclComm_t* slot = st.split_slots.back().get();
-    check_nccl(ncclCommSplit(st.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config), what);
+    st.split_slots.push_back(std::make_unique<device::nccl_comm_t>(nullptr));
+    device::nccl_comm_t* slot = st.split_slots.back().get();
+    check_nccl(device::nccl_comm_split(st.comm, color, key, slot), what);
     st.settle_locked(what);
     nccl_communicator out;
     out.control_ = control_.split(color, key, cat(name, " control"));
@@ -165,16 +160,16 @@ class nccl_communicator {
   }
 
   // Waits for a nonblocking init or split to settle; on timeout aborts the half-made communicator.
-  static void adopt(detail::nccl_state& state, ncclComm_t handle, const std::string& what) {
+  static void adopt(detail::nccl_state& state, device::nccl_comm_t handle, const std::string& what) {
     if (!detail::nccl_settle(handle, what, default_timeout())) {
-      ncclCommAbort(handle);
+      device::nccl_comm_abort(handle);
       fail(what, cat("did not finish within ", default_timeout().count(),
                      " ms (FLEXCOMM_TIMEOUT); aborted with ncclCommAbort. Every rank of the communicator must "
                      "create it, in the same order; two ranks on one GPU need distinct NCCL_HOSTID"));
     }
     state.comm = handle;
-    check_nccl(ncclCommCount(handle, &state.size), cat(what, ": ncclCommCount"));
-    check_nccl(ncclCommUserRank(handle, &state.rank), cat(what, ": ncclCommUserRank"));
+    check_nccl(device::nccl_comm_count(handle, &state.size), cat(what, ": ncclCommCount"));
+    check_nccl(device::nccl_comm_user_rank(handle, &state.rank), cat(what, ": ncclCommUserRank"));
   }
 
   std::shared_ptr<detail::nccl_state> state_;

@@ -3,8 +3,7 @@
 // their native half: the record of one operation, the memory-space check, and the NCCL calls.
 #pragma once
 
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include "../device/runtime.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -21,7 +20,7 @@
 #include "../contract.hpp"
 #include "../cuda/device_buffer.hpp"
 #include "../cuda/error.hpp"
-#include "../cuda/reduce_kernels.cuh"
+#include "../cuda/local_work.hpp"
 #include "../mpi.hpp"
 #include "../operations.hpp"
 #include "../mpi/call_check.hpp"
@@ -37,7 +36,7 @@ namespace detail {
 // over the control communicator.
 class nccl_op_start : public operation_record {
  public:
-  nccl_op_start(const nccl_communicator& comm, cudaStream_t, const char* name, std::size_t count, dtype type,
+  nccl_op_start(const nccl_communicator& comm, device::stream_t, const char* name, std::size_t count, dtype type,
                 const char* redop, int peer, int tag, const std::string& extra)
       : operation_record(comm.state(cat("nccl ", name, " on ", comm.name())).watch, "nccl", comm.name(), name, count,
                          type, redop, peer, tag, extra, 0) {}
@@ -46,7 +45,7 @@ class nccl_op_start : public operation_record {
 // Issues one operation: deferred point-to-point first (call order is NCCL order), then the
 // enqueue, then local epilogue kernels (integer averages), then the completion event.
 template <class Enqueue, class Epilogue>
-nccl_request nccl_launch_op(const nccl_communicator& comm, cudaStream_t s, nccl_op_start& start, Enqueue&& enqueue,
+nccl_request nccl_launch_op(const nccl_communicator& comm, device::stream_t s, nccl_op_start& start, Enqueue&& enqueue,
                             Epilogue&& epilogue) {
   const auto& what = start.what();
   auto& st = comm.state(what);
@@ -54,7 +53,7 @@ nccl_request nccl_launch_op(const nccl_communicator& comm, cudaStream_t s, nccl_
   std::lock_guard<std::mutex> lock(st.mutex);
   st.require_usable(what);
   st.flush_locked(what);
-  const cudaStream_t stream = s ? s : st.stream.get();
+  const device::stream_t stream = s ? s : st.stream.get();
   enqueue(st.comm, stream);
   st.settle_locked(what);
   epilogue(stream);
@@ -67,12 +66,12 @@ nccl_request nccl_launch_op(const nccl_communicator& comm, cudaStream_t s, nccl_
 }
 
 inline auto no_epilogue() {
-  return [](cudaStream_t) {};
+  return [](device::stream_t) {};
 }
 
 template <class T>
 auto average_on_device(op o, span<T> out, int ranks) {
-  return [o, out, ranks](cudaStream_t stream) {
+  return [o, out, ranks](device::stream_t stream) {
     if (needs_divide(o, dtype_of<T>)) cuda::divide(out.data(), out.size(), ranks, stream);
   };
 }
@@ -83,7 +82,7 @@ auto average_on_device(op o, span<T> out, int ranks) {
 // must be in one group or they wait for each other forever.
 template <class T>
 nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& start, bool send, span<T> buf,
-                                 int peer, cudaStream_t s) {
+                                 int peer, device::stream_t s) {
   const auto& what = start.what();
   auto& st = comm.state(what);
   device_guard guard(st.device, comm.name());  // the event belongs to the communicator's device
@@ -92,12 +91,12 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
   auto launch = std::make_shared<nccl_launch>();
   launch->done = cuda::event::create(what);
   launch->sequence = start.take_sequence();
-  st.deferred.push_back({send, buf.data(), buf.size(), nccl_type(dtype_of<std::remove_const_t<T>>), peer, s, launch});
+  st.deferred.push_back({send, buf.data(), buf.size(), dtype_of<std::remove_const_t<T>>, peer, s, launch});
   return nccl_request(comm.shared_state(), std::move(launch), what);
 }
 }  // namespace detail
 
-struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_request, cudaStream_t> {
+struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_request, device::stream_t> {
   static constexpr memory_space memory = memory_space::device;
   // NCCL pairs a send with the peer's receive in the order both were issued, whatever the tags.
   static constexpr bool tag_matched_p2p = false;
@@ -112,7 +111,7 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
   // Local work (combine, divide, copy): kernels on the stream, from cuda::device_work.
 
  private:
-  friend struct operations<nccl, nccl_communicator, nccl_request, cudaStream_t>;
+  friend struct operations<nccl, nccl_communicator, nccl_request, device::stream_t>;
   template <class T>
   using op_start = detail::nccl_op_start;
   using start = detail::nccl_op_start;
@@ -123,9 +122,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
       check(bytes == 0, what, cat(which, " buffer is null"));
       return;
     }
-    cudaPointerAttributes attr{};
-    check_cuda(cudaPointerGetAttributes(&attr, p), cat(what, ": cudaPointerGetAttributes"));
-    check(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged, what,
+    bool on_device = false;
+    check_cuda(device::is_device_memory(p, &on_device), cat(what, ": cudaPointerGetAttributes"));
+    check(on_device, what,
           cat(which, " buffer is host memory; the nccl backend needs device (or managed) buffers"));
   }
 
@@ -143,9 +142,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
   static request post_ibcast(const communicator& comm, start& st, span<T> buf, int root, stream s) {
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](ncclComm_t c, cudaStream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) {
           if (buf.empty()) return;
-          check_nccl(ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_type(dtype_of<T>), root, c, stream),
+          check_nccl(device::nccl_broadcast(buf.data(), buf.data(), buf.size(), dtype_of<T>, root, c, stream),
                      st.what());
         },
         detail::no_epilogue());
@@ -156,9 +155,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
                                  stream s) {
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](ncclComm_t c, cudaStream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) {
           if (recv.empty()) return;
-          check_nccl(ncclAllReduce(send.data(), recv.data(), recv.size(), detail::nccl_type(dtype_of<T>),
+          check_nccl(device::nccl_allreduce(send.data(), recv.data(), recv.size(), dtype_of<T>,
                                    detail::nccl_op(o, dtype_of<T>), c, stream),
                      st.what());
         },
@@ -172,10 +171,10 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
     const bool at_root = comm.rank() == root;
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](ncclComm_t c, cudaStream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) {
           if (send.empty()) return;
-          check_nccl(ncclReduce(send.data(), at_root ? recv.data() : nullptr, send.size(),
-                                detail::nccl_type(dtype_of<T>), detail::nccl_op(o, dtype_of<T>), root, c, stream),
+          check_nccl(device::nccl_reduce(send.data(), at_root ? recv.data() : nullptr, send.size(), dtype_of<T>,
+                                         detail::nccl_op(o, dtype_of<T>), root, c, stream),
                      st.what());
         },
         detail::average_on_device(o, recv, comm.size()));
@@ -185,20 +184,20 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
   template <class T>
   static request post_igatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
                                span<const int> counts, detail::blocks layout, int root, stream s) {
-    const auto type = detail::nccl_type(dtype_of<T>);
+    constexpr dtype type = dtype_of<T>;
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](ncclComm_t c, cudaStream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) {
           detail::nccl_group group(st.what());
           if (comm.rank() != root) {
-            if (!send.empty()) check_nccl(ncclSend(send.data(), send.size(), type, root, c, stream), st.what());
+            if (!send.empty()) check_nccl(device::nccl_send(send.data(), send.size(), type, root, c, stream), st.what());
           } else {
             for (int r = 0; r < comm.size(); ++r) {
               const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
               T* at = recv.data() + layout.offsets[static_cast<std::size_t>(r)];
               if (n == 0) continue;
               if (r == root) cuda::copy(at, send.data(), n * sizeof(T), stream);
-              else check_nccl(ncclRecv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
+              else check_nccl(device::nccl_recv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
             }
           }
           group.end();
@@ -210,9 +209,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
   static request post_iallgather(const communicator& comm, start& st, span<const T> send, span<T> recv, stream s) {
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](ncclComm_t c, cudaStream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) {
           if (send.empty()) return;
-          check_nccl(ncclAllGather(send.data(), recv.data(), send.size(), detail::nccl_type(dtype_of<T>), c, stream),
+          check_nccl(device::nccl_allgather(send.data(), recv.data(), send.size(), dtype_of<T>, c, stream),
                      st.what());
         },
         detail::no_epilogue());
@@ -221,11 +220,11 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
   template <class T>
   static request post_iallgatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
                                   span<const int> counts, detail::blocks layout, stream s) {
-    const auto type = detail::nccl_type(dtype_of<T>);
+    constexpr dtype type = dtype_of<T>;
     const int me = comm.rank();
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](ncclComm_t c, cudaStream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) {
           detail::nccl_group group(st.what());
           for (int r = 0; r < comm.size(); ++r) {
             const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
@@ -235,8 +234,8 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
               continue;
             }
             if (!send.empty())
-              check_nccl(ncclSend(send.data(), send.size(), type, r, c, stream), cat(st.what(), ": send to ", r));
-            if (n > 0) check_nccl(ncclRecv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
+              check_nccl(device::nccl_send(send.data(), send.size(), type, r, c, stream), cat(st.what(), ": send to ", r));
+            if (n > 0) check_nccl(device::nccl_recv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
           }
           group.end();
         },
@@ -249,14 +248,14 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
                                       span<const int> counts, detail::blocks layout, op o, stream s) {
     bool even = true;
     for (const int count : counts) even = even && count == counts[0];
-    const auto type = detail::nccl_type(dtype_of<T>);
+    constexpr dtype type = dtype_of<T>;
     const auto reduction = detail::nccl_op(o, dtype_of<T>);
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](ncclComm_t c, cudaStream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) {
           if (even) {
             if (!recv.empty())
-              check_nccl(ncclReduceScatter(send.data(), recv.data(), recv.size(), type, reduction, c, stream),
+              check_nccl(device::nccl_reduce_scatter(send.data(), recv.data(), recv.size(), type, reduction, c, stream),
                          st.what());
             return;
           }
@@ -265,7 +264,7 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
           for (int r = 0; r < comm.size(); ++r) {
             const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
             if (n == 0) continue;
-            check_nccl(ncclReduce(send.data() + layout.offsets[static_cast<std::size_t>(r)],
+            check_nccl(device::nccl_reduce(send.data() + layout.offsets[static_cast<std::size_t>(r)],
                                   r == comm.rank() ? recv.data() : nullptr, n, type, reduction, r, c, stream),
                        cat(st.what(), ": block of rank ", r));
           }

@@ -5,7 +5,6 @@
 // go on without this communicator.
 #pragma once
 
-#include <nccl.h>
 
 #include <chrono>
 #include <cstdint>
@@ -74,15 +73,15 @@ class nccl_request : public basic_request<nccl_request> {
       end(op_state::completed);
       return true;
     }
-    ncclResult_t async = ncclSuccess;
+    device::nccl_result_t async = device::nccl_success;
     {
       std::lock_guard<std::mutex> lock(st.mutex);
-      if (st.comm) check_nccl(ncclCommGetAsyncError(st.comm, &async), cat(what_, ": ncclCommGetAsyncError"));
-      if (async != ncclSuccess && async != ncclInProgress) {
+      if (st.comm) check_nccl(device::nccl_comm_get_async_error(st.comm, &async), cat(what_, ": ncclCommGetAsyncError"));
+      if (async != device::nccl_success && async != device::nccl_in_progress) {
         const auto place = st.where();
-        st.abort_locked(cat(what_, ": ", ncclGetErrorString(async)));
+        st.abort_locked(cat(what_, ": ", device::nccl_error_string(async)));
         end(op_state::failed);
-        fail(what_, cat("asynchronous NCCL error: ", ncclGetErrorString(async), "; ", place, " aborted"));
+        fail(what_, cat("asynchronous NCCL error: ", device::nccl_error_string(async), "; ", place, " aborted"));
       }
     }
     return false;

@@ -3,8 +3,7 @@
 // recorder, timeout, the watchdog's side channel), so that NCCL's timeouts name ranks as MPI's do.
 #pragma once
 
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include "../device/runtime.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -29,15 +28,15 @@ using cuda::device_guard;
 // Holds an NCCL group open; ends it even when a call inside throws.
 class nccl_group {
  public:
-  explicit nccl_group(const std::string& what) : what_(what) { check_nccl(ncclGroupStart(), cat(what, ": ncclGroupStart")); }
+  explicit nccl_group(const std::string& what) : what_(what) { check_nccl(device::nccl_group_start(), cat(what, ": ncclGroupStart")); }
   nccl_group(const nccl_group&) = delete;
   nccl_group& operator=(const nccl_group&) = delete;
   void end() {
     open_ = false;
-    check_nccl(ncclGroupEnd(), cat(what_, ": ncclGroupEnd"));
+    check_nccl(device::nccl_group_end(), cat(what_, ": ncclGroupEnd"));
   }
   ~nccl_group() {
-    if (open_) ncclGroupEnd();
+    if (open_) device::nccl_group_end();
   }
 
  private:
@@ -47,12 +46,12 @@ class nccl_group {
 
 // Polls a nonblocking communicator until NCCL has finished enqueueing (or initializing);
 // false on timeout. An asynchronous error is thrown.
-inline bool nccl_settle(ncclComm_t comm, const std::string& what, std::chrono::milliseconds timeout) {
-  ncclResult_t state = ncclInProgress;
+inline bool nccl_settle(device::nccl_comm_t comm, const std::string& what, std::chrono::milliseconds timeout) {
+  device::nccl_result_t state = device::nccl_in_progress;
   const bool settled = default_wait().until(
       [&] {
-        check_nccl(ncclCommGetAsyncError(comm, &state), cat(what, ": ncclCommGetAsyncError"));
-        return state != ncclInProgress;
+        check_nccl(device::nccl_comm_get_async_error(comm, &state), cat(what, ": ncclCommGetAsyncError"));
+        return state != device::nccl_in_progress;
       },
       timeout);
   if (settled) check_nccl(state, what);
@@ -71,16 +70,16 @@ struct nccl_p2p {
   bool send;
   const void* buf;
   std::size_t count;
-  ncclDataType_t type;
+  dtype type;
   int peer;
-  cudaStream_t stream;
+  device::stream_t stream;
   std::shared_ptr<nccl_launch> launch;
 };
 
 // What a communicator and its requests share: the NCCL handle, its stream, the deferred
 // point-to-point operations and the bookkeeping for timeout reports.
 struct nccl_state {
-  ncclComm_t comm = nullptr;
+  device::nccl_comm_t comm = nullptr;
   cuda::stream_handle stream;
   std::string name;
   int rank = -1, size = 0, device = 0;
@@ -93,7 +92,7 @@ struct nccl_state {
   std::uint64_t collectives = 0;  // under the mutex; names the same collective on every rank
   bool aborted = false;
   std::string abort_reason;
-  std::vector<std::unique_ptr<ncclComm_t>> split_slots;
+  std::vector<std::unique_ptr<device::nccl_comm_t>> split_slots;
 
   nccl_state() = default;
   nccl_state(const nccl_state&) = delete;
@@ -104,16 +103,16 @@ struct nccl_state {
     // Finalize flushes outstanding work; if that does not settle in time, abort rather than hang.
     try {
       device_guard guard(device, name);
-      const ncclResult_t rc = ncclCommFinalize(comm);
-      if ((rc != ncclSuccess && rc != ncclInProgress) ||
+      const device::nccl_result_t rc = device::nccl_comm_finalize(comm);
+      if ((rc != device::nccl_success && rc != device::nccl_in_progress) ||
           !nccl_settle(comm, cat(name, ": ncclCommFinalize"), timeout())) {
-        ncclCommAbort(comm);
+        device::nccl_comm_abort(comm);
         return;
       }
-      ncclCommDestroy(comm);
+      device::nccl_comm_destroy(comm);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n(while destroying nccl communicator '%s'; aborting it)\n", e.what(), name.c_str());
-      ncclCommAbort(comm);
+      device::nccl_comm_abort(comm);
     }
   }
 
@@ -142,7 +141,7 @@ struct nccl_state {
     abort_reason = reason;
     if (comm) {
       device_guard guard(device, name);
-      ncclCommAbort(comm);
+      device::nccl_comm_abort(comm);
       comm = nullptr;
     }
   }
@@ -167,12 +166,12 @@ struct nccl_state {
     device_guard guard(device, what);
     nccl_group group(what);
     for (const auto& p : batch) {
-      cudaStream_t s = p.stream ? p.stream : stream.get();
+      device::stream_t s = p.stream ? p.stream : stream.get();
       if (p.count == 0) continue;  // both sides know the count: an empty message is no message
       if (p.send)
-        check_nccl(ncclSend(p.buf, p.count, p.type, p.peer, comm, s), cat(what, ": ncclSend to ", p.peer));
+        check_nccl(device::nccl_send(p.buf, p.count, p.type, p.peer, comm, s), cat(what, ": ncclSend to ", p.peer));
       else
-        check_nccl(ncclRecv(const_cast<void*>(p.buf), p.count, p.type, p.peer, comm, s),
+        check_nccl(device::nccl_recv(const_cast<void*>(p.buf), p.count, p.type, p.peer, comm, s),
                    cat(what, ": ncclRecv from ", p.peer));
     }
     group.end();

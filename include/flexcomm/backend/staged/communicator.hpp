@@ -2,7 +2,7 @@
 // with the streams and ordering its staged operations need, and an MPI twin for control traffic.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "../device/runtime.hpp"
 
 #include <chrono>
 #include <memory>
@@ -49,7 +49,7 @@ class staged_communicator {
   const std::string& name() const noexcept { return name_; }
   MPI_Comm native() const noexcept { return lane_ ? lane_->transport.native() : MPI_COMM_NULL; }
   const mpi_communicator& transport() const { return lane(name_).transport; }
-  cudaStream_t own_stream() const noexcept { return lane_ ? lane_->own.get() : nullptr; }
+  device::stream_t own_stream() const noexcept { return lane_ ? lane_->own.get() : nullptr; }
 
   // An MPI communicator over the same ranks for small host-memory exchanges, apart from the
   // staged traffic (whose MPI operations begin later, in their own order).
@@ -92,9 +92,9 @@ class staged_communicator {
       check(mpi_is_cuda_aware(), what,
             "this MPI library is not CUDA-aware (MPIX_GPU_query_support says no); use flexcomm::staged");
     auto lane = std::make_shared<detail::staged_lane>();
-    check_cuda(cudaGetDevice(&lane->device), cat(what, ": cudaGetDevice"));
+    check_cuda(device::get_device(&lane->device), cat(what, ": cudaGetDevice"));
     lane->own = cuda::stream_handle::create(what);
-    lane->back = cuda::stream_handle::create(what, cudaStreamNonBlocking);
+    lane->back = cuda::stream_handle::create(what, true);
     lane->chunk_bytes = detail::stage_chunk_bytes();
     lane->transport = std::move(comm);
     lane_ = std::move(lane);

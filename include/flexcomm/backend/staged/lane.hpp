@@ -2,7 +2,7 @@
 // operations in flight, cut into chunks that move device -> pinned host -> MPI -> device.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "../device/runtime.hpp"
 #include <mpi.h>
 
 #include <cstddef>
@@ -56,7 +56,7 @@ struct staged_op {
   cuda::event issued;       // the caller's stream at the call: the way back waits for it
   std::function<mpi_request(staged_chunk&)> start;
   // Enqueues the chunk's way back on the given stream; false when there is nothing to bring back.
-  std::function<bool(staged_chunk&, cudaStream_t)> finish;
+  std::function<bool(staged_chunk&, device::stream_t)> finish;
   std::exception_ptr error;
 };
 

@@ -4,7 +4,7 @@
 // half: each operation cut into chunks, staged, sent as MPI operations, and brought back.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "../device/runtime.hpp"
 #include <mpi.h>
 
 #include <algorithm>
@@ -21,7 +21,7 @@
 #include "../contract.hpp"
 #include "../cuda/device_buffer.hpp"
 #include "../cuda/error.hpp"
-#include "../cuda/reduce_kernels.cuh"
+#include "../cuda/local_work.hpp"
 #include "../mpi.hpp"
 #include "../operations.hpp"
 #include "communicator.hpp"
@@ -36,7 +36,7 @@ template <bool Direct, class T>
 class staged_builder : public unchecked_calls {
  public:
   // The type, op, peer and tag are recorded by the MPI operations of each chunk.
-  staged_builder(const staged_communicator<Direct>& comm, cudaStream_t s, const char* name, std::size_t count, dtype,
+  staged_builder(const staged_communicator<Direct>& comm, device::stream_t s, const char* name, std::size_t count, dtype,
                  const char*, int, int, const std::string& extra)
       : comm_(comm),
         lane_(comm.lane(cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name()))),
@@ -48,7 +48,7 @@ class staged_builder : public unchecked_calls {
   }
 
   const std::string& what() const { return op_->what; }
-  cudaStream_t stream() const { return stream_; }
+  device::stream_t stream() const { return stream_; }
 
   // Elements per chunk: the whole buffer when direct, else FLEXCOMM_STAGE_CHUNK's worth.
   void chunks(std::size_t n, bool split) {
@@ -97,10 +97,10 @@ class staged_builder : public unchecked_calls {
     op_->issued = cuda::event::create(op_->what);
     op_->issued.record(stream_, op_->what);
     op_->start = std::move(start);
-    cudaEvent_t issued = op_->issued.get();
+    device::event_t issued = op_->issued.get();
     const std::string what = op_->what;
-    op_->finish = [finish = std::move(finish), issued, what](staged_chunk& c, cudaStream_t back) {
-      check_cuda(cudaStreamWaitEvent(back, issued, 0), cat(what, ": cudaStreamWaitEvent"));
+    op_->finish = [finish = std::move(finish), issued, what](staged_chunk& c, device::stream_t back) {
+      check_cuda(device::stream_wait(back, issued), cat(what, ": cudaStreamWaitEvent"));
       return finish(c, back);
     };
     auto shared = comm_.shared_lane();
@@ -122,12 +122,12 @@ class staged_builder : public unchecked_calls {
   staged_lane& lane_;
   cuda::device_guard guard_;  // events and copies belong to the communicator's device
   std::shared_ptr<staged_op> op_;
-  cudaStream_t stream_ = nullptr;
+  device::stream_t stream_ = nullptr;
 };
 
 // Copies a chunk's result back: `from` (host or, direct, unused) to the device.
 template <class T>
-bool bring_back(const T* from, T* to, const staged_chunk& c, cudaStream_t back) {
+bool bring_back(const T* from, T* to, const staged_chunk& c, device::stream_t back) {
   if (c.count == 0) return false;
   cuda::copy(to + c.offset, from + c.offset, c.count * sizeof(T), back);
   return true;
@@ -135,7 +135,7 @@ bool bring_back(const T* from, T* to, const staged_chunk& c, cudaStream_t back) 
 
 // A gather's elements from the host buffer to the device (staged only); true when queued.
 template <bool Direct, class T>
-bool copy_gathered_back(const T* into, T* device, std::size_t n, cudaStream_t back) {
+bool copy_gathered_back(const T* into, T* device, std::size_t n, device::stream_t back) {
   if (Direct || n == 0) return false;
   cuda::copy(device, into, n * sizeof(T), back);
   return true;
@@ -148,7 +148,7 @@ constexpr bool direct_reduction = Direct && !is_f16_like<T>;
 // After a reduced chunk arrived: direct, MPI summed on the device and a kernel averages;
 // staged, MPI averaged on the host and the chunk is copied back. True when work was queued.
 template <bool Direct, class T>
-bool finish_reduced(const T* wire, T* device, op o, int ranks, const staged_chunk& c, cudaStream_t back) {
+bool finish_reduced(const T* wire, T* device, op o, int ranks, const staged_chunk& c, device::stream_t back) {
   if constexpr (direct_reduction<Direct, T>) {
     if (o != op::avg || c.count == 0) return false;
     cuda::divide(device + c.offset, c.count, ranks, back);
@@ -167,8 +167,8 @@ bool finish_reduced(const T* wire, T* device, op o, int ranks, const staged_chun
 template <bool Direct>
 struct basic_staged : cuda::device_work,
                       operations<basic_staged<Direct>, staged_communicator<Direct>, staged_request<Direct>,
-                                 cudaStream_t> {
-  using front = operations<basic_staged<Direct>, staged_communicator<Direct>, staged_request<Direct>, cudaStream_t>;
+                                 device::stream_t> {
+  using front = operations<basic_staged<Direct>, staged_communicator<Direct>, staged_request<Direct>, device::stream_t>;
   using typename front::communicator;
   using typename front::request;
   using typename front::stream;
@@ -210,7 +210,7 @@ struct basic_staged : cuda::device_work,
         [t = &comm.transport(), from, n, dest, tag](detail::staged_chunk&) {
           return mpi::isend(*t, span<const T>(from, n), dest, tag);
         },
-        [](detail::staged_chunk&, cudaStream_t) { return false; });
+        [](detail::staged_chunk&, device::stream_t) { return false; });
   }
 
   template <class T>
@@ -230,7 +230,7 @@ struct basic_staged : cuda::device_work,
         [t = &comm.transport(), into, n, source, tag](detail::staged_chunk&) {
           return mpi::irecv(*t, span<T>(into, n), source, tag);
         },
-        [into, device](detail::staged_chunk& c, cudaStream_t back) {
+        [into, device](detail::staged_chunk& c, device::stream_t back) {
           return !Direct && detail::bring_back(into, device, c, back);
         });
   }
@@ -251,7 +251,7 @@ struct basic_staged : cuda::device_work,
         [t = &comm.transport(), wire, root](detail::staged_chunk& c) {
           return mpi::ibcast(*t, span<T>(wire + c.offset, c.count), root);
         },
-        [wire, device, at_root](detail::staged_chunk& c, cudaStream_t back) {
+        [wire, device, at_root](detail::staged_chunk& c, device::stream_t back) {
           return !Direct && !at_root && detail::bring_back(wire, device, c, back);
         });
   }
@@ -279,7 +279,7 @@ struct basic_staged : cuda::device_work,
           return mpi::iallreduce<T>(*t, span<const T>(from + c.offset, c.count), span<T>(wire + c.offset, c.count),
                                     on_wire);
         },
-        [wire, device, o, ranks](detail::staged_chunk& c, cudaStream_t back) {
+        [wire, device, o, ranks](detail::staged_chunk& c, device::stream_t back) {
           return detail::finish_reduced<Direct, T>(wire, device, o, ranks, c, back);
         });
   }
@@ -309,7 +309,7 @@ struct basic_staged : cuda::device_work,
           return mpi::ireduce<T>(*t, span<const T>(from + c.offset, c.count),
                                  at_root ? span<T>(wire + c.offset, c.count) : span<T>(), on_wire, root);
         },
-        [wire, device, o, ranks, at_root](detail::staged_chunk& c, cudaStream_t back) {
+        [wire, device, o, ranks, at_root](detail::staged_chunk& c, device::stream_t back) {
           return at_root && detail::finish_reduced<Direct, T>(wire, device, o, ranks, c, back);
         });
   }
@@ -327,7 +327,7 @@ struct basic_staged : cuda::device_work,
         [t = &comm.transport(), from, n, into, received, counts, root](detail::staged_chunk&) {
           return mpi::igatherv<T>(*t, span<const T>(from, n), span<T>(into, received), counts, root);
         },
-        [into, device, received](detail::staged_chunk&, cudaStream_t back) {
+        [into, device, received](detail::staged_chunk&, device::stream_t back) {
           return detail::copy_gathered_back<Direct>(into, device, received, back);
         });
   }
@@ -372,7 +372,7 @@ struct basic_staged : cuda::device_work,
         [t = &comm.transport(), from, n, into, mine, counts, on_wire](detail::staged_chunk&) {
           return mpi::ireduce_scatter<T>(*t, span<const T>(from, n), span<T>(into, mine), counts, on_wire);
         },
-        [into, device, mine, o, ranks](detail::staged_chunk&, cudaStream_t back) {
+        [into, device, mine, o, ranks](detail::staged_chunk&, device::stream_t back) {
           if (mine == 0) return false;
           if constexpr (direct) {
             if (o != op::avg) return false;
@@ -398,7 +398,7 @@ struct basic_staged : cuda::device_work,
         [t = &comm.transport(), from, n, into, total, gather](detail::staged_chunk&) {
           return gather(t, span<const T>(from, n), span<T>(into, total));
         },
-        [into, device, total](detail::staged_chunk&, cudaStream_t back) {
+        [into, device, total](detail::staged_chunk&, device::stream_t back) {
           return detail::copy_gathered_back<Direct>(into, device, total, back);
         });
   }

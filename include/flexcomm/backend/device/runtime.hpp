@@ -1,0 +1,37 @@
+// The lowest layer of the device backends: the few CUDA runtime and NCCL calls that nccl, staged
+// and cuda_aware_mpi make, behind one small interface in namespace flexcomm::device, so that the
+// backends' logic (chunking, staging, events, deferred groups, aborts) is the same code on a GPU
+// and on a machine without one. Two implementations, chosen here and nowhere else:
+//   device/cuda.hpp     the CUDA runtime and NCCL (the default; needs nvcc for the kernels);
+//   device/standin.hpp  a host stand-in for tests (build with FLEXCOMM_DEVICE_STANDIN): memory in
+//                       host RAM, streams as ordered queues run by worker threads, events that
+//                       complete when their queue reaches them, kernels run on the host, and
+//                       NCCL's calls over MPI. Asynchronous the way a GPU is, so a result read
+//                       before its stream got there is stale on the CPU too (docs/cuda.md).
+//
+// The interface, in both:
+//   types      stream_t, event_t, error_t (success, not_ready), nccl_comm_t, nccl_id_t,
+//              nccl_result_t (nccl_success, nccl_in_progress)
+//   device     get_device, set_device, device_count, last_error, error_name, error_string,
+//              pci_bus_id, device_synchronize
+//   memory     malloc_device, free_device, malloc_pinned, free_pinned, is_device_memory,
+//              copy_async (any direction, on a stream), copy_sync (cudaMemcpy), fill (cudaMemset)
+//   streams    stream_create(non_blocking), stream_destroy, stream_synchronize, stream_wait
+//   events     event_create (no timing), event_destroy, event_record, event_query, event_synchronize
+//   kernels    combine<T>(op, inout, in, n, stream), divide<T>(buf, n, ranks, stream)
+//   NCCL       nccl_get_unique_id, nccl_comm_init (nonblocking; `over` is the MPI communicator
+//              whose ranks take part), nccl_comm_split, nccl_comm_count, nccl_comm_user_rank,
+//              nccl_comm_get_async_error, nccl_comm_finalize, nccl_comm_destroy, nccl_comm_abort,
+//              nccl_group_start, nccl_group_end, nccl_allreduce, nccl_broadcast, nccl_reduce,
+//              nccl_allgather, nccl_reduce_scatter, nccl_send, nccl_recv (element types as
+//              flexcomm dtypes, reductions as flexcomm ops with avg = ncclAvg),
+//              nccl_error_string, nccl_last_error
+//   counting   calls(): how many of these calls this process made (the stand-in counts; the
+//              CUDA build returns 0), for tests of the per-operation cost
+#pragma once
+
+#if defined(FLEXCOMM_DEVICE_STANDIN)
+#include "standin.hpp"
+#else
+#include "cuda.hpp"
+#endif

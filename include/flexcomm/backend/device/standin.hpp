@@ -1,0 +1,831 @@
+// flexcomm's device layer on the host, for tests (see runtime.hpp for the interface): the device
+// backends' logic runs unchanged on a machine without a GPU, in CI and under the sanitizers.
+//
+// Asynchronous the way a GPU is. Each stream is an ordered queue run by a worker thread of its
+// own; a queued copy or kernel runs only after a random delay (up to FLEXCOMM_STANDIN_LATENCY
+// microseconds, default 200), so a result read before its stream got there is stale, and two
+// streams not ordered against each other run in any order. Streams made without non_blocking
+// follow CUDA's legacy default stream rules (each waits for the default stream's earlier work,
+// and the default stream for theirs). cudaMemcpy's rules are kept: from pageable memory to the
+// device it returns before the copy lands; the other way it waits. Events complete when their
+// stream reaches them. Kernels (combine, divide) are core/reduce.hpp's host loops. NCCL's calls
+// go over MPI, each communicator a private MPI communicator whose operations are handed to MPI
+// in the order they were issued, as NCCL runs them; a group runs as one task on its first
+// stream, the group's other streams joined to it, as NCCL does.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../../core/datatype.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/settings.hpp"
+#include "../mpi/types.hpp"
+
+namespace flexcomm::device {
+
+inline constexpr const char* implementation = "host stand-in (tests only)";
+
+namespace standin {
+struct stream_state;
+struct event_state;
+struct nccl_state;
+}  // namespace standin
+
+using stream_t = standin::stream_state*;
+using event_t = standin::event_state*;
+enum error_t : int {};
+inline constexpr error_t success{0};
+inline constexpr error_t invalid_value{1};
+inline constexpr error_t invalid_device{101};
+inline constexpr error_t invalid_handle{400};
+inline constexpr error_t not_ready{600};
+
+using nccl_comm_t = standin::nccl_state*;
+struct nccl_id_t {
+  char internal[128];
+};
+enum nccl_result_t : int {};
+inline constexpr nccl_result_t nccl_success{0};
+inline constexpr nccl_result_t nccl_system_error{2};
+inline constexpr nccl_result_t nccl_invalid_argument{4};
+inline constexpr nccl_result_t nccl_invalid_usage{5};
+inline constexpr nccl_result_t nccl_in_progress{7};
+
+namespace standin {
+
+using clock = std::chrono::steady_clock;
+
+// A point in one stream's queue: reached once that stream has completed `seq` tasks.
+struct mark {
+  std::shared_ptr<stream_state> stream;
+  std::uint64_t seq = 0;
+};
+
+struct task {
+  std::function<void()> run;
+  std::vector<mark> after;
+  clock::time_point not_before;
+};
+
+struct stream_state {
+  bool blocking = true;  // ordered with the legacy default stream
+  std::deque<task> queue;
+  std::uint64_t enqueued = 0, completed = 0;
+  bool closing = false;
+};
+
+struct event_state {
+  mark at;  // empty: never recorded, reads as reached
+};
+
+struct allocation {
+  std::size_t bytes;
+  bool pinned;
+};
+
+// The process's device: every field under `mutex`, every change announced on `progress`.
+struct engine {
+  std::mutex mutex;
+  std::condition_variable progress;
+  std::shared_ptr<stream_state> legacy;
+  std::map<stream_state*, std::shared_ptr<stream_state>> streams;  // live, legacy included
+  std::map<const std::byte*, allocation> memory;
+  std::atomic<std::uint64_t> calls{0};
+  std::chrono::microseconds latency{200};
+
+  static engine& instance() {
+    static engine* e = [] {
+      auto* made = new engine;  // never destroyed: detached workers wait on it until exit
+      if (const char* text = setting("FLEXCOMM_STANDIN_LATENCY")) made->latency = std::chrono::microseconds(std::atoll(text));
+      std::lock_guard<std::mutex> lock(made->mutex);
+      made->legacy = made->start_locked(true);
+      return made;
+    }();
+    return *e;
+  }
+
+  std::shared_ptr<stream_state> start_locked(bool blocking) {
+    auto s = std::make_shared<stream_state>();
+    s->blocking = blocking;
+    streams.emplace(s.get(), s);
+    std::thread([this, s] { work(s); }).detach();
+    return s;
+  }
+
+  std::shared_ptr<stream_state> resolve_locked(stream_t s) {
+    if (!s) return legacy;
+    auto it = streams.find(s);
+    return it == streams.end() ? nullptr : it->second;
+  }
+
+  static bool reached(const mark& m) { return !m.stream || m.stream->completed >= m.seq; }
+
+  clock::time_point when() {
+    thread_local std::minstd_rand random(static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+    const auto most = latency.count();
+    return clock::now() + std::chrono::microseconds(most > 0 ? static_cast<long>(random() % static_cast<unsigned long>(most + 1)) : 0);
+  }
+
+  // Queues `run` on `s` after `after`, with the legacy default stream's ordering; returns the
+  // mark of its completion.
+  mark enqueue_locked(const std::shared_ptr<stream_state>& s, std::function<void()> run, std::vector<mark> after = {}) {
+    task t{std::move(run), std::move(after), when()};
+    if (s == legacy) {
+      for (auto& [raw, other] : streams)
+        if (other != legacy && other->blocking && other->enqueued > other->completed)
+          t.after.push_back({other, other->enqueued});
+    } else if (s->blocking && legacy->enqueued > legacy->completed) {
+      t.after.push_back({legacy, legacy->enqueued});
+    }
+    s->queue.push_back(std::move(t));
+    ++s->enqueued;
+    progress.notify_all();
+    return {s, s->enqueued};
+  }
+
+  void wait_locked(std::unique_lock<std::mutex>& lock, const mark& m) {
+    progress.wait(lock, [&] { return reached(m); });
+  }
+
+  void work(std::shared_ptr<stream_state> s) {
+    std::unique_lock<std::mutex> lock(mutex);
+    for (;;) {
+      if (s->queue.empty()) {
+        if (s->closing) break;
+        progress.wait(lock);
+        continue;
+      }
+      task& next = s->queue.front();
+      if (!std::all_of(next.after.begin(), next.after.end(), reached)) {
+        progress.wait(lock);
+        continue;
+      }
+      if (clock::now() < next.not_before) {
+        progress.wait_until(lock, next.not_before);
+        continue;
+      }
+      auto run = std::move(next.run);
+      s->queue.pop_front();
+      lock.unlock();
+      if (run) run();
+      lock.lock();
+      ++s->completed;
+      progress.notify_all();
+    }
+    streams.erase(s.get());
+  }
+
+  // The allocation `p` lies in, if any.
+  const allocation* find_locked(const void* p) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    auto it = memory.upper_bound(b);
+    if (it == memory.begin()) return nullptr;
+    --it;
+    return b < it->first + std::max<std::size_t>(it->second.bytes, 1) ? &it->second : nullptr;
+  }
+
+  void synchronize_all_locked(std::unique_lock<std::mutex>& lock) {
+    std::vector<mark> all;
+    for (auto& [raw, s] : streams) all.push_back({s, s->enqueued});
+    for (const auto& m : all) wait_locked(lock, m);
+  }
+};
+
+// The engine, counting one call of the device layer's interface.
+inline engine& the() {
+  auto& e = engine::instance();
+  e.calls.fetch_add(1, std::memory_order_relaxed);
+  return e;
+}
+
+inline error_t allocate(void** p, std::size_t bytes, bool pinned) {
+  auto& e = the();
+  // Fresh device memory holds whatever was there: a pattern no result plausibly is.
+  auto* m = static_cast<std::byte*>(::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{256}));
+  std::memset(m, 0xa5, std::max<std::size_t>(bytes, 1));
+  std::lock_guard<std::mutex> lock(e.mutex);
+  e.memory[m] = {bytes, pinned};
+  *p = m;
+  return success;
+}
+
+inline error_t release(void* p, bool pinned) {
+  if (!p) return success;
+  auto& e = the();
+  std::unique_lock<std::mutex> lock(e.mutex);
+  auto it = e.memory.find(static_cast<const std::byte*>(p));
+  if (it == e.memory.end() || it->second.pinned != pinned) return invalid_value;
+  e.synchronize_all_locked(lock);  // cudaFree and cudaFreeHost wait for the device
+  e.memory.erase(it);
+  ::operator delete(p, std::align_val_t{256});
+  return success;
+}
+
+}  // namespace standin
+
+// How many device-layer calls this process made.
+inline std::uint64_t calls() noexcept { return standin::engine::instance().calls.load(std::memory_order_relaxed); }
+
+inline error_t get_device(int* device) {
+  standin::the();
+  *device = 0;
+  return success;
+}
+inline error_t set_device(int device) {
+  standin::the();
+  return device == 0 ? success : invalid_device;
+}
+inline error_t device_count(int* devices) {
+  standin::the();
+  *devices = 1;
+  return success;
+}
+inline error_t last_error() { return success; }
+inline const char* error_name(error_t e) {
+  switch (static_cast<int>(e)) {
+    case 0: return "cudaSuccess";
+    case 1: return "cudaErrorInvalidValue";
+    case 101: return "cudaErrorInvalidDevice";
+    case 400: return "cudaErrorInvalidResourceHandle";
+    case 600: return "cudaErrorNotReady";
+  }
+  return "cudaErrorUnknown";
+}
+inline const char* error_string(error_t e) {
+  switch (static_cast<int>(e)) {
+    case 0: return "no error";
+    case 1: return "invalid argument";
+    case 101: return "invalid device ordinal";
+    case 400: return "invalid resource handle";
+    case 600: return "device not ready";
+  }
+  return "unknown error";
+}
+inline error_t pci_bus_id(char* out, int length, int) {
+  standin::the();
+  if (length > 0) std::snprintf(out, static_cast<std::size_t>(length), "standin:00:00.0");
+  return success;
+}
+inline error_t device_synchronize() {
+  auto& e = standin::the();
+  std::unique_lock<std::mutex> lock(e.mutex);
+  e.synchronize_all_locked(lock);
+  return success;
+}
+
+inline error_t malloc_device(void** p, std::size_t bytes) { return standin::allocate(p, bytes, false); }
+inline error_t free_device(void* p) { return standin::release(p, false); }
+inline error_t malloc_pinned(void** p, std::size_t bytes) { return standin::allocate(p, bytes, true); }
+inline error_t free_pinned(void* p) { return standin::release(p, true); }
+inline error_t is_device_memory(const void* p, bool* on_device) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  const auto* a = e.find_locked(p);
+  *on_device = a && !a->pinned;
+  return success;
+}
+
+// cudaMemcpyAsync: pageable host memory is read at the call (CUDA stages it before returning) and
+// written before returning (CUDA makes that copy synchronous); the rest runs on the stream.
+inline error_t copy_async(void* dst, const void* src, std::size_t bytes, stream_t s) {
+  auto& e = standin::the();
+  std::unique_lock<std::mutex> lock(e.mutex);
+  auto stream = e.resolve_locked(s);
+  if (!stream) return invalid_handle;
+  if (bytes == 0) return success;
+  const bool pageable_src = !e.find_locked(src), pageable_dst = !e.find_locked(dst);
+  if (pageable_src) {
+    auto staged = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(src),
+                                                          static_cast<const std::byte*>(src) + bytes);
+    e.enqueue_locked(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    return success;
+  }
+  const auto done = e.enqueue_locked(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  if (pageable_dst) e.wait_locked(lock, done);
+  return success;
+}
+
+// cudaMemcpy: on the legacy default stream; from pageable memory to the device it returns once
+// the source is staged, before the copy lands; otherwise it returns when the copy is done.
+inline error_t copy_sync(void* dst, const void* src, std::size_t bytes) {
+  auto& e = standin::the();
+  std::unique_lock<std::mutex> lock(e.mutex);
+  if (bytes == 0) return success;
+  const bool pageable_src = !e.find_locked(src), device_dst = e.find_locked(dst) != nullptr;
+  if (pageable_src && device_dst) {
+    e.wait_locked(lock, e.enqueue_locked(e.legacy, {}));  // "a stream sync is performed before"
+    auto staged = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(src),
+                                                          static_cast<const std::byte*>(src) + bytes);
+    e.enqueue_locked(e.legacy, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    return success;
+  }
+  e.wait_locked(lock, e.enqueue_locked(e.legacy, [dst, src, bytes] { std::memmove(dst, src, bytes); }));
+  return success;
+}
+
+// cudaMemset on device memory: queued on the legacy default stream.
+inline error_t fill(void* dst, int value, std::size_t bytes) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (!e.find_locked(dst)) return invalid_value;
+  if (bytes) e.enqueue_locked(e.legacy, [dst, value, bytes] { std::memset(dst, value, bytes); });
+  return success;
+}
+
+inline error_t stream_create(stream_t* s, bool non_blocking) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  *s = e.start_locked(!non_blocking).get();
+  return success;
+}
+// Returns at once, as cudaStreamDestroy does: the queued work still runs.
+inline error_t stream_destroy(stream_t s) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  auto stream = e.resolve_locked(s);
+  if (!stream || stream == e.legacy) return invalid_handle;
+  stream->closing = true;
+  e.progress.notify_all();
+  return success;
+}
+inline error_t stream_synchronize(stream_t s) {
+  auto& e = standin::the();
+  std::unique_lock<std::mutex> lock(e.mutex);
+  auto stream = e.resolve_locked(s);
+  if (!stream) return invalid_handle;
+  e.wait_locked(lock, e.enqueue_locked(stream, {}));
+  return success;
+}
+inline error_t stream_wait(stream_t s, event_t ev) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  auto stream = e.resolve_locked(s);
+  if (!stream || !ev) return invalid_handle;
+  if (ev->at.stream) e.enqueue_locked(stream, {}, {ev->at});
+  return success;
+}
+
+inline error_t event_create(event_t* ev) {
+  standin::the();
+  *ev = new standin::event_state;
+  return success;
+}
+inline error_t event_destroy(event_t ev) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  delete ev;
+  return success;
+}
+inline error_t event_record(event_t ev, stream_t s) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  auto stream = e.resolve_locked(s);
+  if (!stream || !ev) return invalid_handle;
+  ev->at = e.enqueue_locked(stream, {});  // a marker, so the legacy stream's ordering applies to it too
+  return success;
+}
+inline error_t event_query(event_t ev) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (!ev) return invalid_handle;
+  return standin::engine::reached(ev->at) ? success : not_ready;
+}
+inline error_t event_synchronize(event_t ev) {
+  auto& e = standin::the();
+  std::unique_lock<std::mutex> lock(e.mutex);
+  if (!ev) return invalid_handle;
+  e.wait_locked(lock, ev->at);
+  return success;
+}
+
+// Kernels: the host reference loops, run when the stream gets there.
+template <class T>
+error_t combine(op o, T* inout, const T* in, std::size_t n, stream_t s) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  auto stream = e.resolve_locked(s);
+  if (!stream) return invalid_handle;
+  if (n) e.enqueue_locked(stream, [o, inout, in, n] { flexcomm::combine(o, inout, in, n); });
+  return success;
+}
+template <class T>
+error_t divide(T* buf, std::size_t n, int ranks, stream_t s) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  auto stream = e.resolve_locked(s);
+  if (!stream) return invalid_handle;
+  if (n && ranks > 1) e.enqueue_locked(stream, [buf, n, ranks] { flexcomm::divide_by(buf, n, ranks); });
+  return success;
+}
+
+// NCCL over MPI.
+namespace standin {
+
+// One NCCL communicator: `ops` carries its operations, `control` its splits (a collective of the
+// calling thread, which must not interleave with operations a stream posts on `ops`).
+struct nccl_state {
+  MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  std::uint64_t issued = 0, posted = 0;  // under the engine's mutex
+  std::atomic<bool> aborted{false};
+  std::atomic<int> active{0};  // operations handed to MPI and not yet complete
+
+  ~nccl_state() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // An aborted operation's MPI request can never be freed: its communicator is left to the end.
+    if (finalized || active.load() > 0) return;
+    if (ops != MPI_COMM_NULL) MPI_Comm_free(&ops);
+    if (control != MPI_COMM_NULL) MPI_Comm_free(&control);
+  }
+};
+
+inline std::mutex& nccl_registry_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+inline std::map<nccl_state*, std::shared_ptr<nccl_state>>& nccl_registry() {
+  static auto* r = new std::map<nccl_state*, std::shared_ptr<nccl_state>>;
+  return *r;
+}
+inline std::shared_ptr<nccl_state> find(nccl_comm_t c) {
+  std::lock_guard<std::mutex> lock(nccl_registry_mutex());
+  auto it = nccl_registry().find(c);
+  return it == nccl_registry().end() ? nullptr : it->second;
+}
+inline nccl_comm_t adopt(MPI_Comm ops, MPI_Comm control) {
+  auto state = std::make_shared<nccl_state>();
+  state->ops = ops;
+  state->control = control;
+  MPI_Comm_rank(ops, &state->rank);
+  MPI_Comm_size(ops, &state->size);
+  std::lock_guard<std::mutex> lock(nccl_registry_mutex());
+  nccl_registry().emplace(state.get(), state);
+  return state.get();
+}
+
+inline std::string& last_nccl_error() {
+  thread_local std::string text;
+  return text;
+}
+inline nccl_result_t nccl_fail(nccl_result_t r, std::string why) {
+  last_nccl_error() = std::move(why);
+  return r;
+}
+
+template <class F>
+void with_element(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32: f(float{}); break;
+    case dtype::f64: f(double{}); break;
+    case dtype::i32: f(std::int32_t{}); break;
+    case dtype::i64: f(std::int64_t{}); break;
+    case dtype::u8: f(std::uint8_t{}); break;
+    case dtype::f16: f(half{}); break;
+    case dtype::bf16: f(bfloat16{}); break;
+  }
+}
+
+inline std::size_t bytes_of(dtype t, std::size_t count) {
+  std::size_t size = 0;
+  with_element(t, [&](auto x) { size = sizeof(x); });
+  return size * count;
+}
+
+// One NCCL call: its MPI operations (posted in order) and the host work after they complete.
+struct call {
+  std::shared_ptr<nccl_state> comm;
+  std::shared_ptr<stream_state> stream;
+  std::function<void(MPI_Comm, std::vector<MPI_Request>&)> post;
+  std::function<void()> after;
+};
+
+struct group_state {
+  int depth = 0;
+  std::vector<call> calls;
+};
+inline group_state& this_threads_group() {
+  thread_local group_state g;
+  return g;
+}
+
+// Runs on the group's first stream: waits for each communicator's turn, posts, then polls.
+inline void run_group(const std::vector<call>& calls,
+                      const std::vector<std::pair<std::shared_ptr<nccl_state>, std::uint64_t>>& turns) {
+  auto& e = engine::instance();
+  {
+    std::unique_lock<std::mutex> lock(e.mutex);
+    e.progress.wait(lock, [&] {
+      for (const auto& [comm, seq] : turns)
+        if (comm->posted != seq && !comm->aborted.load()) return false;
+      return true;
+    });
+  }
+  std::vector<MPI_Request> requests;
+  bool aborted = false;
+  for (const auto& [comm, seq] : turns) aborted = aborted || comm->aborted.load();
+  if (!aborted)
+    for (const auto& c : calls) c.post(c.comm->ops, requests);
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    for (const auto& [comm, seq] : turns) {
+      comm->posted = seq + 1;
+      if (!aborted) comm->active.fetch_add(1);
+    }
+    e.progress.notify_all();
+  }
+  if (aborted) return;
+  for (;;) {
+    int done = 0;
+    if (!requests.empty()) MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+    else done = 1;
+    if (done) break;
+    for (const auto& [comm, seq] : turns)
+      if (comm->aborted.load()) return;  // what MPI still holds is left to it, as a killed kernel's is
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  for (const auto& [comm, seq] : turns) comm->active.fetch_sub(1);
+  for (const auto& c : calls)
+    if (c.after) c.after();
+}
+
+inline nccl_result_t launch(std::vector<call> calls) {
+  if (calls.empty()) return nccl_success;
+  auto& e = engine::instance();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  std::vector<std::pair<std::shared_ptr<nccl_state>, std::uint64_t>> turns;
+  for (const auto& c : calls) {
+    const bool seen = std::any_of(turns.begin(), turns.end(), [&](const auto& t) { return t.first == c.comm; });
+    if (!seen) turns.emplace_back(c.comm, c.comm->issued++);
+  }
+  // The group's other streams: their work so far comes first, and their later work waits for it.
+  const auto first = calls.front().stream;
+  std::vector<mark> joined;
+  std::vector<std::shared_ptr<stream_state>> others;
+  for (const auto& c : calls)
+    if (c.stream != first && std::find(others.begin(), others.end(), c.stream) == others.end()) {
+      others.push_back(c.stream);
+      joined.push_back(e.enqueue_locked(c.stream, {}));
+    }
+  const auto done = e.enqueue_locked(
+      first, [calls = std::move(calls), turns] { run_group(calls, turns); }, std::move(joined));
+  for (const auto& s : others) e.enqueue_locked(s, {}, {done});
+  return nccl_success;
+}
+
+inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::function<void(MPI_Comm, std::vector<MPI_Request>&)> post,
+                            std::function<void()> after = {}) {
+  auto comm = find(c);
+  if (!comm) return nccl_fail(nccl_invalid_argument, "invalid communicator");
+  if (comm->aborted.load()) return nccl_fail(nccl_invalid_usage, "communicator was aborted");
+  std::shared_ptr<stream_state> stream;
+  {
+    auto& e = engine::instance();
+    std::lock_guard<std::mutex> lock(e.mutex);
+    stream = e.resolve_locked(s);
+  }
+  if (!stream) return nccl_fail(nccl_invalid_argument, "invalid stream");
+  call one{std::move(comm), std::move(stream), std::move(post), std::move(after)};
+  auto& group = this_threads_group();
+  if (group.depth > 0) {
+    group.calls.push_back(std::move(one));
+    return nccl_success;
+  }
+  std::vector<call> alone;
+  alone.push_back(std::move(one));
+  return launch(std::move(alone));
+}
+
+// `r` by reference: read after the call that sets it (argument order is unspecified).
+inline void post_checked(int rc, std::vector<MPI_Request>& requests, const MPI_Request& r) {
+  if (rc == MPI_SUCCESS) requests.push_back(r);
+}
+
+// Host work after a reduction: avg is the sum divided by the rank count.
+inline std::function<void()> averaged(op o, void* buf, std::size_t count, dtype t, int ranks) {
+  if (o != op::avg || count == 0) return {};
+  return [buf, count, t, ranks] {
+    with_element(t, [&](auto x) { divide_by(static_cast<decltype(x)*>(buf), count, ranks); });
+  };
+}
+inline MPI_Op reduction(op o, dtype t) { return flexcomm::detail::mpi_op(o == op::avg ? op::sum : o, t); }
+
+}  // namespace standin
+
+inline nccl_result_t nccl_get_unique_id(nccl_id_t* id) {
+  standin::the();
+  std::memset(id->internal, 0, sizeof id->internal);
+  std::snprintf(id->internal, sizeof id->internal, "standin");
+  return nccl_success;
+}
+// Collective over `over`, whose ranks are the communicator's (the CUDA build's NCCL finds them by
+// the unique id instead).
+inline nccl_result_t nccl_comm_init(nccl_comm_t* comm, int ranks, const nccl_id_t&, int rank, MPI_Comm over) {
+  standin::the();
+  MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL;
+  int size = 0, me = -1;
+  MPI_Comm_size(over, &size);
+  MPI_Comm_rank(over, &me);
+  if (size != ranks || me != rank)
+    return standin::nccl_fail(nccl_invalid_argument, "ranks differ from the MPI communicator's");
+  if (MPI_Comm_dup(over, &ops) != MPI_SUCCESS || MPI_Comm_dup(over, &control) != MPI_SUCCESS)
+    return standin::nccl_fail(nccl_system_error, "MPI_Comm_dup failed");
+  *comm = standin::adopt(ops, control);
+  return nccl_success;
+}
+inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_comm_t* out) {
+  standin::the();
+  auto parent = standin::find(comm);
+  if (!parent) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+  MPI_Comm control = MPI_COMM_NULL, ops = MPI_COMM_NULL;
+  if (MPI_Comm_split(parent->control, color < 0 ? MPI_UNDEFINED : color, key, &control) != MPI_SUCCESS)
+    return standin::nccl_fail(nccl_system_error, "MPI_Comm_split failed");
+  if (control == MPI_COMM_NULL) {
+    *out = nullptr;
+    return nccl_success;
+  }
+  MPI_Comm_dup(control, &ops);
+  *out = standin::adopt(ops, control);
+  return nccl_success;
+}
+inline nccl_result_t nccl_comm_count(nccl_comm_t comm, int* size) {
+  standin::the();
+  auto c = standin::find(comm);
+  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+  *size = c->size;
+  return nccl_success;
+}
+inline nccl_result_t nccl_comm_user_rank(nccl_comm_t comm, int* rank) {
+  standin::the();
+  auto c = standin::find(comm);
+  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+  *rank = c->rank;
+  return nccl_success;
+}
+inline nccl_result_t nccl_comm_get_async_error(nccl_comm_t comm, nccl_result_t* state) {
+  standin::the();
+  auto c = standin::find(comm);
+  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+  *state = nccl_success;
+  return nccl_success;
+}
+inline nccl_result_t nccl_comm_finalize(nccl_comm_t comm) {
+  standin::the();
+  return standin::find(comm) ? nccl_success : standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+}
+inline nccl_result_t nccl_comm_destroy(nccl_comm_t comm) {
+  standin::the();
+  std::lock_guard<std::mutex> lock(standin::nccl_registry_mutex());
+  return standin::nccl_registry().erase(comm) ? nccl_success
+                                              : standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+}
+// Operations not yet handed to MPI never will be; those in MPI are left there.
+inline nccl_result_t nccl_comm_abort(nccl_comm_t comm) {
+  standin::the();
+  auto c = standin::find(comm);
+  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+  c->aborted.store(true);
+  {
+    auto& e = standin::engine::instance();
+    std::lock_guard<std::mutex> lock(e.mutex);
+    e.progress.notify_all();
+  }
+  return nccl_comm_destroy(comm);
+}
+inline nccl_result_t nccl_group_start() {
+  standin::the();
+  ++standin::this_threads_group().depth;
+  return nccl_success;
+}
+inline nccl_result_t nccl_group_end() {
+  standin::the();
+  auto& group = standin::this_threads_group();
+  if (group.depth == 0) return standin::nccl_fail(nccl_invalid_usage, "ncclGroupEnd without ncclGroupStart");
+  if (--group.depth > 0) return nccl_success;
+  std::vector<standin::call> calls;
+  calls.swap(group.calls);
+  return standin::launch(std::move(calls));
+}
+
+inline nccl_result_t nccl_allreduce(const void* send, void* recv, std::size_t count, dtype t, op o, nccl_comm_t comm,
+                                    stream_t s) {
+  standin::the();
+  auto c = standin::find(comm);
+  const int ranks = c ? c->size : 1;
+  return standin::submit(
+      comm, s,
+      [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+        MPI_Request q = MPI_REQUEST_NULL;
+        standin::post_checked(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count),
+                                             flexcomm::detail::mpi_type(t), standin::reduction(o, t), m, &q),
+                              r, q);
+      },
+      standin::averaged(o, recv, count, t, ranks));
+}
+inline nccl_result_t nccl_broadcast(const void* send, void* recv, std::size_t count, dtype t, int root,
+                                    nccl_comm_t comm, stream_t s) {
+  standin::the();
+  return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+    int me = 0;
+    MPI_Comm_rank(m, &me);
+    if (me == root && send != recv) std::memmove(recv, send, standin::bytes_of(t, count));
+    MPI_Request q = MPI_REQUEST_NULL;
+    standin::post_checked(MPI_Ibcast(recv, static_cast<int>(count), flexcomm::detail::mpi_type(t), root, m, &q), r, q);
+  });
+}
+inline nccl_result_t nccl_reduce(const void* send, void* recv, std::size_t count, dtype t, op o, int root,
+                                 nccl_comm_t comm, stream_t s) {
+  standin::the();
+  auto c = standin::find(comm);
+  const int ranks = c ? c->size : 1;
+  const bool at_root = c && c->rank == root;
+  return standin::submit(
+      comm, s,
+      [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+        MPI_Request q = MPI_REQUEST_NULL;
+        standin::post_checked(MPI_Ireduce(at_root && send == recv ? MPI_IN_PLACE : send, at_root ? recv : nullptr,
+                                          static_cast<int>(count), flexcomm::detail::mpi_type(t),
+                                          standin::reduction(o, t), root, m, &q),
+                              r, q);
+      },
+      at_root ? standin::averaged(o, recv, count, t, ranks) : std::function<void()>{});
+}
+inline nccl_result_t nccl_allgather(const void* send, void* recv, std::size_t count, dtype t, nccl_comm_t comm,
+                                    stream_t s) {
+  standin::the();
+  auto c = standin::find(comm);
+  const int me = c ? c->rank : 0;
+  return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+    const auto type = flexcomm::detail::mpi_type(t);
+    const bool in_place = static_cast<const std::byte*>(send) ==
+                          static_cast<const std::byte*>(recv) + standin::bytes_of(t, count) * static_cast<std::size_t>(me);
+    MPI_Request q = MPI_REQUEST_NULL;
+    standin::post_checked(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), type, recv,
+                                         static_cast<int>(count), type, m, &q),
+                          r, q);
+  });
+}
+inline nccl_result_t nccl_reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, op o,
+                                         nccl_comm_t comm, stream_t s) {
+  standin::the();
+  auto c = standin::find(comm);
+  const int ranks = c ? c->size : 1;
+  return standin::submit(
+      comm, s,
+      [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+        MPI_Request q = MPI_REQUEST_NULL;
+        standin::post_checked(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count),
+                                                        flexcomm::detail::mpi_type(t), standin::reduction(o, t), m, &q),
+                              r, q);
+      },
+      standin::averaged(o, recv, count, t, ranks));
+}
+// NCCL has no tags: one tag keeps MPI's order between a pair of ranks, as NCCL's issue order.
+inline nccl_result_t nccl_send(const void* buf, std::size_t count, dtype t, int peer, nccl_comm_t comm, stream_t s) {
+  standin::the();
+  return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+    MPI_Request q = MPI_REQUEST_NULL;
+    standin::post_checked(MPI_Isend(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
+  });
+}
+inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, nccl_comm_t comm, stream_t s) {
+  standin::the();
+  return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+    MPI_Request q = MPI_REQUEST_NULL;
+    standin::post_checked(MPI_Irecv(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
+  });
+}
+inline const char* nccl_error_string(nccl_result_t r) {
+  switch (static_cast<int>(r)) {
+    case 0: return "no error";
+    case 2: return "unhandled system error";
+    case 4: return "invalid argument";
+    case 5: return "invalid usage";
+    case 7: return "NCCL operation in progress";
+  }
+  return "unknown result code";
+}
+inline const char* nccl_last_error() { return standin::last_nccl_error().c_str(); }
+
+}  // namespace flexcomm::device
