@@ -2,6 +2,7 @@
 #pragma once
 
 #include <boost/test/results_collector.hpp>
+#include <boost/test/results_reporter.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include <flexcomm/flexcomm.hpp>
@@ -17,6 +18,10 @@ struct mpi_fixture {
     // Should shutdown have to end the process itself, it leaves with the status Boost.Test gives.
     const auto& results = boost::unit_test::results_collector.results(
         boost::unit_test::framework::master_test_suite().p_id);
+    // A case that left MPI operations that cannot finish ends the job at shutdown (MPI_Abort),
+    // before Boost.Test would print its summary: print it now, so the log still says how every
+    // case went.
+    if (watchdog::instance().job_must_end()) boost::unit_test::results_reporter::make_report();
     env->set_exit_status(results.passed() ? 0 : 201);
     delete env;
   }

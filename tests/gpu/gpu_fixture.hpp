@@ -4,6 +4,8 @@
 #pragma once
 
 #define BOOST_TEST_NO_MAIN
+#include <boost/test/results_collector.hpp>
+#include <boost/test/results_reporter.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include <flexcomm/backend/device/runtime.hpp>
@@ -33,6 +35,13 @@ struct gpu_fixture {
   }
   ~gpu_fixture() {
     backend_world.reset();  // device communicators end before MPI does
+    const auto& results = boost::unit_test::results_collector.results(
+        boost::unit_test::framework::master_test_suite().p_id);
+    // A case that left MPI operations that cannot finish ends the job at shutdown (MPI_Abort),
+    // before Boost.Test would print its summary: print it now, so one failing case never hides
+    // what the others did; should shutdown end the process, it leaves with Boost.Test's status.
+    if (watchdog::instance().job_must_end()) boost::unit_test::results_reporter::make_report();
+    env->set_exit_status(results.passed() ? 0 : 201);
     delete env;
   }
   static inline flexcomm::environment* env = nullptr;

@@ -32,14 +32,26 @@
 namespace flexcomm {
 
 namespace detail {
+// The bookkeeping of a communicator that can still take operations. An aborted one refuses here,
+// before the front end sends the call's consistency check to the peers: a check that went out
+// for a call that then never happens would leave the peers' checks off by one, poison the control
+// communicator and end the job at shutdown, when NCCL could have gone on without this one.
+inline const std::shared_ptr<mpi_comm_state>& usable_watch(const nccl_communicator& comm, const char* name) {
+  const auto what = cat("nccl ", name, " on ", comm.name());
+  auto& st = comm.state(what);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.require_usable(what);
+  return st.watch;
+}
+
 // One operation being issued (mpi/call_check.hpp), recorded and checked in the bookkeeping kept
 // over the control communicator.
 class nccl_op_start : public operation_record {
  public:
   nccl_op_start(const nccl_communicator& comm, device::stream_t, const char* name, std::size_t count, dtype type,
                 const char* redop, int peer, int tag, const std::string& extra)
-      : operation_record(comm.state(cat("nccl ", name, " on ", comm.name())).watch, "nccl", comm.name(), name, count,
-                         type, redop, peer, tag, extra, 0) {}
+      : operation_record(usable_watch(comm, name), "nccl", comm.name(), name, count, type, redop, peer, tag, extra,
+                         0) {}
 };
 
 // Issues one operation: deferred point-to-point first (call order is NCCL order), then the
