@@ -6,6 +6,7 @@
 //
 //   mpiexec -n N fault <fault>     faults: none exit exit0 stall stall-engine stall-skew count dtype order layout
 //                                  finalize-hang finalize-hang-status bad-wait bad-trace typo-setting
+//                                  bad-<setting> (one per FLEXCOMM_ setting) idle-stage-chunk
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -57,6 +58,28 @@ int main(int argc, char** argv) {
   const std::string fault = argc > 1 ? argv[1] : "none";
   // Bad settings are read once, at start, and end the job there on every rank.
   if (fault == "bad-wait") setenv("FLEXCOMM_WAIT", "bogus", 1);
+  // One bad value per setting (tests/fault/launch.py: BAD_SETTINGS), each named at start; and a
+  // good value of a setting this program cannot use (no device backend), said once.
+  struct bad_setting {
+    const char *fault, *name, *value;
+  };
+  const bad_setting bad_settings[] = {
+      {"bad-timeout", "FLEXCOMM_TIMEOUT", "abc"},
+      {"bad-timeout-negative", "FLEXCOMM_TIMEOUT", "-1"},
+      {"bad-check", "FLEXCOMM_CHECK", "maybe"},
+      {"bad-finalize-timeout", "FLEXCOMM_FINALIZE_TIMEOUT", "soon"},
+      {"bad-bucket-bytes", "FLEXCOMM_BUCKET_BYTES", "lots"},
+      {"bad-segment-bytes", "FLEXCOMM_SEGMENT_BYTES", "1"},
+      {"bad-hierarchical", "FLEXCOMM_HIERARCHICAL", "maybe"},
+      {"bad-shm", "FLEXCOMM_SHM", "maybe"},
+      {"bad-hosts", "FLEXCOMM_HOSTS", "2+x"},
+      {"bad-layout", "FLEXCOMM_LAYOUT", "members="},
+      {"bad-stage-chunk", "FLEXCOMM_STAGE_CHUNK", "0"},
+      {"bad-standin-latency", "FLEXCOMM_STANDIN_LATENCY", "-5"},
+      {"idle-stage-chunk", "FLEXCOMM_STAGE_CHUNK", "4096"},
+  };
+  for (const auto& b : bad_settings)
+    if (fault == b.fault) setenv(b.name, b.value, 1);
   if (fault == "bad-trace") setenv("FLEXCOMM_TRACE", "/proc/flexcomm-trace", 1);
   // A misspelled setting is named at start; the job runs on.
   if (fault == "typo-setting") setenv("FLEXCOMM_TIMOUT", "2", 1);

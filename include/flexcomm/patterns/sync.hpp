@@ -20,6 +20,7 @@
 #include "../core/agreement.hpp"
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
+#include "../core/setting_values.hpp"
 #include "../core/settings.hpp"
 #include "../core/hosts.hpp"
 #include "../core/progress.hpp"
@@ -36,7 +37,6 @@ inline constexpr std::size_t default_segment_bytes = std::size_t{1} << 20;
 
 // "26214400", "64K", "25M", "1G" (binary multiples); used for FLEXCOMM_BUCKET_BYTES and
 // FLEXCOMM_SEGMENT_BYTES.
-std::size_t parse_bytes(const std::string& text, const char* what);
 
 // FLEXCOMM_BUCKET_BYTES when set, otherwise 25 MiB.
 std::size_t bucket_bytes_from_env();
@@ -438,30 +438,14 @@ inline std::uint64_t bucket_plan::signature() const {
   return f.value();
 }
 
-inline std::size_t parse_bytes(const std::string& text, const char* what) {
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  std::size_t scale = 1;
-  const std::string suffix = end ? std::string(end) : std::string();
-  if (suffix == "K" || suffix == "KiB") scale = std::size_t{1} << 10;
-  else if (suffix == "M" || suffix == "MiB") scale = std::size_t{1} << 20;
-  else if (suffix == "G" || suffix == "GiB") scale = std::size_t{1} << 30;
-  else if (!suffix.empty()) scale = 0;
-  // The limit applies after scaling: "9000000000GiB" must not pass, "1099511627776G" must not wrap to 0.
-  if (text.empty() || end == text.c_str() || scale == 0 || value == 0 || text[0] == '-' ||
-      value > (1ull << 40) / scale)
-    fail(what, cat("cannot parse '", text, "': expected a positive byte count, e.g. 26214400, 64K, 25M, 1G"));
-  return static_cast<std::size_t>(value) * scale;
-}
-
 inline std::size_t bucket_bytes_from_env() {
   const char* text = setting("FLEXCOMM_BUCKET_BYTES");
-  return text ? parse_bytes(text, "FLEXCOMM_BUCKET_BYTES") : default_bucket_bytes;
+  return text ? parse_setting_bytes(text, "FLEXCOMM_BUCKET_BYTES") : default_bucket_bytes;
 }
 
 inline std::size_t segment_bytes_from_env() {
   const char* text = setting("FLEXCOMM_SEGMENT_BYTES");
-  return text ? parse_bytes(text, "FLEXCOMM_SEGMENT_BYTES") : default_segment_bytes;
+  return text ? parse_setting_bytes(text, "FLEXCOMM_SEGMENT_BYTES") : default_segment_bytes;
 }
 
 }  // namespace flexcomm

@@ -39,6 +39,7 @@
 
 #include "../../core/datatype.hpp"
 #include "../../core/reduce.hpp"
+#include "../../core/setting_values.hpp"
 #include "../../core/settings.hpp"
 #include "../mpi/types.hpp"
 
@@ -117,7 +118,8 @@ struct engine {
   static engine& instance() {
     static engine* e = [] {
       auto* made = new engine;  // never destroyed: detached workers wait on it until exit
-      if (const char* text = setting("FLEXCOMM_STANDIN_LATENCY")) made->latency = std::chrono::microseconds(std::atoll(text));
+      if (const char* text = setting("FLEXCOMM_STANDIN_LATENCY"))
+        made->latency = std::chrono::microseconds(parse_standin_latency(text));
       std::lock_guard<std::mutex> lock(made->mutex);
       made->legacy = made->start_locked(true);
       return made;

@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,9 +21,12 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "../../core/error.hpp"
+#include "../../core/setting_values.hpp"
 #include "../../core/settings.hpp"
 #include "../../core/progress.hpp"
 #include "../../core/wait.hpp"
@@ -276,6 +280,16 @@ class environment {
       fail("environment", cat("MPI provides thread level ", provided, ", flexcomm's progress engine needs ",
                               "MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE, ")"));
     }
+    // Every FLEXCOMM_ setting is parsed here, before any of them is used, so that a bad value
+    // ends the job at start with the setting's name on every rank, never an uncaught exception
+    // wherever it is first read (FLEXCOMM_TIMEOUT is, by the world's duplicate just below).
+    try {
+      const auto idle = check_settings();
+      if (rank == 0)
+        for (const auto& why : idle) std::fprintf(stderr, "flexcomm: rank 0: settings: %s; ignored\n", why.c_str());
+    } catch (const std::exception& e) {
+      end_at_start(e, rank);
+    }
     world_.emplace(mpi::communicator::duplicate(MPI_COMM_WORLD, "world"));
     MPI_Comm node = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(world_->native(), MPI_COMM_TYPE_SHARED, world_->rank(), MPI_INFO_NULL, &node),
@@ -287,6 +301,7 @@ class environment {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first_on_host, 1, MPI_INT, MPI_MIN, node_->native()),
               "environment: the host's first rank");
     detail::host_key_slot().store(first_on_host, std::memory_order_release);
+    learn_host_names();
     // Every FLEXCOMM_ setting is read here, once, so that a bad value ends the job at start with
     // the same message on every rank, never an uncaught exception later.
     try {
@@ -299,17 +314,39 @@ class environment {
       if (trace::start_from_environment(*world_)) trace::name_thread("trainer");
       if (rank == 0) warn_unknown_settings();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(1): bad setting at start\n",
-                   e.what(), rank);
-      std::fflush(stderr);
-      std::this_thread::sleep_for(std::chrono::milliseconds{200});  // lets the other ranks print theirs
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      end_at_start(e, rank);
     }
     // A rank that calls exit() mid-step would otherwise leave its peers waiting, and Hydra may
     // even report success: end the job instead.
     alive().store(true);
     static const bool hooked = std::atexit(&exit_while_alive) == 0;
     static_cast<void>(hooked);
+  }
+
+  // Every rank's host name, once: reports name the host of a rank that did not arrive when the
+  // job spans more than one (core/hosts.hpp: on_host).
+  void learn_host_names() {
+    const int size = world_->size();
+    std::vector<char> names(static_cast<std::size_t>(size) * MPI_MAX_PROCESSOR_NAME, '\0');
+    int length = 0;
+    char* mine = &names[static_cast<std::size_t>(world_->rank()) * MPI_MAX_PROCESSOR_NAME];
+    MPI_Get_processor_name(mine, &length);
+    check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                            world_->native()),
+              "environment: host names");
+    std::vector<std::string> all;
+    for (int r = 0; r < size; ++r) all.emplace_back(&names[static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+    const bool several = std::any_of(all.begin(), all.end(), [&](const std::string& n) { return n != all.front(); });
+    detail::world_host_names() = several ? std::move(all) : std::vector<std::string>{};
+  }
+
+  [[noreturn]] static void end_at_start(const std::exception& e, int rank) {
+    std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(1): bad setting at start\n", e.what(),
+                 rank);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds{200});  // lets the other ranks print theirs
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
   }
 
   // Steps 1-2 of shutdown; returns why the job must end instead, or "".

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../../core/error.hpp"
+#include "../../core/setting_values.hpp"
 #include "../../core/settings.hpp"
 #include "../cuda/error.hpp"
 #include "../mpi.hpp"
@@ -29,12 +30,7 @@ inline bool mpi_is_cuda_aware() { return mpi_implementation::cuda_aware(); }
 namespace detail {
 inline std::size_t stage_chunk_bytes() {
   const char* text = setting("FLEXCOMM_STAGE_CHUNK");
-  if (!text) return std::size_t{1} << 20;
-  char* end = nullptr;
-  const long long bytes = std::strtoll(text, &end, 10);
-  check(end && *end == '\0' && bytes >= 16 && bytes <= (1LL << 34), "FLEXCOMM_STAGE_CHUNK",
-        cat("cannot parse '", text, "': expected a chunk size in bytes, 16 .. 2^34"));
-  return static_cast<std::size_t>(bytes);
+  return text ? parse_stage_chunk(text) : std::size_t{1} << 20;
 }
 
 // One piece of a staged operation, moving through: staging (device to host), in flight (MPI),
