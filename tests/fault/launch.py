@@ -114,8 +114,8 @@ FAULTS = {
     'bad-wait': dict(
         what='FLEXCOMM_WAIT=bogus on every rank',
         mpiexec=[], survivors='none', kind='local',
-        expect=[], every_rank_expect=r'flexcomm: rank {r}: wait policy: cannot parse .bogus.',
-        reports="each rank: `flexcomm: rank N: wait policy: cannot parse 'bogus': expected spin, yield, backoff or "
+        expect=[], every_rank_expect=r'flexcomm: rank {r}: FLEXCOMM_WAIT: cannot parse .bogus.',
+        reports="each rank: `flexcomm: rank N: FLEXCOMM_WAIT: cannot parse 'bogus': expected spin, yield, backoff or "
                 "backoff:<max microseconds 1..1000000>`, then MPI_Abort(1) at start"),
     'bad-trace': dict(
         what='FLEXCOMM_TRACE names a directory that cannot be made (/proc/flexcomm-trace)',
@@ -170,6 +170,20 @@ FAULTS = {
                 r'not answered by world rank {f}$'],
         reports='the producer: `one_to_many: credits of step N: timed out after 2000 ms (FLEXCOMM_TIMEOUT); not '
                 'answered by world rank {f}`'),
+    'sync-stall': dict(
+        driver='adapter', what='trainer rank {f} of a two-rank member (ranks {p} and {f}, one host: shared memory) '
+                               'stalls before its gradients of step 3 for 4x the timeout (as under SIGSTOP)',
+        min_ranks=2, mpiexec=[], survivors='partner', kind='timeout',
+        expect=[r'shared-memory allreduce.*rank 0 \(world {p}\).*timed out after \d+ ms.*'
+                r'not arrived: world rank {f} \(rank 1, at step \d+\)'],
+        reports='its partner, world rank {p}: `... shared-memory allreduce ..., rank 0 (world {p}): timed out after '
+                '2000 ms waiting for ... not arrived: world rank {f} (rank 1, at step N)`'),
+    'sync-stall-messages': dict(
+        driver='adapter', what='the same with FLEXCOMM_SHM=off: the member averages over MPI messages',
+        min_ranks=2, mpiexec=[], survivors='partner', kind='timeout',
+        expect=[r'timed out after \d+ ms', r'ranks that did not arrive: 1 \(world {f}\)'],
+        reports='its partner, world rank {p}: `... timed out after 2000 ms (FLEXCOMM_TIMEOUT) ... ranks that did not '
+                'arrive: 1 (world {f})`'),
     'sync-none': dict(
         driver='adapter', what='gradient sync, no fault (control)',
         mpiexec=[], survivors='all', kind='none', succeeds=True,
@@ -181,6 +195,48 @@ FAULTS = {
         reports="subgroup_allreduce: finish: the member's ranks handed gradients over in different orders or "
                 "with different sizes in this step; ... this rank's sequence (index:count) starts 3:48 2:48 ..."),
 }
+
+
+# A bad value of each setting (tests/fault/fault.cpp sets it): every rank names the setting and the
+# job ends at start (core/setting_values.hpp: check_settings). fault -> (setting, value, what each
+# rank reports after `flexcomm: rank N: `).
+BAD_SETTINGS = {
+    'bad-timeout': ('FLEXCOMM_TIMEOUT', 'abc', "FLEXCOMM_TIMEOUT: cannot parse 'abc': expected seconds, e.g. 300 or 0.5"),
+    'bad-timeout-negative': ('FLEXCOMM_TIMEOUT', '-1',
+                             "FLEXCOMM_TIMEOUT: cannot parse '-1': expected seconds, e.g. 300 or 0.5"),
+    'bad-check': ('FLEXCOMM_CHECK', 'maybe', "FLEXCOMM_CHECK: cannot parse 'maybe': expected 1 (on) or 0 (off)"),
+    'bad-finalize-timeout': ('FLEXCOMM_FINALIZE_TIMEOUT', 'soon',
+                             "FLEXCOMM_FINALIZE_TIMEOUT: cannot parse 'soon': expected seconds, e.g. 300 or 0.5"),
+    'bad-bucket-bytes': ('FLEXCOMM_BUCKET_BYTES', 'lots',
+                         "FLEXCOMM_BUCKET_BYTES: cannot parse 'lots': expected a positive byte count, e.g. 26214400, "
+                         "64K, 25M, 1G"),
+    'bad-segment-bytes': ('FLEXCOMM_SEGMENT_BYTES', '1',
+                          "FLEXCOMM_SEGMENT_BYTES: '1' is below the smallest 4096 bytes (4K) a setting may ask for"),
+    'bad-hierarchical': ('FLEXCOMM_HIERARCHICAL', 'maybe',
+                         "FLEXCOMM_HIERARCHICAL: cannot parse 'maybe': expected auto, on or off"),
+    'bad-shm': ('FLEXCOMM_SHM', 'maybe', "FLEXCOMM_SHM: cannot parse 'maybe': expected auto, on or off"),
+    'bad-hosts': ('FLEXCOMM_HOSTS', '2+x', "FLEXCOMM_HOSTS: cannot parse '2\\+x': 'x' is not a rank count"),
+    'bad-layout': ('FLEXCOMM_LAYOUT', 'members=', "FLEXCOMM_LAYOUT: cannot parse 'members=': member size is empty"),
+    'bad-stage-chunk': ('FLEXCOMM_STAGE_CHUNK', '0',
+                        "FLEXCOMM_STAGE_CHUNK: cannot parse '0': expected a chunk size in bytes, 16 .. 2\\^34"),
+    'bad-standin-latency': ('FLEXCOMM_STANDIN_LATENCY', '-5',
+                            "FLEXCOMM_STANDIN_LATENCY: cannot parse '-5': expected microseconds, 0 .. 1000000"),
+}
+for name, (setting, value, message) in BAD_SETTINGS.items():
+    FAULTS[name] = dict(
+        what=f'{setting}={value} on every rank',
+        mpiexec=[], survivors='none', kind='local',
+        expect=[], every_rank_expect=r'flexcomm: rank {r}: ' + message.replace('(', r'\(').replace(')', r'\)'),
+        reports=f"each rank: `flexcomm: rank N: {message.replace(chr(92), '')}...`, then MPI_Abort(1) at start")
+# A setting this program cannot use is said once, and the job runs on.
+FAULTS['idle-stage-chunk'] = dict(
+    what='FLEXCOMM_STAGE_CHUNK=4096 on a program without device backends',
+    mpiexec=[], survivors='all', kind='none', succeeds=True,
+    expect=[r'finished every step', r'guards intact'],
+    faulty_expect=r'flexcomm: rank 0: settings: FLEXCOMM_STAGE_CHUNK does not apply: this program has no device '
+                  r'backend \(staged\); ignored',
+    reports='rank 0: `settings: FLEXCOMM_STAGE_CHUNK does not apply: this program has no device backend (staged); '
+            'ignored`; the job runs and succeeds')
 
 
 def timeout_seconds():
@@ -204,7 +260,7 @@ def fields(n, mpi='mpich'):
     f = n - 1
     others = list(range(n - 1))
     others_ranks = ('ranks ' if len(others) > 1 else 'rank ') + ','.join(map(str, others))
-    return dict(f=f, n=n, n1=n + 1, others_ranks=others_ranks, launcher=LAUNCHERS[mpi]['name'],
+    return dict(f=f, p=n - 2, n=n, n1=n + 1, others_ranks=others_ranks, launcher=LAUNCHERS[mpi]['name'],
                 keep_going=' '.join(LAUNCHERS[mpi]['keep_going']))
 
 
@@ -246,7 +302,7 @@ def run(launch, fault, n):
         problems.append('a rank wrote past a buffer')
     f = fields(n, launch['mpi'])
     survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'producer': [0], 'none': [],
-                 'faulty': []}[spec['survivors']]
+                 'faulty': [], 'partner': [n - 2]}[spec['survivors']]
     for r in range(n) if 'every_rank_expect' in spec else []:
         if not re.search(spec['every_rank_expect'].format(r=r, **f), out):
             problems.append(f"rank {r}: no match for /{spec['every_rank_expect'].format(r=r, **f)}/")
