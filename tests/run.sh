@@ -4,7 +4,8 @@
 #   plain    the default build (CUDA code compiled when nvcc and NCCL are present), on MPICH
 #   openmpi  the same on Debian's Open MPI (installed beside MPICH), MPI tests at 1-4 ranks; the
 #            cluster suite runs each binary once per layout, its short cases only (the plain build
-#            runs them all, and six times: MPICH's finalize hang needs the repeats)
+#            runs each 20 times, 10 per layout, the first whole: MPICH's finalize hang needs the
+#            repeats)
 #   asan   AddressSanitizer + UndefinedBehaviorSanitizer
 #   tsan   ThreadSanitizer
 #            (both: the MPI suites at 1-4 ranks, the fault rows at 3; examples not built, since the

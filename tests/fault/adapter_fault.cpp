@@ -5,11 +5,12 @@
 //
 //   mpiexec -n N adapter_fault <fault>
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
-//           gradient-order
+//           gradient-order sync-stall sync-stall-messages
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -78,9 +79,14 @@ std::vector<std::vector<float>>& gradients() {
   return grads;
 }
 
-// One member over the whole world; four gradients per step, handed over in backprop order.
+// One member over the whole world (sync-stall*: over the last two ranks, the others idle); four
+// gradients per step, handed over in backprop order.
 bool run_sync(const mpi::communicator& world, const std::string& fault, std::chrono::steady_clock::time_point& start) {
-  auto member = world.split(0, world.rank(), "member 0");
+  const bool pair = fault.rfind("sync-stall", 0) == 0;
+  const int n = world.size();
+  const bool in_member = !pair || world.rank() >= n - 2;
+  auto member = world.split(in_member ? 0 : mpi::communicator::undefined, world.rank(), "member 0");
+  if (!in_member) return true;
   fc::sync_options options;
   options.bucket_bytes = 64 * sizeof(float);  // several buckets
   fc::subgroup_allreduce<mpi> sync(member, options);
@@ -92,6 +98,11 @@ bool run_sync(const mpi::communicator& world, const std::string& fault, std::chr
     std::vector<int> order = {3, 2, 1, 0};
     if (fault == "gradient-order" && step == fault_step && world.rank() == world.size() - 1 && world.size() > 1)
       order = {0, 1, 2, 3};
+    // A trainer of the two-rank member stopped (as by SIGSTOP) before its gradients of the step.
+    if (pair && step == fault_step && world.rank() == n - 1 && n > 1) {
+      report(world.rank(), "injected: stalling outside flexcomm");
+      std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
+    }
     for (auto& g : grads) std::fill(g.begin(), g.begin() + 48, 1.0f);
     for (int i : order) sync.ready(i, fc::span<float>(grads[static_cast<std::size_t>(i)].data(), 48));
     sync.finish();
@@ -111,6 +122,8 @@ bool guards_intact() {
 
 int main(int argc, char** argv) {
   const std::string fault = argc > 1 ? argv[1] : "feed-none";
+  // The member's averaging over MPI messages instead of its host's shared memory.
+  if (fault == "sync-stall-messages") setenv("FLEXCOMM_SHM", "off", 1);
   fc::environment env(argc, argv);
   const auto& world = env.world();
   const int rank = world.rank();

@@ -186,4 +186,21 @@ inline bool use_hierarchy(hierarchy h, const host_map& member, flat_algorithm fl
   return saves;
 }
 
+namespace detail {
+// The host name of each world rank, learnt once by the environment at start; empty while the job
+// runs on one host (or before the environment is up).
+inline std::vector<std::string>& world_host_names() {
+  static std::vector<std::string> names;
+  return names;
+}
+}  // namespace detail
+
+// ", host NAME" for a world rank when the job spans several hosts, else "": timeout and
+// disagreement reports name the host only where there is more than one to tell apart.
+inline std::string on_host(int world_rank) {
+  const auto& names = detail::world_host_names();
+  if (world_rank < 0 || static_cast<std::size_t>(world_rank) >= names.size()) return {};
+  return cat(", host ", names[static_cast<std::size_t>(world_rank)]);
+}
+
 }  // namespace flexcomm

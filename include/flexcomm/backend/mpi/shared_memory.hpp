@@ -127,6 +127,16 @@ class host_segment {
       check(window.region_bytes(r) == window.region_bytes(rank), who,
             cat("the slot sizes differ across the ranks (this rank's region is ", window.region_bytes(rank),
                 " bytes, rank ", r, "'s ", window.region_bytes(r), ")"));
+    // Timeouts name world ranks, as every other wait's do: a member's rank means little in a job's log.
+    MPI_Group mine = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+    MPI_Comm_group(this->comm.native(), &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &all);
+    std::vector<int> local(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) local[static_cast<std::size_t>(r)] = r;
+    world_ranks.resize(static_cast<std::size_t>(ranks));
+    MPI_Group_translate_ranks(mine, ranks, local.data(), all, world_ranks.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
     regions.resize(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) regions[static_cast<std::size_t>(r)] = window.region(r);
     // Each rank's counter lives in its own region (whose pages the window placed near it).
@@ -161,15 +171,17 @@ class host_segment {
   }
   // Whether rank r has finished `step`.
   bool reached_by(int r, std::uint64_t step) const noexcept { return progress(r).load(std::memory_order_acquire) >= step; }
-  // "2 (at step 5), 3 (at step 4)": the ranks that have not finished `step`.
+  // "world rank 5 (rank 2, at step 5), world rank 7 (rank 3, at step 4)": the ranks that have
+  // not finished `step`.
   std::string behind(std::uint64_t step) const {
     std::string out;
     for (int r = 0; r < ranks; ++r) {
       const std::uint64_t p = progress(r).load(std::memory_order_acquire);
-      if (p < step) out += cat(out.empty() ? "" : ", ", r, " (at step ", p, ")");
+      if (p < step) out += cat(out.empty() ? "" : ", ", "world rank ", world_rank(r), " (rank ", r, ", at step ", p, ")");
     }
     return out;
   }
+  int world_rank(int r) const { return world_ranks[static_cast<std::size_t>(r)]; }
 
   static std::size_t round_up(std::size_t bytes, std::size_t to = line) { return (bytes + to - 1) / to * to; }
 
@@ -210,6 +222,7 @@ class host_segment {
   std::size_t large_bytes = 0, small_bytes = 0;
   mpi_host_window window;
   std::vector<std::byte*> regions;
+  std::vector<int> world_ranks;  // of each rank of comm
   std::atomic<bool> broken{false};         // a task timed out or was dropped: no later one may run
   slot_writer writer;                      // how this rank writes its large slots
 
@@ -312,7 +325,7 @@ class host_allreduce final : public segment_task {
   enum class stage { queued, small_write, small_reduce, large_write, large_reduce, large_gather, done };
   static constexpr std::size_t align = host_segment::line / sizeof(T) ? host_segment::line / sizeof(T) : 1;
 
-  std::string who() const { return cat(what(), ", rank ", seg_->rank); }
+  std::string who() const { return cat(what(), ", rank ", seg_->rank, " (world ", seg_->world_rank(seg_->rank), ")"); }
   std::size_t per_chunk() const noexcept { return seg_->large_bytes / sizeof(T); }
   // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last.
   std::uint64_t step(int k) const noexcept { return plan_.first + 3 * chunk_ + static_cast<std::uint64_t>(k); }
@@ -323,7 +336,7 @@ class host_allreduce final : public segment_task {
     if (stalled_.past(limit)) {
       seg_->broken.store(true, std::memory_order_release);
       fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
-                      "); not arrived: rank ", seg_->behind(needed)));
+                      "); not arrived: ", seg_->behind(needed)));
     }
     return false;
   }
@@ -454,7 +467,7 @@ class host_broadcast final : public segment_task {
     return true;
   }
 
-  std::string who() const { return cat(what(), ", rank ", seg_->rank); }
+  std::string who() const { return cat(what(), ", rank ", seg_->rank, " (world ", seg_->world_rank(seg_->rank), ")"); }
   // Not there yet: false, or past the communicator's timeout an error naming who is behind.
   template <class Behind>
   bool late(std::uint64_t needed, const char* for_what, Behind&& behind) {
@@ -462,7 +475,7 @@ class host_broadcast final : public segment_task {
     if (stalled_.past(limit)) {
       seg_->broken.store(true, std::memory_order_release);
       fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
-                      "); not arrived: rank ", behind()));
+                      "); not arrived: ", behind()));
     }
     return false;
   }

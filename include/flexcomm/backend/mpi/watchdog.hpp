@@ -32,6 +32,7 @@
 #include "../../core/error.hpp"
 #include "../../core/reduce.hpp"
 #include "../../core/wait.hpp"
+#include "../../core/hosts.hpp"
 #include "../../core/watchdog.hpp"
 #include "setup.hpp"
 
@@ -111,7 +112,7 @@ class mpi_comm_state final : public watched {
   flight_recorder& recorder() { return recorder_; }
   MPI_Comm side() const noexcept { return side_; }
   int world_rank(int r) const { return r >= 0 && r < size_ ? world_ranks_[static_cast<std::size_t>(r)] : -1; }
-  std::string who(int r) const { return cat(r, " (world ", world_rank(r), ")"); }
+  std::string who(int r) const { return cat(r, " (world ", world_rank(r), on_host(world_rank(r)), ")"); }
 
   // The per-communicator timeout; unset: FLEXCOMM_TIMEOUT's.
   timeout_limit limit;

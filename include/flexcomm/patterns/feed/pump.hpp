@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../../core/error.hpp"
+#include "../../core/hosts.hpp"
 #include "../../core/progress.hpp"
 #include "../../core/wait.hpp"
 
@@ -141,7 +142,7 @@ class pump {
     std::sort(owed.begin(), owed.end());
     owed.erase(std::unique(owed.begin(), owed.end()), owed.end());
     std::string who;
-    for (int r : owed) who += cat(who.empty() ? "" : ", ", r);
+    for (int r : owed) who += cat(who.empty() ? "" : ", ", r, on_host(r));
     fail(what, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)",
                    who.empty() ? "" : cat("; not answered by world rank", owed.size() > 1 ? "s " : " ", who)));
   }
