@@ -16,6 +16,8 @@
 
 #include <flexcomm/flexcomm.hpp>
 
+#include "../examples/common/counts.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <new>
@@ -183,21 +185,21 @@ int main(int argc, char** argv) {
   const auto& world = env.world();
   std::string begin, end, type_name, op_name, json, segment, shm_slot;
   double factor;
-  int iters, warmup, check, lanes, tiers;
+  int iters = 20, warmup = 5, check = 1, lanes = 2, tiers = 0;
   po::options_description opts("allreduce (nccl-tests flags)");
   opts.add_options()("help,h", "this help")
       ("minbytes,b", po::value(&begin)->default_value("4K"), "smallest size")
       ("maxbytes,e", po::value(&end)->default_value("64M"), "largest size")
       ("stepfactor,f", po::value(&factor)->default_value(2), "size multiplier")
-      ("iters,n", po::value(&iters)->default_value(20), "timed iterations")
-      ("warmup_iters,w", po::value(&warmup)->default_value(5), "warmup iterations (the first plans the bucket)")
-      ("check,c", po::value(&check)->default_value(1), "check results (#wrong)")
+      ("iters,n", counts::at_least<1>(&iters), "timed iterations")
+      ("warmup_iters,w", counts::at_least<0>(&warmup), "warmup iterations (the first plans the bucket)")
+      ("check,c", counts::at_least<0>(&check), "check results (#wrong)")
       ("datatype,d", po::value(&type_name)->default_value("float"), "float double int32 int64 uint8 half bfloat16")
       ("op,o", po::value(&op_name)->default_value("sum"), "sum prod min max avg")
       ("segment,s", po::value(&segment)->default_value("1M"), "overlapped_ring segment bytes")
-      ("lanes,l", po::value(&lanes)->default_value(2), "overlapped_ring segments in flight")
+      ("lanes,l", counts::at_least<1>(&lanes), "overlapped_ring segments in flight")
       ("shm_slot,S", po::value(&shm_slot)->default_value("1M"), "the shm columns: bytes of each rank's slot")
-      ("hierarchical,H", po::value(&tiers)->default_value(0),
+      ("hierarchical,H", counts::at_least<0>(&tiers),
        "1: also both adapters forced hierarchical (the flat ones forced flat)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)");
   po::variables_map vm;

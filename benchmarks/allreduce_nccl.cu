@@ -7,6 +7,8 @@
 
 #include <flexcomm/flexcomm.hpp>
 
+#include "../examples/common/counts.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -89,9 +91,9 @@ int main(int argc, char** argv) {
   opts.add_options()("help,h", "this text")("minbytes,b", po::value(&min_text)->default_value("8"), "smallest size")(
       "maxbytes,e", po::value(&max_text)->default_value("32M"), "largest size")(
       "stepfactor,f", po::value(&factor)->default_value(2), "size multiplier")(
-      "iters,n", po::value(&iters)->default_value(20), "timed iterations")(
-      "warmup_iters,w", po::value(&warmup)->default_value(5), "warmup iterations")(
-      "check,c", po::value(&check_result)->default_value(1), "check results (#wrong)")(
+      "iters,n", counts::at_least<1>(&iters), "timed iterations")(
+      "warmup_iters,w", counts::at_least<0>(&warmup), "warmup iterations")(
+      "check,c", counts::at_least<0>(&check_result), "check results (#wrong)")(
       "json,J", po::value(&json)->default_value("allreduce_nccl.json"), "JSON output (rank 0)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, opts), vm);

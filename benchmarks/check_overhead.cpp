@@ -5,29 +5,23 @@
 //   mpiexec -n 4 check_overhead -b 8 -e 1M -f 4 -n 200 -w 20 -c 1 [-J check_overhead.json]
 #include <flexcomm/flexcomm.hpp>
 
+#include <boost/program_options.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
+#include "../examples/common/counts.hpp"
+
 namespace fc = flexcomm;
+namespace po = boost::program_options;
 using fc::mpi;
 
 namespace {
-
-std::size_t parse_size(const char* text) {
-  char* end = nullptr;
-  double v = std::strtod(text, &end);
-  switch (end && *end ? *end : ' ') {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return static_cast<std::size_t>(v);
-}
 
 // Mean microseconds of one allreduce of `buf`, and the number of wrong elements.
 double run(const mpi::communicator& world, std::vector<float>& buf, int iters, int warmup, bool check,
@@ -54,16 +48,30 @@ int main(int argc, char** argv) {
   std::size_t min_bytes = 8, max_bytes = 1 << 20;
   double factor = 4;
   int iters = 200, warmup = 20, check = 1;
-  std::string json = "check_overhead.json";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "-b") min_bytes = parse_size(argv[i + 1]);
-    else if (flag == "-e") max_bytes = parse_size(argv[i + 1]);
-    else if (flag == "-f") factor = std::atof(argv[i + 1]);
-    else if (flag == "-n") iters = std::atoi(argv[i + 1]);
-    else if (flag == "-w") warmup = std::atoi(argv[i + 1]);
-    else if (flag == "-c") check = std::atoi(argv[i + 1]);
-    else if (flag == "-J") json = argv[i + 1];
+  std::string json = "check_overhead.json", min_text = "8", max_text = "1M";
+  po::options_description flags("check_overhead: allreduce with FLEXCOMM_CHECK off and on (nccl-tests flags)");
+  flags.add_options()("help,h", "this text")
+      ("minbytes,b", po::value(&min_text)->default_value(min_text), "smallest size")
+      ("maxbytes,e", po::value(&max_text)->default_value(max_text), "largest size")
+      ("stepfactor,f", po::value(&factor)->default_value(factor), "size multiplier")
+      ("iters,n", counts::at_least<1>(&iters), "timed iterations")
+      ("warmup_iters,w", counts::at_least<0>(&warmup), "warmup iterations")
+      ("check,c", counts::at_least<0>(&check), "check results (#wrong)")
+      ("json,J", po::value(&json)->default_value(json), "JSON output file (rank 0)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, flags), vm);
+    po::notify(vm);
+    min_bytes = fc::parse_bytes(min_text, "-b");
+    max_bytes = fc::parse_bytes(max_text, "-e");
+    fc::check(factor > 1, "-f", "the size multiplier must be above 1");
+  } catch (const std::exception& e) {
+    if (world.rank() == 0) std::cerr << e.what() << "\n" << flags;
+    return 2;
+  }
+  if (vm.count("help")) {
+    if (world.rank() == 0) std::cout << flags;
+    return 0;
   }
   const int n = world.size();
   const double bus = n > 1 ? 2.0 * (n - 1) / n : 1.0;  // allreduce's bus-bandwidth factor

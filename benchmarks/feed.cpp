@@ -37,6 +37,7 @@
 
 #include <flexcomm/flexcomm.hpp>
 
+#include "../examples/common/counts.hpp"
 #include "../examples/common/fashion_mnist.hpp"
 
 namespace fc = flexcomm;
@@ -212,14 +213,14 @@ int main(int argc, char** argv) {
   int check = 1;
   po::options_description flags("benchmarks/feed options");
   flags.add_options()("help,h", "this text")
-      ("minimages,b", po::value(&min_images)->default_value(min_images), "images per step, smallest")
-      ("maximages,e", po::value(&max_images)->default_value(max_images), "images per step, largest")
-      ("stepfactor,f", po::value(&factor)->default_value(factor), "factor between sizes")
-      ("iters,n", po::value(&cfg.steps)->default_value(cfg.steps), "timed steps per feed")
-      ("warmup_iters,w", po::value(&cfg.warmup)->default_value(cfg.warmup), "warm-up steps per feed")
-      ("depth,d", po::value(&cfg.depth)->default_value(cfg.depth), "feed depth (batches in flight)")
-      ("check,c", po::value(&check)->default_value(check), "compare every feed's bytes with local_feed's")
-      ("train-images,t", po::value(&cfg.train_images)->default_value(cfg.train_images), "images per SGD step")
+      ("minimages,b", counts::at_least<1>(&min_images), "images per step, smallest")
+      ("maximages,e", counts::at_least<1>(&max_images), "images per step, largest")
+      ("stepfactor,f", counts::at_least<2>(&factor), "factor between sizes")
+      ("iters,n", counts::at_least<1>(&cfg.steps), "timed steps per feed")
+      ("warmup_iters,w", counts::at_least<0>(&cfg.warmup), "warm-up steps per feed")
+      ("depth,d", counts::at_least<1>(&cfg.depth), "feed depth (batches in flight)")
+      ("check,c", counts::at_least<0>(&check), "compare every feed's bytes with local_feed's")
+      ("train-images,t", counts::at_least<1>(&cfg.train_images), "images per SGD step")
       ("elastic", po::value(&cfg.augment.elastic_alpha)->default_value(2.0f), "elastic distortion alpha (0: off)")
       ("sigma", po::value(&cfg.augment.elastic_sigma)->default_value(4.0f), "elastic distortion smoothing (cost grows with it)")
       ("feeds", po::value(&feeds)->default_value(feeds),

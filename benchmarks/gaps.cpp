@@ -8,6 +8,8 @@
 
 #include <flexcomm/flexcomm.hpp>
 
+#include "../examples/common/counts.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -135,13 +137,13 @@ int main(int argc, char** argv) {
                                             "smallest checkpoint (K, M, G suffixes)")(
       "maxbytes,e", po::value(&max_text)->default_value(max_text), "largest checkpoint")(
       "stepfactor,f", po::value(&s.factor)->default_value(s.factor), "size multiplier between rows")(
-      "iters,n", po::value(&s.iters)->default_value(s.iters), "steps timed per variant and repeat")(
-      "warmup_iters,w", po::value(&s.warmup)->default_value(s.warmup), "steps before timing")(
-      "check,c", po::value(&s.check)->default_value(s.check), "verify the checkpoint copies")(
-      "repeats,r", po::value(&s.repeats)->default_value(s.repeats), "round-robin repeats; the best counts")(
+      "iters,n", counts::at_least<1>(&s.iters), "steps timed per variant and repeat")(
+      "warmup_iters,w", counts::at_least<0>(&s.warmup), "steps before timing")(
+      "check,c", counts::at_least<0>(&s.check), "verify the checkpoint copies")(
+      "repeats,r", counts::at_least<1>(&s.repeats), "round-robin repeats; the best counts")(
       "compute-us", po::value(&s.compute_us)->default_value(s.compute_us), "compute per step (us)")(
       "jitter", po::value(&s.jitter)->default_value(s.jitter), "per-rank, per-step extra compute, up to this share")(
-      "grad", po::value(&s.grad_floats)->default_value(s.grad_floats), "gradient floats per step")(
+      "grad", counts::at_least<1>(&s.grad_floats), "gradient floats per step")(
       "json,J", po::value(&s.json)->default_value(s.json), "JSON results file")(
       "trace-dir", po::value(&s.trace_dir)->default_value(s.trace_dir), "where the traced variant writes");
   po::variables_map vm;

@@ -20,6 +20,8 @@
 
 #include <flexcomm/flexcomm.hpp>
 
+#include "../examples/common/counts.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -127,15 +129,15 @@ int main(int argc, char** argv) {
   const auto& world = env.world();
   std::string models, json, bucket_text, trace_dir;
   double scale;
-  int iters, warmup, work;
+  int iters = 10, warmup = 3, work = 16;
   po::options_description opts("overlap");
   opts.add_options()("help,h", "this help")
       ("models,m", po::value(&models)->default_value("resnet50,vgg16"), "resnet50, vgg16 or both")
       ("scale", po::value(&scale)->default_value(64), "divide every layer's parameter count by this")
       ("bucket,b", po::value(&bucket_text)->default_value(""), "bucket bytes (default: 25 MiB / scale)")
-      ("work,k", po::value(&work)->default_value(16), "multiply-adds per parameter in backward")
-      ("iters,n", po::value(&iters)->default_value(10), "timed steps")
-      ("warmup_iters,w", po::value(&warmup)->default_value(3), "warmup steps (the first plans the buckets)")
+      ("work,k", counts::at_least<1>(&work), "multiply-adds per parameter in backward")
+      ("iters,n", counts::at_least<1>(&iters), "timed steps")
+      ("warmup_iters,w", counts::at_least<0>(&warmup), "warmup steps (the first plans the buckets)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)")
       ("trace-dir", po::value(&trace_dir), "also time overlapped_ring with tracing on, writing traces here");
   po::variables_map vm;

@@ -18,6 +18,8 @@
 
 #include <flexcomm/flexcomm.hpp>
 
+#include "../examples/common/counts.hpp"
+
 namespace fc = flexcomm;
 namespace po = boost::program_options;
 
@@ -51,13 +53,18 @@ int main(int argc, char** argv) {
   std::string json;
   po::options_description flags("wait_policy: small allreduce, blocking MPI vs flexcomm wait policies");
   flags.add_options()("help,h", "this text")
-      ("iters,n", po::value(&iterations)->default_value(200), "timed iterations")
-      ("warmup_iters,w", po::value(&warmup)->default_value(20), "untimed iterations first")
-      ("count,c", po::value(&count)->default_value(1), "int32 elements per allreduce (1 = 4 bytes)")
+      ("iters,n", counts::at_least<1>(&iterations), "timed iterations")
+      ("warmup_iters,w", counts::at_least<0>(&warmup), "untimed iterations first")
+      ("count,c", counts::at_least<1>(&count), "int32 elements per allreduce (1 = 4 bytes)")
       ("json,j", po::value(&json), "also write the results to this JSON file");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, flags), vm);
-  po::notify(vm);
+  try {
+    po::store(po::parse_command_line(argc, argv, flags), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    if (world.rank() == 0) std::cerr << e.what() << "\n" << flags;
+    return 2;
+  }
   if (vm.count("help")) {
     if (world.rank() == 0) std::cout << flags << "\n";
     return 0;

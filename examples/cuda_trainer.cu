@@ -10,6 +10,7 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "common/fashion_mnist.hpp"
+#include "common/counts.hpp"
 #include "cuda/mlp.cuh"
 
 #include <chrono>
@@ -197,16 +198,21 @@ int main(int argc, char** argv) {
                                             "baseline | streamlined")(
       "backend", po::value(&backend)->default_value(backend), "mpi (staged through pinned memory) | nccl")(
       "layout", po::value(&s.layout)->default_value(s.layout), "ensemble layout (FLEXCOMM_LAYOUT overrides)")(
-      "steps", po::value(&s.steps)->default_value(s.steps), "training steps")(
-      "batch", po::value(&s.batch)->default_value(s.batch), "samples per step and member")(
-      "hidden", po::value(&s.hidden)->default_value(s.hidden), "hidden units")(
+      "steps", counts::at_least<1>(&s.steps), "training steps")(
+      "batch", counts::at_least<1>(&s.batch), "samples per step and member")(
+      "hidden", counts::at_least<1>(&s.hidden), "hidden units")(
       "lr", po::value(&s.lr)->default_value(s.lr), "learning rate")(
-      "train-images", po::value(&s.train_images)->default_value(0), "use the first N training images (0: all)")(
-      "test-images", po::value(&s.test_images)->default_value(s.test_images), "test images to evaluate")(
-      "log-every", po::value(&s.log_every)->default_value(s.log_every), "steps between progress lines");
+      "train-images", counts::at_least<0>(&s.train_images), "use the first N training images (0: all)")(
+      "test-images", counts::at_least<1>(&s.test_images), "test images to evaluate")(
+      "log-every", counts::at_least<1>(&s.log_every), "steps between progress lines");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, opts), vm);
-  po::notify(vm);
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    if (env.world().rank() == 0) std::cerr << e.what() << "\n" << opts;
+    return 2;
+  }
   if (vm.count("help")) {
     if (env.world().rank() == 0) std::cout << opts << "\n";
     return 0;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/fashion_mnist.hpp"
+#include "common/counts.hpp"
 
 namespace fc = flexcomm;
 namespace fm = fashion_mnist;
@@ -43,7 +44,7 @@ struct settings {
   int epochs = 3;
   std::size_t batch = 64;
   std::size_t train_images = 0;  // 0: all
-  int progress_every = 100;
+  int progress_every = 150;
   bool compare_baseline = true;
   float elastic_alpha = 1.5f;
   int slow_rank = -1;  // a world rank made slower on purpose, to find it in a trace
@@ -364,18 +365,18 @@ int main(int argc, char** argv) {
       "preset", po::value(&s.preset)->default_value("single_broadcast"),
       "baseline, single_broadcast, multi_broadcast or all_shared")(
       "sync", po::value(&s.sync)->default_value("allreduce"), "allreduce (subgroup_allreduce) or ring (overlapped_ring)")(
-      "epochs", po::value(&s.epochs)->default_value(3), "passes over the training set")(
-      "batch", po::value(&s.batch)->default_value(64),
+      "epochs", counts::at_least<1>(&s.epochs), "passes over the training set")(
+      "batch", counts::at_least<1>(&s.batch),
       "images per step and member (split over its ranks; any size, any layout)")(
-      "train-images", po::value(&s.train_images)->default_value(0), "use only the first N training images (0: all)")(
-      "progress-every", po::value(&s.progress_every)->default_value(150), "steps between progress lines")(
+      "train-images", counts::at_least<0>(&s.train_images), "use only the first N training images (0: all)")(
+      "progress-every", counts::at_least<1>(&s.progress_every), "steps between progress lines")(
       "elastic-alpha", po::value(&s.elastic_alpha)->default_value(1.5f),
       "elastic distortion in pixels (0: off), the costly part of preprocessing")(
       "compare-baseline", po::value(&s.compare_baseline)->default_value(true),
       "run the baseline preset afterwards on the same members and compare CPU time")(
       "slow-rank", po::value(&s.slow_rank)->default_value(-1),
       "world rank that sleeps --slow-ms before each step's forward (a straggler for FLEXCOMM_TRACE to find)")(
-      "slow-ms", po::value(&s.slow_ms)->default_value(0), "milliseconds --slow-rank sleeps per step");
+      "slow-ms", counts::at_least<0>(&s.slow_ms), "milliseconds --slow-rank sleeps per step");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, flags), vm);

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/counts.hpp"
 #include "common/fashion_mnist.hpp"
 
 namespace fm = fashion_mnist;
@@ -153,13 +154,18 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   Settings s;
   po::options_description flags("an ensemble of CNNs on Fashion-MNIST");
-  flags.add_options()("members", po::value(&s.members)->default_value(3), "members of the ensemble")(
-      "epochs", po::value(&s.epochs)->default_value(1), "epochs")(
-      "batch-size", po::value(&s.batch_size)->default_value(64), "images per step")(
-      "train-images", po::value(&s.train_images)->default_value(0), "use the first N training images (0: all)");
+  flags.add_options()("members", counts::at_least<1>(&s.members), "members of the ensemble")(
+      "epochs", counts::at_least<1>(&s.epochs), "epochs")(
+      "batch-size", counts::at_least<1>(&s.batch_size), "images per step")(
+      "train-images", counts::at_least<0>(&s.train_images), "use the first N training images (0: all)");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, flags), vm);
-  po::notify(vm);
+  try {
+    po::store(po::parse_command_line(argc, argv, flags), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << e.what() << "\n" << flags;
+    return 2;
+  }
 
   FashionMNIST train_set(s.train_images);
   const auto test = test_set();
