@@ -18,10 +18,14 @@
 #                           leaves out cases whose hosts are only pretended, run by the MPI suite)
 #     --mpi mpich|openmpi   the implementation PROGRAM was built with (default mpich): its launcher,
 #                           mpiexec.mpich (Hydra) or mpiexec.openmpi (ORTE), started as below
+#     --exit-times          measure each run's exit: from the last rank's shutdown barrier (stamped
+#                           through FLEXCOMM_TEST_EXIT_STAMP by flexcomm's environment, or by
+#                           plain_finalize) to the launcher's end; prints the distribution
 # Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 hosts=2x2 repeat=1 rate="" limit=120 id=7 expect=0 quick="" whole="" stacks=1 net_stats=0 show=0 mpi=mpich quick_first=0
+exit_times=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -38,6 +42,7 @@ while [ $# -gt 0 ]; do
     --no-stacks) stacks=0; shift ;;
     --net-stats) net_stats=1; shift ;;
     --show-output) show=1; shift ;;
+    --exit-times) exit_times=1; shift ;;
     --) shift; break ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -67,9 +72,13 @@ echo "cluster: ${#counts[@]} hosts (${hosts} ranks), link ${rate:-unshaped (no t
 prog=$(command -v "$1" || echo "$1"); shift
 comm=$(basename "$prog" | cut -c1-15)  # the kernel keeps 15 characters of a process name
 ranks() { pgrep -x "$comm"; }
-failed=0 hung=0 fallback=0
+failed=0 hung=0 fallback=0 exits=()
 for ((run = 1; run <= repeat; run++)); do
   log=$(mktemp)
+  if [ "$exit_times" = 1 ]; then
+    export FLEXCOMM_TEST_EXIT_STAMP="$log.stamps"
+    rm -f "$log.stamps" "$log.end"
+  fi
   extra=()
   if [ "$run" -gt $((1 - quick_first)) ]; then
     [ -n "$quick" ] && read -r -a extra <<<"$quick"
@@ -86,17 +95,19 @@ for ((run = 1; run <= repeat; run++)); do
       # eth0 (TCP between hosts, shared memory inside one). Unlike Hydra it does not pass the
       # environment to remote ranks: every FLEXCOMM_, UCX_ and PLAIN_ variable is named with -x.
       forward=(); for v in $(compgen -e | grep -E '^(FLEXCOMM_|UCX_|PLAIN_)'); do forward+=(-x "$v"); done
-      ip netns exec "fc${id}h0" mpiexec.openmpi --hostfile "$hostfile" -n "$n" --oversubscribe \
-        --mca plm_rsh_agent "$here/launch.sh --own-hostname" --mca plm_rsh_no_tree_spawn 1 \
-        --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 --mca pml ob1 --mca btl self,vader,tcp \
-        "${forward[@]}" "$prog" "$@" "${extra[@]}" >"$log" 2>&1 &
+      { ip netns exec "fc${id}h0" mpiexec.openmpi --hostfile "$hostfile" -n "$n" --oversubscribe \
+          --mca plm_rsh_agent "$here/launch.sh --own-hostname" --mca plm_rsh_no_tree_spawn 1 \
+          --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 --mca pml ob1 --mca btl self,vader,tcp \
+          "${forward[@]}" "$prog" "$@" "${extra[@]}" >"$log" 2>&1
+        rc=$?; date +%s%N >"$log.end"; exit $rc; } &
       ;;
     *)
       # Hydra: ranks started through launch.sh (-launcher ssh); UCX's TCP transport between
       # hosts, MPICH's shared memory inside one.
-      ip netns exec "fc${id}h0" env UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_LAUNCHER_EXTRA_ARGS= \
-        mpiexec.mpich -f "$hostfile" -n "$n" -launcher ssh -launcher-exec "$here/launch.sh" -iface eth0 \
-        "$prog" "$@" "${extra[@]}" >"$log" 2>&1 &
+      { ip netns exec "fc${id}h0" env UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_LAUNCHER_EXTRA_ARGS= \
+          mpiexec.mpich -f "$hostfile" -n "$n" -launcher ssh -launcher-exec "$here/launch.sh" -iface eth0 \
+          "$prog" "$@" "${extra[@]}" >"$log" 2>&1
+        rc=$?; date +%s%N >"$log.end"; exit $rc; } &
       ;;
   esac
   pid=$!
@@ -116,6 +127,10 @@ for ((run = 1; run <= repeat; run++)); do
   else
     wait "$pid"; status=$?
     grep -q "MPI_Finalize has not returned" "$log" && fallback=$((fallback + 1))
+    if [ "$exit_times" = 1 ] && [ -s "$log.stamps" ] && [ -s "$log.end" ]; then
+      last=$(awk 'BEGIN { m = 0 } $2 + 0 > m { m = $2 + 0 } END { printf "%.0f", m }' "$log.stamps")
+      exits+=("$(awk -v e="$(cat "$log.end")" -v b="$last" 'BEGIN { printf "%.0f", (e - b) / 1e6 }')")
+    fi
     if [ "$status" != "$expect" ]; then
       failed=$((failed + 1))
       echo "run $run: exit status $status (expected $expect)"; tail -40 "$log"
@@ -123,13 +138,23 @@ for ((run = 1; run <= repeat; run++)); do
       cat "$log"
     fi
   fi
-  rm -f "$log"
+  rm -f "$log" "$log.stamps" "$log.end"
 done
 if [ "$net_stats" = 1 ]; then
   for ((i = 0; i < ${#counts[@]}; i++)); do
     stat() { ip netns exec "fc${id}h$i" cat "/sys/class/net/eth0/statistics/$1"; }
     echo "cluster: host $i (${counts[$i]} ranks): sent $(stat tx_bytes) bytes, received $(stat rx_bytes) bytes"
   done
+fi
+if [ "$exit_times" = 1 ]; then
+  if [ ${#exits[@]} -gt 0 ]; then
+    printf '%s\n' "${exits[@]}" | sort -n | awk '{ v[NR] = $1 } END {
+      n = NR
+      printf "cluster: exit after the last rank'"'"'s shutdown barrier, %d runs: min %d ms, median %d ms, p90 %d ms, p99 %d ms, max %d ms\n",
+             n, v[1], v[int((n + 1) / 2)], v[int(n * 0.9 + 0.999)], v[int(n * 0.99 + 0.999)], v[n] }'
+  else
+    echo "cluster: exit after the last rank's shutdown barrier: no run stamped it (not a flexcomm or plain_finalize program?)"
+  fi
 fi
 echo "cluster: $repeat runs, $failed failed, $hung hung, $fallback left MPI_Finalize by its time limit"
 [ "$failed" = 0 ]
