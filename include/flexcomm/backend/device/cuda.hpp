@@ -22,6 +22,8 @@ using error_t = cudaError_t;
 inline constexpr error_t success = cudaSuccess;
 inline constexpr error_t not_ready = cudaErrorNotReady;
 
+// Device-layer calls are counted on the host stand-in only.
+inline constexpr bool counts_calls = false;
 inline std::uint64_t calls() noexcept { return 0; }
 
 inline error_t get_device(int* device) { return cudaGetDevice(device); }

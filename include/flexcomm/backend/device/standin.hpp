@@ -246,7 +246,8 @@ inline error_t release(void* p, bool pinned) {
 
 }  // namespace standin
 
-// How many device-layer calls this process made.
+// How many device-layer calls this process made (counted here; the CUDA build does not count).
+inline constexpr bool counts_calls = true;
 inline std::uint64_t calls() noexcept { return standin::engine::instance().calls.load(std::memory_order_relaxed); }
 
 inline error_t get_device(int* device) {

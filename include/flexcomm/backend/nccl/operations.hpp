@@ -37,10 +37,10 @@ namespace detail {
 // for a call that then never happens would leave the peers' checks off by one, poison the control
 // communicator and end the job at shutdown, when NCCL could have gone on without this one.
 inline const std::shared_ptr<mpi_comm_state>& usable_watch(const nccl_communicator& comm, const char* name) {
-  const auto what = cat("nccl ", name, " on ", comm.name());
-  auto& st = comm.state(what);
+  if (!comm) comm.state(cat("nccl ", name, " on ", comm.name()));  // the error naming the operation
+  auto& st = *comm.shared_state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  st.require_usable(what);
+  if (st.aborted) st.require_usable(cat("nccl ", name, " on ", comm.name()));
   return st.watch;
 }
 
@@ -66,11 +66,10 @@ nccl_request nccl_launch_op(const nccl_communicator& comm, device::stream_t s, n
   st.require_usable(what);
   st.flush_locked(what);
   const device::stream_t stream = s ? s : st.stream.get();
-  enqueue(st.comm, stream);
-  st.settle_locked(what);
+  st.settle_locked(what, enqueue(st.comm, stream));
   epilogue(stream);
   auto launch = std::make_shared<nccl_launch>();
-  launch->done = cuda::event::create(what);
+  launch->done = st.take_event_locked(what);
   launch->done.record(stream, what);
   launch->launched = true;
   launch->sequence = start.take_sequence();
@@ -101,7 +100,7 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
   std::lock_guard<std::mutex> lock(st.mutex);
   st.require_usable(what);
   auto launch = std::make_shared<nccl_launch>();
-  launch->done = cuda::event::create(what);
+  launch->done = st.take_event_locked(what);
   launch->sequence = start.take_sequence();
   st.deferred.push_back({send, buf.data(), buf.size(), dtype_of<std::remove_const_t<T>>, peer, s, launch});
   return nccl_request(comm.shared_state(), std::move(launch), what);
@@ -129,13 +128,21 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
   using start = detail::nccl_op_start;
 
   // NCCL reads and writes through device pointers only: a host pointer is a named error, not a crash.
+  // A trainer hands the same buffers over step after step: the last few pointers found on the
+  // device are remembered, so that the runtime is asked once per buffer, not twice per operation
+  // (a cache of pointer attributes, as MVAPICH2-GDR keeps).
   static void check_buffer(const void* p, std::size_t bytes, const std::string& what, const char* which) {
     if (bytes == 0 || p == nullptr) {
       check(bytes == 0, what, cat(which, " buffer is null"));
       return;
     }
+    thread_local const void* known[16] = {};
+    thread_local unsigned next = 0;
+    for (const void* k : known)
+      if (k == p) return;
     bool on_device = false;
     check_cuda(device::is_device_memory(p, &on_device), cat(what, ": cudaPointerGetAttributes"));
+    if (on_device) known[next++ % 16] = p;
     check(on_device, what,
           cat(which, " buffer is host memory; the nccl backend needs device (or managed) buffers"));
   }
@@ -154,9 +161,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
   static request post_ibcast(const communicator& comm, start& st, span<T> buf, int root, stream s) {
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](device::nccl_comm_t c, device::stream_t stream) {
-          if (buf.empty()) return;
-          check_nccl(device::nccl_broadcast(buf.data(), buf.data(), buf.size(), dtype_of<T>, root, c, stream),
+        [&](device::nccl_comm_t c, device::stream_t stream) -> device::nccl_result_t {
+          if (buf.empty()) return device::nccl_success;
+          return checked_nccl(device::nccl_broadcast(buf.data(), buf.data(), buf.size(), dtype_of<T>, root, c, stream),
                      st.what());
         },
         detail::no_epilogue());
@@ -167,9 +174,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
                                  stream s) {
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](device::nccl_comm_t c, device::stream_t stream) {
-          if (recv.empty()) return;
-          check_nccl(device::nccl_allreduce(send.data(), recv.data(), recv.size(), dtype_of<T>,
+        [&](device::nccl_comm_t c, device::stream_t stream) -> device::nccl_result_t {
+          if (recv.empty()) return device::nccl_success;
+          return checked_nccl(device::nccl_allreduce(send.data(), recv.data(), recv.size(), dtype_of<T>,
                                    detail::nccl_op(o, dtype_of<T>), c, stream),
                      st.what());
         },
@@ -183,9 +190,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
     const bool at_root = comm.rank() == root;
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](device::nccl_comm_t c, device::stream_t stream) {
-          if (send.empty()) return;
-          check_nccl(device::nccl_reduce(send.data(), at_root ? recv.data() : nullptr, send.size(), dtype_of<T>,
+        [&](device::nccl_comm_t c, device::stream_t stream) -> device::nccl_result_t {
+          if (send.empty()) return device::nccl_success;
+          return checked_nccl(device::nccl_reduce(send.data(), at_root ? recv.data() : nullptr, send.size(), dtype_of<T>,
                                          detail::nccl_op(o, dtype_of<T>), root, c, stream),
                      st.what());
         },
@@ -199,7 +206,7 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
     constexpr dtype type = dtype_of<T>;
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](device::nccl_comm_t c, device::stream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) -> device::nccl_result_t {
           detail::nccl_group group(st.what());
           if (comm.rank() != root) {
             if (!send.empty()) check_nccl(device::nccl_send(send.data(), send.size(), type, root, c, stream), st.what());
@@ -212,7 +219,7 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
               else check_nccl(device::nccl_recv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
             }
           }
-          group.end();
+          return group.end();
         },
         detail::no_epilogue());
   }
@@ -221,9 +228,9 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
   static request post_iallgather(const communicator& comm, start& st, span<const T> send, span<T> recv, stream s) {
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](device::nccl_comm_t c, device::stream_t stream) {
-          if (send.empty()) return;
-          check_nccl(device::nccl_allgather(send.data(), recv.data(), send.size(), dtype_of<T>, c, stream),
+        [&](device::nccl_comm_t c, device::stream_t stream) -> device::nccl_result_t {
+          if (send.empty()) return device::nccl_success;
+          return checked_nccl(device::nccl_allgather(send.data(), recv.data(), send.size(), dtype_of<T>, c, stream),
                      st.what());
         },
         detail::no_epilogue());
@@ -236,7 +243,7 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
     const int me = comm.rank();
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](device::nccl_comm_t c, device::stream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) -> device::nccl_result_t {
           detail::nccl_group group(st.what());
           for (int r = 0; r < comm.size(); ++r) {
             const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
@@ -249,7 +256,7 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
               check_nccl(device::nccl_send(send.data(), send.size(), type, r, c, stream), cat(st.what(), ": send to ", r));
             if (n > 0) check_nccl(device::nccl_recv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
           }
-          group.end();
+          return group.end();
         },
         detail::no_epilogue());
   }
@@ -264,12 +271,11 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
     const auto reduction = detail::nccl_op(o, dtype_of<T>);
     return detail::nccl_launch_op(
         comm, s, st,
-        [&](device::nccl_comm_t c, device::stream_t stream) {
+        [&](device::nccl_comm_t c, device::stream_t stream) -> device::nccl_result_t {
           if (even) {
-            if (!recv.empty())
-              check_nccl(device::nccl_reduce_scatter(send.data(), recv.data(), recv.size(), type, reduction, c, stream),
-                         st.what());
-            return;
+            if (recv.empty()) return device::nccl_success;
+            return checked_nccl(device::nccl_reduce_scatter(send.data(), recv.data(), recv.size(), type, reduction, c, stream),
+                                st.what());
           }
           // Uneven blocks: one reduce per block, to the rank that owns it, in one group.
           detail::nccl_group group(st.what());
@@ -280,7 +286,7 @@ struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_reques
                                   r == comm.rank() ? recv.data() : nullptr, n, type, reduction, r, c, stream),
                        cat(st.what(), ": block of rank ", r));
           }
-          group.end();
+          return group.end();
         },
         detail::average_on_device(o, recv, comm.size()));
   }

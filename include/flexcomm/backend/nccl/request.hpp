@@ -128,6 +128,14 @@ class nccl_request : public basic_request<nccl_request> {
   void end(op_state how) noexcept {
     state_->finish(launch_->sequence, how);
     launch_->trace.end();
+    // A reached event goes back to the communicator for the next operation. (Never called with
+    // the state's mutex held when `how` is completed.)
+    if (how == op_state::completed && launch_.use_count() == 1) {
+      try {
+        state_->recycle(std::move(launch_->done));
+      } catch (...) {
+      }
+    }
     launch_.reset();
   }
 

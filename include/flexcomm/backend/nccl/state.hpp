@@ -31,9 +31,9 @@ class nccl_group {
   explicit nccl_group(const std::string& what) : what_(what) { check_nccl(device::nccl_group_start(), cat(what, ": ncclGroupStart")); }
   nccl_group(const nccl_group&) = delete;
   nccl_group& operator=(const nccl_group&) = delete;
-  void end() {
+  device::nccl_result_t end() {
     open_ = false;
-    check_nccl(device::nccl_group_end(), cat(what_, ": ncclGroupEnd"));
+    return checked_nccl(device::nccl_group_end(), cat(what_, ": ncclGroupEnd"));
   }
   ~nccl_group() {
     if (open_) device::nccl_group_end();
@@ -93,6 +93,23 @@ struct nccl_state {
   bool aborted = false;
   std::string abort_reason;
   std::vector<std::unique_ptr<device::nccl_comm_t>> split_slots;
+  // Completion events of finished operations, for the next ones: creating an event costs a
+  // runtime call (and microseconds) per operation, reusing one nothing. Under the mutex.
+  std::vector<cuda::event> spare_events;
+
+  // Called with the mutex held.
+  cuda::event take_event_locked(const std::string& what) {
+    if (spare_events.empty()) return cuda::event::create(what);
+    cuda::event e = std::move(spare_events.back());
+    spare_events.pop_back();
+    return e;
+  }
+  // An event whose operation completed; a handful are kept.
+  void recycle(cuda::event&& e) {
+    if (!e) return;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (spare_events.size() < 64) spare_events.push_back(std::move(e));
+  }
 
   nccl_state() = default;
   nccl_state(const nccl_state&) = delete;
@@ -146,8 +163,13 @@ struct nccl_state {
     }
   }
 
-  // Called with the mutex held, after an NCCL call: waits until the work is enqueued, so that an
-  // event recorded next really follows it.
+  // Called with the mutex held, after an NCCL call that returned `rc`: a nonblocking
+  // communicator's call that returned ncclInProgress is waited for until the work is enqueued,
+  // so that an event recorded next really follows it; one that returned success is enqueued.
+  void settle_locked(const std::string& what, device::nccl_result_t rc) {
+    if (rc != device::nccl_in_progress) return;
+    settle_locked(what);
+  }
   void settle_locked(const std::string& what) {
     if (!nccl_settle(comm, what, timeout())) {
       const auto reason = cat("enqueueing did not finish within ", timeout().count(), " ms (FLEXCOMM_TIMEOUT)");
@@ -174,8 +196,7 @@ struct nccl_state {
         check_nccl(device::nccl_recv(const_cast<void*>(p.buf), p.count, p.type, p.peer, comm, s),
                    cat(what, ": ncclRecv from ", p.peer));
     }
-    group.end();
-    settle_locked(what);
+    settle_locked(what, group.end());
     for (const auto& p : batch) {
       p.launch->done.record(p.stream ? p.stream : stream.get(), what);
       p.launch->launched = true;

@@ -18,6 +18,13 @@ inline void check_nccl(device::nccl_result_t code, const std::string& operation)
   fail(operation, cat(device::nccl_error_string(code), last && *last ? cat(" (", last, ")") : std::string()));
 }
 
+// check_nccl, giving the code back: ncclInProgress tells a nonblocking communicator's caller to
+// wait until the work is enqueued (nccl_state::settle_locked).
+inline device::nccl_result_t checked_nccl(device::nccl_result_t code, const std::string& operation) {
+  check_nccl(code, operation);
+  return code;
+}
+
 namespace detail {
 constexpr bool is_floating(dtype t) {
   return t == dtype::f32 || t == dtype::f64 || t == dtype::f16 || t == dtype::bf16;

@@ -50,6 +50,7 @@ class staged_request : public basic_request<staged_request<Direct>> {
       failed_ = true;
       throw;
     }
+    lane_->recycle(*op_);
     op_.reset();
     return true;
   }
