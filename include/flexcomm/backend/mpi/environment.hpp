@@ -273,13 +273,15 @@ class environment {
   }
 
   // How long MPI_Finalize may take once every rank is known to be done: FLEXCOMM_FINALIZE_TIMEOUT
-  // seconds, 0.5 by default; 0 waits forever. The shutdown barrier has proved every rank done, and
-  // a finalize that works takes 20-40 ms across the simulated hosts: half a second is ample, and
-  // bounds what MPICH 4.0.2's finalize hang over UCX costs a job (docs/reliability.md; it was 10 s,
-  // and most 3-host jobs ended 10 s after their work).
+  // seconds; 0 waits forever. By default 0.5 on MPICH: the shutdown barrier has proved every rank
+  // done, and a finalize that works takes 12-40 ms across the simulated hosts, so half a second
+  // bounds what MPICH 4.0.2's finalize hang over UCX costs a job (docs/reliability.md; it was
+  // 10 s, and most 3-host jobs ended 10 s after their work). 10 on Open MPI, where that hang has
+  // not been seen and where a rank's finalize may still owe a slower peer its last messages of
+  // the barrier: cut at 0.5 s, 2-3 runs in 100 left such a peer waiting.
   static std::chrono::milliseconds finalize_timeout() {
     const char* text = setting("FLEXCOMM_FINALIZE_TIMEOUT");
-    if (!text) return std::chrono::milliseconds{500};
+    if (!text) return mpi_implementation::default_finalize_timeout;
     return parse_seconds("FLEXCOMM_FINALIZE_TIMEOUT", text);
   }
 

@@ -7,6 +7,7 @@
 #include <mpi-ext.h>  // Open MPI declares its extensions (MPIX_CUDA_AWARE_SUPPORT) apart from mpi.h
 #endif
 
+#include <chrono>
 #include <cstdlib>
 
 namespace flexcomm::mpi_implementation {
@@ -23,6 +24,10 @@ inline constexpr const char* name = "MPICH";
 inline constexpr library built_against = library::other;
 inline constexpr const char* name = "MPI";
 #endif
+
+// How long MPI_Finalize may take by default once the shutdown barrier has proved every rank done
+// (FLEXCOMM_FINALIZE_TIMEOUT; backend/mpi/environment.hpp explains the two values).
+inline constexpr std::chrono::milliseconds default_finalize_timeout{built_against == library::open_mpi ? 10000 : 500};
 
 // Environment defaults set before MPI_Init (a value the user set wins). UCX, the transport of
 // Debian's MPICH and one of Open MPI's, stops progressing a TCP interface as soon as this process
