@@ -497,6 +497,16 @@ inline nccl_result_t nccl_fail(nccl_result_t r, std::string why) {
   return r;
 }
 
+// A query of communicator `c`: `read` on its state, or an error when there is no such one.
+template <class Read>
+nccl_result_t with_comm(nccl_comm_t c, Read&& read) {
+  the();
+  auto state = find(c);
+  if (!state) return nccl_fail(nccl_invalid_argument, "invalid communicator");
+  read(*state);
+  return nccl_success;
+}
+
 template <class F>
 void with_element(dtype t, F&& f) {
   switch (t) {
@@ -673,29 +683,16 @@ inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_
   return nccl_success;
 }
 inline nccl_result_t nccl_comm_count(nccl_comm_t comm, int* size) {
-  standin::the();
-  auto c = standin::find(comm);
-  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
-  *size = c->size;
-  return nccl_success;
+  return standin::with_comm(comm, [&](standin::nccl_state& c) { *size = c.size; });
 }
 inline nccl_result_t nccl_comm_user_rank(nccl_comm_t comm, int* rank) {
-  standin::the();
-  auto c = standin::find(comm);
-  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
-  *rank = c->rank;
-  return nccl_success;
+  return standin::with_comm(comm, [&](standin::nccl_state& c) { *rank = c.rank; });
 }
 inline nccl_result_t nccl_comm_get_async_error(nccl_comm_t comm, nccl_result_t* state) {
-  standin::the();
-  auto c = standin::find(comm);
-  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
-  *state = nccl_success;
-  return nccl_success;
+  return standin::with_comm(comm, [&](standin::nccl_state&) { *state = nccl_success; });
 }
 inline nccl_result_t nccl_comm_finalize(nccl_comm_t comm) {
-  standin::the();
-  return standin::find(comm) ? nccl_success : standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+  return standin::with_comm(comm, [](standin::nccl_state&) {});
 }
 inline nccl_result_t nccl_comm_destroy(nccl_comm_t comm) {
   standin::the();
