@@ -117,6 +117,35 @@ class stream_handle {
   device::stream_t stream_ = nullptr;
 };
 
+// Reached events, kept for the next operations of a communicator: an event created and destroyed
+// per operation costs runtime calls (and microseconds) each time, a reused one nothing. Only an
+// event whose work is done is given back; recording it again captures the new point.
+class event_pool {
+ public:
+  explicit event_pool(std::size_t keep) : keep_(keep) {}
+  event take(const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!spare_.empty()) {
+        event e = std::move(spare_.back());
+        spare_.pop_back();
+        return e;
+      }
+    }
+    return event::create(what);
+  }
+  void give_back(event& e) {
+    if (!e) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (spare_.size() < keep_) spare_.push_back(std::move(e));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<event> spare_;
+  std::size_t keep_;
+};
+
 // Pinned host memory, recycled: cudaMallocHost costs milliseconds, a staged transfer must not.
 // Blocks are kept per power-of-two size class for the life of the process.
 class pinned_pool {

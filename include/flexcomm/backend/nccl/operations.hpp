@@ -69,7 +69,7 @@ nccl_request nccl_launch_op(const nccl_communicator& comm, device::stream_t s, n
   st.settle_locked(what, enqueue(st.comm, stream));
   epilogue(stream);
   auto launch = std::make_shared<nccl_launch>();
-  launch->done = st.take_event_locked(what);
+  launch->done = st.events.take(what);
   launch->done.record(stream, what);
   launch->launched = true;
   launch->sequence = start.take_sequence();
@@ -100,7 +100,7 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
   std::lock_guard<std::mutex> lock(st.mutex);
   st.require_usable(what);
   auto launch = std::make_shared<nccl_launch>();
-  launch->done = st.take_event_locked(what);
+  launch->done = st.events.take(what);
   launch->sequence = start.take_sequence();
   st.deferred.push_back({send, buf.data(), buf.size(), dtype_of<std::remove_const_t<T>>, peer, s, launch});
   return nccl_request(comm.shared_state(), std::move(launch), what);

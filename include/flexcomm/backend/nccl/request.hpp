@@ -132,7 +132,7 @@ class nccl_request : public basic_request<nccl_request> {
     // the state's mutex held when `how` is completed.)
     if (how == op_state::completed && launch_.use_count() == 1) {
       try {
-        state_->recycle(std::move(launch_->done));
+        state_->events.give_back(launch_->done);
       } catch (...) {
       }
     }

@@ -93,23 +93,8 @@ struct nccl_state {
   bool aborted = false;
   std::string abort_reason;
   std::vector<std::unique_ptr<device::nccl_comm_t>> split_slots;
-  // Completion events of finished operations, for the next ones: creating an event costs a
-  // runtime call (and microseconds) per operation, reusing one nothing. Under the mutex.
-  std::vector<cuda::event> spare_events;
-
-  // Called with the mutex held.
-  cuda::event take_event_locked(const std::string& what) {
-    if (spare_events.empty()) return cuda::event::create(what);
-    cuda::event e = std::move(spare_events.back());
-    spare_events.pop_back();
-    return e;
-  }
-  // An event whose operation completed; a handful are kept.
-  void recycle(cuda::event&& e) {
-    if (!e) return;
-    std::lock_guard<std::mutex> lock(mutex);
-    if (spare_events.size() < 64) spare_events.push_back(std::move(e));
-  }
+  // Completion events of finished operations, for the next ones.
+  cuda::event_pool events{64};
 
   nccl_state() = default;
   nccl_state(const nccl_state&) = delete;

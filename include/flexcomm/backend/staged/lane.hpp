@@ -66,32 +66,15 @@ struct staged_lane {
   cuda::stream_handle back;  // host-to-device copies and epilogues
   std::size_t chunk_bytes = std::size_t{1} << 20;
   int device = 0;
-  // Events of finished operations, for the next ones (an event made per chunk costs a runtime
-  // call each time; a reused one nothing).
-  std::mutex spare_mutex;
-  std::vector<cuda::event> spare_events;
+  // Events of finished operations (one or two per chunk), for the next ones.
+  cuda::event_pool events{256};
 
-  cuda::event take_event(const std::string& what) {
-    {
-      std::lock_guard<std::mutex> lock(spare_mutex);
-      if (!spare_events.empty()) {
-        cuda::event e = std::move(spare_events.back());
-        spare_events.pop_back();
-        return e;
-      }
-    }
-    return cuda::event::create(what);
-  }
   // The events of a completed operation, every one of them reached.
   void recycle(staged_op& op) {
-    std::lock_guard<std::mutex> lock(spare_mutex);
-    auto keep = [&](cuda::event& e) {
-      if (e && spare_events.size() < 256) spare_events.push_back(std::move(e));
-    };
-    keep(op.issued);
+    events.give_back(op.issued);
     for (auto& c : op.chunks) {
-      keep(c.staged);
-      keep(c.returned);
+      events.give_back(c.staged);
+      events.give_back(c.returned);
     }
   }
 
@@ -128,7 +111,7 @@ struct staged_lane {
     for (auto& c : op.chunks) {
       if (c.phase == staged_chunk::in_flight && c.transfer.test()) {
         if (op.finish(c, back.get())) {
-          c.returned = take_event(op.what);
+          c.returned = events.take(op.what);
           c.returned.record(back.get(), op.what);
           c.phase = staged_chunk::returning;
         } else {

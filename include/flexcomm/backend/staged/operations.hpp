@@ -94,7 +94,7 @@ class staged_builder : public unchecked_calls {
 
   template <class Start, class Finish>
   staged_request<Direct> launch(Start start, Finish finish) {
-    op_->issued = lane_.take_event(op_->what);
+    op_->issued = lane_.events.take(op_->what);
     op_->issued.record(stream_, op_->what);
     op_->start = std::move(start);
     device::event_t issued = op_->issued.get();
@@ -114,7 +114,7 @@ class staged_builder : public unchecked_calls {
 
  private:
   void mark(staged_chunk& c) {
-    c.staged = lane_.take_event(op_->what);
+    c.staged = lane_.events.take(op_->what);
     c.staged.record(stream_, op_->what);
   }
 
