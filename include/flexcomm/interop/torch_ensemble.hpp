@@ -244,7 +244,7 @@ inline void print_accuracies(const evaluation& e) {
     probabilities.push_back(m.exp());
   }
   std::snprintf(number, sizeof number, "%.3f", accuracy(torch::stack(probabilities).mean(0), e.targets));
-  std::printf("%s | ensemble %s\n", line.c_str(), number);
+  std::printf("\n%s | ensemble %s\n", line.c_str(), number);  // a line of its own, after a trainer's \r progress
   std::fflush(stdout);
 }
 
