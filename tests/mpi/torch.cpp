@@ -517,3 +517,21 @@ BOOST_AUTO_TEST_CASE(replicas_seeded_apart_train_as_one_and_each_epoch_is_report
     BOOST_TEST(all_ranks(ok));
   }
 }
+
+// A trainer function that walks fewer epochs than the dataset's is refused when it returns, on
+// every rank: the epochs are stated once, in dataset_of.
+BOOST_AUTO_TEST_CASE(a_loop_shorter_than_the_dataset_is_refused) {
+  counting data;
+  fi::ensemble_options options{"baseline", 1};
+  options.end_job_on_error = false;
+  const auto message = error_of([&] {
+    fi::train_ensemble(
+        world(), options, fi::dataset_of(data, 4, 2),
+        [](fi::trainer& ctx) {
+          auto loader = ctx.loader();
+          for (auto& batch : *loader) (void)batch;  // one epoch of two
+        },
+        [](const fi::evaluation&) {});
+  });
+  BOOST_TEST(all_ranks(contains(message, "fewer epochs than")));
+}
