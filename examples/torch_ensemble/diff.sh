@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# The port in numbers: the unified diff from plain.cpp to ensemble.cpp, then its line counts.
-#   diff.sh          print both
-#   diff.sh --check  exit 1 unless docs/porting.md holds exactly this diff and count
+# A port in numbers: the unified diff from the original trainer to its port, then its line counts.
+#   diff.sh [mnist|ensemble]          print both (mnist: mnist.cpp to mnist_ensemble.cpp, the
+#                                     default; ensemble: plain.cpp to ensemble.cpp)
+#   diff.sh --check [mnist|ensemble]  exit 1 unless docs/porting.md holds exactly this diff and count
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+check=""
+if [ "${1:-}" = "--check" ]; then check=1; shift; fi
+case "${1:-mnist}" in
+  mnist) original=mnist.cpp port=mnist_ensemble.cpp ;;
+  ensemble) original=plain.cpp port=ensemble.cpp ;;
+  *) echo "diff.sh: unknown port '$1' (mnist, ensemble)" >&2; exit 2 ;;
+esac
 current() {
-  (cd "$root" && diff -u --label plain.cpp --label ensemble.cpp examples/torch_ensemble/plain.cpp \
-                  examples/torch_ensemble/ensemble.cpp || true)
+  (cd "$root/examples/torch_ensemble" && diff -u --label "$original" --label "$port" "$original" "$port" || true)
   local added removed
-  read -r added removed _ < <(cd "$root" && git diff --no-index --numstat examples/torch_ensemble/plain.cpp \
-                                                 examples/torch_ensemble/ensemble.cpp || true)
-  echo "lines added: $added, removed: $removed (of $(wc -l < "$root/examples/torch_ensemble/plain.cpp") in plain.cpp)"
+  read -r added removed _ < <(cd "$root/examples/torch_ensemble" && git diff --no-index --numstat "$original" "$port" || true)
+  echo "lines added: $added, removed: $removed (of $(wc -l < "$root/examples/torch_ensemble/$original") in $original)"
 }
-if [ "${1:-}" = "--check" ]; then
-  documented=$(sed -n '/^```diff$/,/^```$/p' "$root/docs/porting.md" | sed '1d;$d')
+if [ -n "$check" ]; then
+  # The ```diff block of docs/porting.md that starts with this original's name.
+  documented=$(awk -v first="--- $original" '
+    /^```diff$/ { inside = 1; n = 0; next }
+    /^```$/ && inside { if (block) exit; inside = 0; next }
+    inside { if (n++ == 0 && $0 == first) block = 1; if (block) print }' "$root/docs/porting.md")
   if [ "$documented" != "$(current)" ]; then
-    echo "docs/porting.md's diff is not the diff of plain.cpp and ensemble.cpp; paste examples/torch_ensemble/diff.sh's output"
+    echo "docs/porting.md's diff is not the diff of $original and $port; paste examples/torch_ensemble/diff.sh $1's output"
     exit 1
   fi
-  echo "docs/porting.md holds the current diff"
+  echo "docs/porting.md holds the current diff of $original and $port"
   exit 0
 fi
 current

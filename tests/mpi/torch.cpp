@@ -338,9 +338,10 @@ BOOST_AUTO_TEST_CASE(a_torch_dataset_arrives_as_tensor_batches) {
 }
 
 // Walks `range` once as epoch `epoch` of the counting dataset (2 epochs of 11 samples in batches
-// of 4): 3 steps and 11 samples over the world in each epoch, none after the last.
+// of 4): 3 steps and 11 samples over the world in each epoch; a walk after the last is refused.
 template <class Range>
 bool walks_epoch(Range&& range, std::int64_t epoch) {
+  if (epoch >= 2) return contains(error_of([&] { range.begin(); }), "one more than the feed's dataset has");
   bool ok = true;
   std::int64_t steps = 0, samples = 0, first = -1;
   for (auto& batch : range) {
@@ -356,7 +357,7 @@ bool walks_epoch(Range&& range, std::int64_t epoch) {
 }
 
 // fi::epoch: one epoch per range-for, as a DataLoader gives it; the next epoch's first batch is
-// left in the feed, and a range after the last epoch is empty.
+// left in the feed, and a range after the last epoch is an error (not an empty epoch).
 BOOST_AUTO_TEST_CASE(an_epoch_range_stops_at_the_end_of_each_epoch) {
   const fc::ensemble_layout layout(0, {world().size()}, 0);
   counting data;
@@ -443,10 +444,94 @@ BOOST_AUTO_TEST_CASE(an_ensemble_trains_and_gathers_under_every_preset) {
 BOOST_AUTO_TEST_CASE(an_ensemble_without_ranks_for_its_members_is_refused) {
   const int n = world().size();
   counting data;
+  fi::ensemble_options options{"baseline", n + 1};
+  options.end_job_on_error = false;  // thrown, for the test to see
   const auto message = error_of([&] {
-    fi::train_ensemble(world(), {"baseline", n + 1}, fi::dataset_of(data, 4), torch::zeros({3}),
+    fi::train_ensemble(world(), options, fi::dataset_of(data, 4), torch::zeros({3}),
                        [](fi::trainer&, const torch::Tensor& part) { return part; },
                        [](const std::vector<torch::Tensor>&) {});
   });
   BOOST_TEST(all_ranks(contains(message, "fewer than the " + std::to_string(n + 1) + " members")));
+}
+
+// A mapped and stacked dataset (Normalize, then Stack) through dataset_of; the replicas of a
+// member, seeded by world rank, start and end equal (average_gradients broadcasts from the
+// member's first rank); each epoch's test reaches the aggregator's report with every member's
+// outputs; ctx.reports() is each member's first rank. Under every preset the world has ranks for.
+BOOST_AUTO_TEST_CASE(replicas_seeded_apart_train_as_one_and_each_epoch_is_reported) {
+  const int n = world().size();
+  const auto evaluation = torch::arange(10, torch::kFloat32).view({5, 2}).repeat({1, 3});  // 5 samples of 6
+  for (const char* preset : fc::presets::names) {
+    const int producers = std::string(preset) == "single_broadcast" ? 1 : std::string(preset) == "multi_broadcast" ? 2 : 0;
+    if (n - producers < 1) continue;
+    const int members = std::min(2, n - producers);
+    auto data = counting().map(torch::data::transforms::Normalize<>(0.5, 2.0)).map(torch::data::transforms::Stack<>());
+    bool ok = true;
+    std::vector<int> reported;
+    fi::ensemble_options options{preset, members};
+    options.end_job_on_error = false;
+    fi::train_ensemble(
+        world(), options, fi::dataset_of(data, 4, 2),
+        [&](fi::trainer& ctx) {
+          torch::manual_seed(static_cast<std::uint64_t>(100 + world().rank()));
+          torch::nn::Linear model(6, 2);
+          // The member's extremes of every parameter: apart before (seeds differ), equal after.
+          const auto spread = [&] {
+            float apart = 0;
+            for (auto& p : model->parameters()) {
+              auto high = p.detach().clone().contiguous(), low = -high;
+              fc::mpi::iallreduce(ctx.comm(), fc::span<float>(high.data_ptr<float>(), high.numel()), fc::op::max).wait();
+              fc::mpi::iallreduce(ctx.comm(), fc::span<float>(low.data_ptr<float>(), low.numel()), fc::op::max).wait();
+              apart = std::max(apart, (high + low).abs().max().item<float>());
+            }
+            return apart;
+          };
+          ok = ok && (ctx.member_size() == 1 || spread() > 0) && ctx.reports() == (ctx.rank_in_member() == 0);
+          ctx.average_gradients(*model);
+          ok = ok && spread() == 0;
+          torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
+          auto loader = ctx.loader();
+          for (int epoch = 0; epoch < 2; ++epoch) {
+            for (auto& batch : *loader) {
+              // Normalize ran on the loading rank: sample i is (i - 0.5) / 2, its target 10 i.
+              const auto x = batch.data.view({-1, 6});
+              ok = ok && torch::allclose(x.select(1, 0), (batch.target.to(torch::kFloat32) / 10 - 0.5) / 2);
+              optimizer.zero_grad();
+              model->forward(x).pow(2).mean().backward();
+              optimizer.step();
+            }
+            torch::NoGradGuard no_grad;
+            fi::evaluated(model->forward(evaluation), torch::arange(5));
+          }
+          ok = ok && spread() == 0;
+        },
+        [&](const fi::evaluation& e) {
+          reported.push_back(e.epoch);
+          ok = ok && static_cast<int>(e.members.size()) == members && torch::equal(e.targets, torch::arange(5)) &&
+               e.members[0].sizes().vec() == std::vector<std::int64_t>{5, 2};
+        });
+    int reports = static_cast<int>(reported.size());
+    fc::mpi::iallreduce(world(), fc::span<int>(&reports, 1), fc::op::sum).wait();
+    ok = ok && reports == 2 && (reported.empty() || reported == std::vector<int>{1, 2});
+    BOOST_TEST_INFO("preset " << preset);
+    BOOST_TEST(all_ranks(ok));
+  }
+}
+
+// A trainer function that walks fewer epochs than the dataset's is refused when it returns, on
+// every rank: the epochs are stated once, in dataset_of.
+BOOST_AUTO_TEST_CASE(a_loop_shorter_than_the_dataset_is_refused) {
+  counting data;
+  fi::ensemble_options options{"baseline", 1};
+  options.end_job_on_error = false;
+  const auto message = error_of([&] {
+    fi::train_ensemble(
+        world(), options, fi::dataset_of(data, 4, 2),
+        [](fi::trainer& ctx) {
+          auto loader = ctx.loader();
+          for (auto& batch : *loader) (void)batch;  // one epoch of two
+        },
+        [](const fi::evaluation&) {});
+  });
+  BOOST_TEST(all_ranks(contains(message, "fewer epochs than")));
 }

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -54,11 +55,14 @@ torch::Tensor samples(const typed_batch& batch);
 template <class T = std::int64_t>
 torch::Tensor labels(const typed_batch& batch);
 
-// The dataset a typed feed needs, from a torch::data dataset whose get(i) returns an Example of
-// data and target tensors (every sample of one shape and type, read from get(0) on every rank).
-// The feed calls get(i) on the ranks that load and copies the tensors into its batch: `data`
-// must outlive the run, and give the same sample for i wherever it runs. In index order, the
-// short last batch delivered, as torch::data's SequentialSampler does.
+// The dataset a typed feed needs, from a torch::data dataset of Examples of data and target
+// tensors (every sample of one shape and type, read from sample 0 on every rank): a Dataset's
+// get(i), or a mapped one's get_batch({i}) (MNIST(root).map(Normalize<>(...)).map(Stack<>()):
+// the transforms run where the sample is loaded, on the producers under a broadcast preset; a
+// Stack's batch of one loses its batch dimension). The feed loads sample i on the ranks that
+// load and copies its tensors into its batch: `data` must outlive the run, and give the same
+// sample for i wherever it runs. In index order, the short last batch delivered, as torch::data's
+// SequentialSampler does. `epochs` is the stream's length: a data_loader refuses an epoch more.
 template <class Dataset>
 dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs = 1);
 
@@ -71,7 +75,14 @@ using next_batch = std::function<std::optional<typed_batch>()>;
 class epoch_iterator {
  public:
   epoch_iterator() = default;
-  explicit epoch_iterator(next_batch* next) : next_(next) { advance(); }
+  // A walk that finds the stream over is refused: a loop of more epochs than the dataset's would
+  // otherwise get empty ones, silently.
+  explicit epoch_iterator(next_batch* next) : next_(next) {
+    advance();
+    check(next_ != nullptr, "interop::data_loader",
+          "every epoch of the dataset has been walked: the loop asks for one more than the feed's dataset has "
+          "(state the epochs once: the dataset's, as dataset_of(data, batch, epochs) gives them)");
+  }
   torch::data::Example<>& operator*() noexcept { return example_; }
   torch::data::Example<>* operator->() noexcept { return &example_; }
   epoch_iterator& operator++() {
@@ -97,7 +108,8 @@ class epoch_iterator {
 // One epoch of a typed feed's batches as torch::data's DataLoader gives them, so that a libtorch
 // loop keeps its shape: for (auto& batch : fi::epoch(ctx.batches())) { batch.data; batch.target; }
 // Each batch is an Example of samples<float>() and labels<std::int64_t>() (views, valid until
-// the loop moves on); the loop ends after the epoch's last step, or with the stream.
+// the loop moves on); the loop ends after the epoch's last step. An epoch past the stream's last
+// is an error.
 template <class TypedFeed>
 class epoch {
  public:
@@ -330,11 +342,35 @@ torch::Tensor labels(const typed_batch& batch) {
   return detail::view_of(batch.labels<T>());
 }
 
+namespace detail {
+template <class D, class = void>
+struct has_get : std::false_type {};
+template <class D>
+struct has_get<D, std::void_t<decltype(std::declval<D&>().get(std::size_t{}))>> : std::true_type {};
+
+// Sample i of a torch::data dataset: get(i), or a batch of that one index.
+template <class Dataset>
+torch::data::Example<> example_of(Dataset& data, std::size_t i) {
+  if constexpr (has_get<Dataset>::value) {
+    return data.get(i);
+  } else {
+    const std::vector<std::size_t> one{i};
+    auto batch = data.get_batch(one);
+    if constexpr (std::is_same_v<decltype(batch), torch::data::Example<>>) {
+      return {batch.data[0], batch.target[0]};  // stacked: [1, ...]
+    } else {
+      check(batch.size() == 1, "interop::dataset_of", cat("a batch of sample ", i, " holds ", batch.size(), " samples"));
+      return batch[0];
+    }
+  }
+}
+}  // namespace detail
+
 template <class Dataset>
 dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs) {
   const auto size = data.size();
   check(size.has_value() && *size > 0, "interop::dataset_of", "the dataset has no size, or none to train on");
-  const auto first = data.get(0);
+  const auto first = detail::example_of(data, 0);
   dataset d;
   d.size = static_cast<std::int64_t>(*size);
   d.batch = batch;
@@ -342,7 +378,7 @@ dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs) {
   d.sample = detail::field_of(first.data, "interop::dataset_of: data");
   d.label = detail::field_of(first.target, "interop::dataset_of: target");
   d.load_sample = [&data, sample = d.sample, label = *d.label](std::int64_t i, const sample_slot& out) {
-    auto example = data.get(static_cast<std::size_t>(i));
+    auto example = detail::example_of(data, static_cast<std::size_t>(i));
     detail::copy_into(out.sample_bytes(), example.data, sample, i);
     detail::copy_into(out.label_bytes(), example.target, label, i);
   };

@@ -11,16 +11,33 @@
 //       },
 //       [&](const std::vector<torch::Tensor>& members) {...});  // on the aggregator
 //
+// Or, for a trainer that tests after each epoch (pytorch/examples' mnist.cpp), the members'
+// outputs on each epoch's test go to a report on the aggregator (docs/porting.md):
+//
+//   fi::train_ensemble(env.world(), options, fi::dataset_of(train_dataset, 64, epochs),
+//       [&](fi::trainer& ctx) {...  test(): fi::evaluated(output, targets); ...},
+//       fi::print_accuracies);                                   // each epoch, on the aggregator
+//
+// A member's ranks start from its first rank's parameters and buffers (average_gradients
+// broadcasts them, as DistributedDataParallel does), print once per member (quiet_replicas), and
+// an error ends the job on every rank with its flexcomm: rank N: message, exit status 1.
+//
 // MPI and CPU tensors (the presets' default backend). For options this does not take (bucket
 // sizes, feed depth), build the pipeline with presets::visit and wrap its context in a trainer.
 #pragma once
 
+#include <fcntl.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,75 +55,312 @@ namespace flexcomm::interop {
 // same type under every preset (a pipeline context of any preset, type-erased).
 class trainer {
  public:
+  // `evaluates`: the runner takes evaluated()'s rounds (train_ensemble with a report).
   template <class Context>
-  explicit trainer(Context& ctx)
+  explicit trainer(Context& ctx, bool evaluates = false)
       : member_(ctx.member()),
         rank_in_member_(ctx.rank_in_member()),
         member_size_(ctx.member_size()),
         members_(ctx.members()),
+        evaluates_(evaluates),
         comm_(&ctx.comm()),
         next_([&ctx] { return ctx.batches().next(); }),
         attach_([&ctx](torch::nn::Module& module, handover how) -> std::unique_ptr<gradients> {
           return std::make_unique<gradient_sync<std::decay_t<decltype(ctx.sync())>>>(ctx.sync(), module, how);
+        }),
+        submit_([&ctx](const torch::Tensor& t) {
+          if (t.defined()) {
+            interop::submit(ctx.collect(), t);
+          } else {
+            ctx.collect().submit(span<const float>());
+          }
         }) {}
 
   int member() const noexcept { return member_; }
   int rank_in_member() const noexcept { return rank_in_member_; }
   int member_size() const noexcept { return member_size_; }
   int members() const noexcept { return members_; }
+  // Whether this rank speaks for its member: its first rank. Its replicas hold the same model
+  // (average_gradients), so what it prints or evaluates stands for theirs.
+  bool reports() const noexcept { return rank_in_member_ == 0; }
   // The member's communicator, for what the trainer does on its own.
   const mpi::communicator& comm() const noexcept { return *comm_; }
 
   // This trainer's share of every batch, as torch::data::make_data_loader gives a dataset: each
-  // range-for over *loader walks the next epoch (fi::data_loader).
-  std::unique_ptr<data_loader> loader() const { return std::make_unique<data_loader>(next_); }
+  // range-for over *loader walks the next epoch (fi::data_loader); one more than the dataset's
+  // epochs is an error, and so is returning before the last (the epochs are stated once).
+  std::unique_ptr<data_loader> loader() {
+    loader_made_ = true;
+    return std::make_unique<data_loader>([this] { return next(); });
+  }
 
-  // Attaches the member's Sync to the module's parameters (gradient_sync); by default each
-  // backward() leaves the member's average in every p.grad() (handover::within_backward), so the
-  // training loop does not change. Once per trainer (the Sync numbers one module's parameters);
-  // the hooks stay until the trainer function returns.
+  // Makes the member's replicas equal, broadcasting the module's parameters and buffers from the
+  // member's first rank (as DistributedDataParallel does at construction: a trainer seeded by
+  // rank still trains one model per member), then attaches the member's Sync to its parameters
+  // (gradient_sync); by default each backward() leaves the member's average in every p.grad()
+  // (handover::within_backward), so the training loop does not change. Once per trainer (the
+  // Sync numbers one module's parameters); the hooks stay until the trainer function returns.
   gradients& average_gradients(torch::nn::Module& module, handover how = handover::within_backward) {
     check(!attached_, "interop::trainer", "average_gradients() attaches one module per trainer; it was called twice");
+    replicate(module);
     attached_ = attach_(module, how);
     return *attached_;
   }
 
+  // One batch of outputs on the evaluation set, and its targets (one per sample), in the test
+  // after an epoch: the batches handed over between two epochs (and after the last) are that
+  // epoch's round, and the aggregator's report gets every member's. Every rank of every member
+  // evaluates at the same epochs, the samples in one order (a SequentialSampler); the member's
+  // first rank's outputs are the member's, its replicas' are dropped (the same model).
+  void evaluated(const torch::Tensor& outputs, const torch::Tensor& targets) {
+    const char* what = "interop::evaluated";
+    check(evaluates_, what, "needs train_ensemble with a report(evaluation) to send the outputs to");
+    check(outputs.defined() && targets.defined() && outputs.dim() > 0 && outputs.size(0) == targets.numel(), what,
+          "outputs and targets: one row of outputs per target, samples along dimension 0");
+    pending_ = true;
+    if (!reports()) return;
+    torch::NoGradGuard plain;
+    outputs_.push_back(outputs.detach().to(torch::kCPU).to(torch::kFloat32).reshape({outputs.size(0), -1}));
+    targets_.push_back(targets.detach().to(torch::kCPU).to(torch::kFloat32).reshape({-1}));
+  }
+
+  // The runner's, after the trainer function: the last round, and the stream's end.
+  void finish() {
+    end_round();
+    if (loader_made_ && !stream_over_)
+      check(!next_(), "interop::trainer",
+            "the trainer function returned before the dataset's last epoch: its loop ran fewer epochs than "
+            "dataset_of(data, batch, epochs) gives (state the epochs once)");
+  }
+
  private:
+  std::optional<typed_batch> next() {
+    if (epoch_starts_) end_round();
+    auto batch = next_();
+    stream_over_ = !batch;
+    epoch_starts_ = batch && batch->last_in_epoch();
+    return batch;
+  }
+
+  // Two rounds: outputs, then targets (empty from replicas).
+  void end_round() {
+    if (!pending_) return;
+    pending_ = false;
+    submit_(outputs_.empty() ? torch::Tensor() : torch::cat(outputs_));
+    submit_(targets_.empty() ? torch::Tensor() : torch::cat(targets_));
+    outputs_.clear();
+    targets_.clear();
+  }
+
+  void replicate(torch::nn::Module& module) const {
+    if (member_size_ < 2) return;
+    torch::NoGradGuard plain;
+    std::vector<torch::Tensor> state = module.parameters();
+    for (auto& b : module.buffers()) state.push_back(b);
+    for (auto& t : state) {
+      torch::Tensor dense = t.contiguous();
+      visit_scalar_type(dense, "interop::trainer: average_gradients", [&](auto element) {
+        using T = decltype(element);
+        mpi::ibcast(*comm_, elements<T>(dense, "interop::trainer: average_gradients (the module's state)"), 0).wait();
+      });
+      if (!dense.is_same(t)) t.copy_(dense);
+    }
+  }
+
   int member_, rank_in_member_, member_size_, members_;
+  bool evaluates_;
   const mpi::communicator* comm_;
   std::function<std::optional<typed_batch>()> next_;
   std::function<std::unique_ptr<gradients>(torch::nn::Module&, handover)> attach_;
+  std::function<void(const torch::Tensor&)> submit_;
   std::unique_ptr<gradients> attached_;
+  bool loader_made_ = false, stream_over_ = false, epoch_starts_ = true, pending_ = false;
+  std::vector<torch::Tensor> outputs_, targets_;
 };
 
 struct ensemble_options {
   std::string preset = "single_broadcast";  // presets::names
-  int members = 1;
-  std::string sync = "allreduce";  // or "ring" (overlapped_ring); the baseline's is allreduce
+  int members = 0;                          // 0: the layout's; without one, 1 (one model, data-parallel)
+  std::string sync = "allreduce";           // or "ring" (overlapped_ring); the baseline's is allreduce
+  // "producers=1 members=2,1,1 aggregator=1" (ensemble_layout::parse); empty: FLEXCOMM_LAYOUT,
+  // else the members spread over the ranks after the preset's producers.
+  std::string layout{};
+  // Stdout of a member's ranks but its first goes to /dev/null while the trainer function runs:
+  // its prints come once per member (trainer::reports() says which rank prints).
+  bool quiet_replicas = true;
+  // An error ends the job on every rank that has it: its message (flexcomm: rank N: ...) on
+  // stderr, then MPI_Abort(1), instead of std::terminate. false: it is thrown (tests).
+  bool end_job_on_error = true;
 };
 
-// The layout train_ensemble runs on: FLEXCOMM_LAYOUT when set (it must have o.members members),
-// else o.members members spread over the ranks after the preset's producers, the first members
-// taking one rank more where they do not divide, the first trainer aggregating. Then the
-// preset's producers (Preset::layout_for).
+// The layout train_ensemble runs on: o.layout, else FLEXCOMM_LAYOUT (either must have o.members
+// members when o.members is given), else o.members (or 1) members spread over the ranks after the
+// preset's producers, the first members taking one rank more where they do not divide, the first
+// trainer aggregating. Then the preset's producers (Preset::layout_for).
 template <class Preset>
 ensemble_layout ensemble_layout_for(int world_size, const ensemble_options& o) {
   const char* what = "interop::train_ensemble";
-  check(o.members > 0, what, cat("an ensemble of ", o.members, " members"));
-  if (const char* text = setting("FLEXCOMM_LAYOUT")) {
+  check(o.members >= 0, what, cat("an ensemble of ", o.members, " members"));
+  const char* variable = setting("FLEXCOMM_LAYOUT");
+  const std::string text = !o.layout.empty() ? o.layout : variable ? variable : "";
+  if (!text.empty()) {
     auto layout = ensemble_layout::parse(text);
-    check(layout.members() == o.members, what,
-          cat("FLEXCOMM_LAYOUT '", text, "' has ", layout.members(), " members; the trainer asks for ", o.members));
+    check(o.members == 0 || layout.members() == o.members, what,
+          cat("layout '", text, "' has ", layout.members(), " members; the trainer asks for ", o.members));
     return Preset::layout_for(layout);
   }
+  const int members = o.members > 0 ? o.members : 1;
   const int producers = Preset::min_producers, trainers = world_size - producers;
-  check(trainers >= o.members, what,
+  check(trainers >= members, what,
         cat(world_size, " ranks, less ", Preset::name, "'s producers (", producers, "), leave ", trainers,
-            " to train, fewer than the ", o.members, " members (start ", producers + o.members,
-            " ranks or more, or set FLEXCOMM_LAYOUT)"));
+            " to train, fewer than the ", members, " members (start ", producers + members,
+            " ranks or more, or give a layout)"));
   std::vector<int> sizes;
-  for (int m = 0; m < o.members; ++m) sizes.push_back(trainers / o.members + (m < trainers % o.members ? 1 : 0));
+  for (int m = 0; m < members; ++m) sizes.push_back(trainers / members + (m < trainers % members ? 1 : 0));
   return ensemble_layout(producers, sizes, producers);
+}
+
+// What the report gets after each epoch's test, on the aggregator.
+struct evaluation {
+  int epoch = 0;                       // 1, 2, ...: the rounds of evaluated() outputs
+  std::vector<torch::Tensor> members;  // per member, its outputs: float32 [samples, -1]
+  torch::Tensor targets;               // the samples' targets: int64 [samples]
+};
+
+// The fraction of rows whose largest output is the target.
+inline double accuracy(const torch::Tensor& outputs, const torch::Tensor& targets) {
+  return outputs.argmax(1).eq(targets).to(torch::kFloat64).mean().item<double>();
+}
+
+// A report for classifiers whose outputs are log-probabilities (log_softmax, which nll_loss
+// takes): each member's accuracy, and the ensemble's, of the members' probabilities averaged.
+inline void print_accuracies(const evaluation& e) {
+  std::string line = cat("Epoch ", e.epoch, ": members");
+  char number[32];
+  std::vector<torch::Tensor> probabilities;
+  for (const auto& m : e.members) {
+    std::snprintf(number, sizeof number, " %.3f", accuracy(m, e.targets));
+    line += number;
+    probabilities.push_back(m.exp());
+  }
+  std::snprintf(number, sizeof number, "%.3f", accuracy(torch::stack(probabilities).mean(0), e.targets));
+  std::printf("\n%s | ensemble %s\n", line.c_str(), number);  // a line of its own, after a trainer's \r progress
+  std::fflush(stdout);
+}
+
+namespace detail {
+// While quiet, this process's stdout goes to /dev/null (a replica's prints).
+class quiet_stdout {
+ public:
+  explicit quiet_stdout(bool on) {
+    if (on) quiet();
+  }
+  quiet_stdout(const quiet_stdout&) = delete;
+  quiet_stdout& operator=(const quiet_stdout&) = delete;
+  ~quiet_stdout() { speak(); }
+  bool is_quiet() const noexcept { return saved_ >= 0; }
+  void quiet() {
+    if (saved_ >= 0) return;
+    flush();
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null < 0) return;  // the prints stay: not worth failing a run over
+    saved_ = ::dup(STDOUT_FILENO);
+    if (saved_ >= 0) ::dup2(null, STDOUT_FILENO);
+    ::close(null);
+  }
+  void speak() {
+    if (saved_ < 0) return;
+    flush();
+    ::dup2(saved_, STDOUT_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+
+ private:
+  static void flush() {
+    std::cout.flush();
+    std::fflush(stdout);
+  }
+  int saved_ = -1;
+};
+
+// The trainer whose function runs on this thread, for evaluated() in a test() that has no ctx.
+inline trainer*& current_trainer() {
+  thread_local trainer* t = nullptr;
+  return t;
+}
+class running {
+ public:
+  explicit running(trainer& t) : before_(current_trainer()) { current_trainer() = &t; }
+  running(const running&) = delete;
+  running& operator=(const running&) = delete;
+  ~running() { current_trainer() = before_; }
+
+ private:
+  trainer* before_;
+};
+
+// f(), or, with `end_job`, f() whose error ends the job: every rank that has one prints it
+// (flexcomm: rank N: operation: cause) and leaves with status 1, none through std::terminate.
+template <class F>
+void ending_job_on_error(const mpi::communicator& world, bool end_job, F&& f) {
+  if (!end_job) {
+    f();
+    return;
+  }
+  std::string message;
+  try {
+    f();
+    return;
+  } catch (const error& e) {
+    message = e.what();
+  } catch (const c10::Error& e) {
+    message = error(world.rank(), "interop::train_ensemble", e.what_without_backtrace()).what();
+  } catch (const std::exception& e) {
+    message = error(world.rank(), "interop::train_ensemble", e.what()).what();
+  }
+  std::cout.flush();
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(1)\n", message.c_str(), world.rank());
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets the other ranks print theirs
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+// One epoch's evaluation from its two rounds (outputs, then targets), checked: the members
+// evaluated the same samples in the same order.
+inline evaluation evaluation_of(int epoch, gathered<float>& outputs, gathered<float>& targets) {
+  const char* what = "interop::train_ensemble: evaluation";
+  evaluation e;
+  e.epoch = epoch;
+  for (int m = 0; m < static_cast<int>(targets.member_counts.size()); ++m) {
+    const auto t = targets.member(m);
+    const auto o = outputs.member(m);
+    const auto rows = static_cast<std::int64_t>(t.size());
+    auto member_targets = copied<float>(span<const float>(t.data(), t.size()), {rows}).to(torch::kInt64);
+    check(rows > 0 && o.size() % t.size() == 0, what,
+          cat("epoch ", epoch, ": member ", m, " evaluated ", rows, " targets and ", o.size(), " outputs (one row of "
+              "outputs per target, from the member's first rank)"));
+    if (m == 0) {
+      e.targets = member_targets;
+    } else {
+      check(torch::equal(member_targets, e.targets), what,
+            cat("epoch ", epoch, ": member ", m, " evaluated other samples, or in another order, than member 0 (a "
+                "SequentialSampler gives every member the test set in one order)"));
+    }
+    e.members.push_back(copied<float>(span<const float>(o.data(), o.size()),
+                                      {rows, static_cast<std::int64_t>(o.size()) / rows}));
+  }
+  return e;
+}
+}  // namespace detail
+
+// For test() functions that get no trainer: evaluated() of the trainer this rank runs.
+inline void evaluated(const torch::Tensor& outputs, const torch::Tensor& targets) {
+  trainer* t = detail::current_trainer();
+  check(t != nullptr, "interop::evaluated", "called outside a train_ensemble trainer function");
+  t->evaluated(outputs, targets);
 }
 
 // Trains the ensemble, collectively over `world`: producers load, each trainer runs
@@ -119,49 +373,95 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
                            const torch::Tensor& evaluation,
                            const std::function<torch::Tensor(trainer&, const torch::Tensor&)>& train,
                            const std::function<void(const std::vector<torch::Tensor>&)>& aggregate) {
-  const char* what = "interop::train_ensemble";
-  check(evaluation.defined() && evaluation.dim() > 0 && evaluation.size(0) > 0, what,
-        "the evaluation set is empty; the members' outputs on it are what the aggregator gets");
-  const std::int64_t samples = evaluation.size(0);
-  presets::visit(o.preset, o.sync, [&](auto preset) {
-    using Preset = decltype(preset);
-    typename Preset::pipeline pipe(world, ensemble_layout_for<Preset>(world.size(), o), Preset::configure({}));
-    pipe.run(
-        std::move(data),
-        [&](auto& ctx) {
-          torch::Tensor out;
-          {
-            trainer t(ctx);
-            out = train(t, evaluation_slice(evaluation, ctx));
-          }
-          // Something goes to the aggregator whatever happened, so that it fails too, not waits.
-          if (!out.defined()) {
-            ctx.collect().submit(span<const float>());
-            fail(what, cat("member ", ctx.member(), " rank ", ctx.rank_in_member(), ": train returned no tensor"));
-          }
-          submit(ctx.collect(), out.to(torch::kFloat32));
-        },
-        [&](auto& ctx) {
-          auto round = ctx.collect().template gather<float>();
-          std::vector<torch::Tensor> members;
-          for (int m = 0; m < ctx.layout().members(); ++m) {
-            const int ranks = ctx.layout().member_size(m);
-            const std::size_t total = round.member(m).size();
-            const auto per_sample = static_cast<std::int64_t>(total) / samples;
-            for (int r = 0; r < ranks; ++r) {
-              const auto rows = evaluation_slice(samples, r, ranks).size();
-              check(per_sample > 0 && static_cast<std::int64_t>(round.trainer(m, r).size()) == rows * per_sample &&
-                        static_cast<std::int64_t>(total) == samples * per_sample,
-                    what,
-                    cat("member ", m, " rank ", r, " returned ", round.trainer(m, r).size(), " values for ", rows,
-                        " samples (the member ", total, " for ", samples, "): outputs go along dimension 0, one "
-                        "row per sample of its evaluation slice"));
+  detail::ending_job_on_error(world, o.end_job_on_error, [&] {
+    const char* what = "interop::train_ensemble";
+    check(evaluation.defined() && evaluation.dim() > 0 && evaluation.size(0) > 0, what,
+          "the evaluation set is empty; the members' outputs on it are what the aggregator gets");
+    const std::int64_t samples = evaluation.size(0);
+    presets::visit(o.preset, o.sync, [&](auto preset) {
+      using Preset = decltype(preset);
+      typename Preset::pipeline pipe(world, ensemble_layout_for<Preset>(world.size(), o), Preset::configure({}));
+      pipe.run(
+          std::move(data),
+          [&](auto& ctx) {
+            torch::Tensor out;
+            {
+              trainer t(ctx);
+              detail::quiet_stdout quiet(o.quiet_replicas && !t.reports());
+              out = train(t, evaluation_slice(evaluation, ctx));
+              t.finish();
             }
-            const span<const float> values(round.member(m).data(), total);
-            members.push_back(detail::copied<float>(values, {samples, per_sample}));
-          }
-          aggregate(members);
-        });
+            // Something goes to the aggregator whatever happened, so that it fails too, not waits.
+            if (!out.defined()) {
+              ctx.collect().submit(span<const float>());
+              fail(what, cat("member ", ctx.member(), " rank ", ctx.rank_in_member(), ": train returned no tensor"));
+            }
+            submit(ctx.collect(), out.to(torch::kFloat32));
+          },
+          [&](auto& ctx) {
+            auto round = ctx.collect().template gather<float>();
+            std::vector<torch::Tensor> members;
+            for (int m = 0; m < ctx.layout().members(); ++m) {
+              const int ranks = ctx.layout().member_size(m);
+              const std::size_t total = round.member(m).size();
+              const auto per_sample = static_cast<std::int64_t>(total) / samples;
+              for (int r = 0; r < ranks; ++r) {
+                const auto rows = evaluation_slice(samples, r, ranks).size();
+                check(per_sample > 0 && static_cast<std::int64_t>(round.trainer(m, r).size()) == rows * per_sample &&
+                          static_cast<std::int64_t>(total) == samples * per_sample,
+                      what,
+                      cat("member ", m, " rank ", r, " returned ", round.trainer(m, r).size(), " values for ", rows,
+                          " samples (the member ", total, " for ", samples, "): outputs go along dimension 0, one "
+                          "row per sample of its evaluation slice"));
+              }
+              const span<const float> values(round.member(m).data(), total);
+              members.push_back(detail::copied<float>(values, {samples, per_sample}));
+            }
+            aggregate(members);
+          });
+    });
+  });
+}
+
+// Trains the ensemble, collectively over `world`, reporting after each epoch: each trainer runs
+// train(trainer) (a libtorch trainer's epochs of training and testing, its test handing its
+// outputs to evaluated()); on the aggregator, report(evaluation) runs for each epoch's test, with
+// every member's outputs, as they arrive (between its steps, or after its training).
+inline void train_ensemble(const mpi::communicator& world, const ensemble_options& o, dataset data,
+                           const std::function<void(trainer&)>& train,
+                           const std::function<void(const evaluation&)>& report) {
+  detail::ending_job_on_error(world, o.end_job_on_error, [&] {
+    presets::visit(o.preset, o.sync, [&](auto preset) {
+      using Preset = decltype(preset);
+      typename Preset::pipeline pipe(world, ensemble_layout_for<Preset>(world.size(), o), Preset::configure({}));
+      std::optional<detail::quiet_stdout> quiet;  // while this rank's trainer function runs
+      std::optional<gathered<float>> outputs;      // the epoch's first round, until its targets come
+      int rounds = 0;
+      pipe.template on_round<float>([&](auto, gathered<float>& round) {
+        if (rounds++ % 2 == 0) {
+          outputs = std::move(round);
+          return;
+        }
+        const auto e = detail::evaluation_of(rounds / 2, *outputs, round);
+        const bool was_quiet = quiet && quiet->is_quiet();
+        if (was_quiet) quiet->speak();  // the aggregator reports, whichever rank of its member it is
+        report(e);
+        if (was_quiet) quiet->quiet();
+      });
+      pipe.run(
+          std::move(data),
+          [&](auto& ctx) {
+            trainer t(ctx, true);
+            quiet.emplace(o.quiet_replicas && !t.reports());
+            {
+              detail::running current(t);
+              train(t);
+            }
+            t.finish();
+            quiet.reset();
+          },
+          [](auto&) {});
+    });
   });
 }
 
