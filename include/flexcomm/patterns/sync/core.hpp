@@ -1,259 +1,67 @@
-// Gradient sync, what subgroup_allreduce and overlapped_ring share: options, the bucket plan,
-// the per-step bookkeeping behind ready()/finish(), and the cross-rank check of what was handed over.
+// The sync core: what subgroup_allreduce and overlapped_ring are. It keeps the bucket plan and
+// the step's bookkeeping behind ready()/finish(), picks a member's route once, and starts each
+// bucket on it: the flat route the adapter names, shared memory, or hierarchical tiers.
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <cstdlib>
 #include <exception>
-#include <memory>
-#include <optional>
 #include <string>
-#include <unordered_map>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "../../backend/contract.hpp"
 #include "../../core/agreement.hpp"
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
-#include "../../core/setting_values.hpp"
-#include "../../core/settings.hpp"
 #include "../../core/hosts.hpp"
-#include "../../core/progress.hpp"
 #include "../../core/reduce.hpp"
 #include "../../core/span.hpp"
-#include "../../backend/contract.hpp"
-#include "../../core/wait.hpp"
+#include "../../core/trace.hpp"
+#include "bucket_plan.hpp"
+#include "flight.hpp"
+#include "options.hpp"
+#include "route_hierarchical.hpp"
+#include "route_shared_memory.hpp"
+#include "step_check.hpp"
 
-namespace flexcomm {
+namespace flexcomm::detail {
 
-// PyTorch DDP's default bucket capacity.
-inline constexpr std::size_t default_bucket_bytes = std::size_t{25} << 20;
-inline constexpr std::size_t default_segment_bytes = std::size_t{1} << 20;
-
-// "26214400", "64K", "25M", "1G" (binary multiples); used for FLEXCOMM_BUCKET_BYTES and
-// FLEXCOMM_SEGMENT_BYTES.
-
-// FLEXCOMM_BUCKET_BYTES when set, otherwise 25 MiB.
-std::size_t bucket_bytes_from_env();
-// FLEXCOMM_SEGMENT_BYTES when set, otherwise 1 MiB.
-std::size_t segment_bytes_from_env();
-
-struct sync_options {
-  // Gradients are fused into buckets of at most this many bytes (a larger gradient gets a
-  // bucket of its own).
-  std::size_t bucket_bytes = bucket_bytes_from_env();
-  // The reduction left in the gradients; avg divides the sum by the member's rank count.
-  ::flexcomm::op op = ::flexcomm::op::avg;
-  // overlapped_ring: a bucket travels the ring in segments of this size, `segments_in_flight`
-  // of them at once, so that the transfer of one overlaps the reduction of another.
-  std::size_t segment_bytes = segment_bytes_from_env();
-  int segments_in_flight = 2;
-  // subgroup_allreduce: launch each bucket's allreduce as soon as it fills (driven by the
-  // progress engine) instead of all of them in finish(), i.e. after backward.
-  bool launch_when_full = false;
-  // A member whose ranks span hosts averages hierarchically (reduce within each host, allreduce
-  // across the host leaders, broadcast within each host): automatic (subgroup_allreduce when the
-  // member spans hosts and some host holds more than one of its ranks; overlapped_ring only when,
-  // besides, its ranks are not in host blocks: see use_hierarchy), on, or off.
-  // FLEXCOMM_HIERARCHICAL=auto|on|off.
-  // Host backends only; device backends stay flat.
-  hierarchy hierarchical = hierarchy_from_env();
-  // A member whose ranks all share one host (2+ ranks) reduces each bucket through shared memory
-  // instead of the backend's allreduce (subgroup_allreduce) or the ring (overlapped_ring), on
-  // backends that have it (has_host_shared_memory: mpi): on the progress engine when buckets
-  // launch as they fill, else on the trainer's thread in finish(). automatic, on (and a member
-  // spanning hosts is an error), or off. FLEXCOMM_SHM=auto|on|off. Hierarchical averaging, when
-  // on, takes precedence.
-  shared_memory_use shared_memory = shared_memory_from_env();
-  // Bytes of each of a rank's two large slots of the segment (N ranks: 2N of them); a larger
-  // bucket goes through in chunks, alternating between the two. 1 MiB: the slots then stay in
-  // cache while the buffers stream through; with 16 MiB slots a 64 MiB allreduce at 2 ranks took
-  // twice as long on a quiet machine (docs/benchmarks.md).
-  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
-};
-
-// Which gradients share which bucket. Formed at a member's first step from the order in which
-// ready() hands gradients over (backprop order, so the first bucket fills first), then fixed:
-// every later step fills the same buckets, and buckets launch in bucket-index order.
-class bucket_plan {
+// `Flat` is the route a member takes where neither shared memory nor hierarchical tiers apply,
+// and the one across the host leaders where tiers do (route_allreduce.hpp, route_ring.hpp).
+// Called from one trainer thread.
+template <class B, class Flat>
+class sync_core {
  public:
-  struct gradient {
-    int index;
-    dtype type;
-    std::size_t count;
-    int bucket;
-    std::size_t offset;  // elements into its bucket
-  };
-  struct bucket {
-    dtype type;
-    std::size_t count;  // elements
-    std::size_t first, last;  // its gradients: gradients()[first, last)
-  };
-
-  explicit bucket_plan(std::size_t capacity_bytes = default_bucket_bytes) : capacity_(capacity_bytes) {}
-
-  // Appends a gradient; a new bucket starts when this one would overflow or change type.
-  void add(int index, dtype type, std::size_t count);
-
-  const gradient* find(int index) const {
-    auto it = position_.find(index);
-    return it == position_.end() ? nullptr : &gradients_[it->second];
-  }
-  std::size_t position(const gradient& g) const { return static_cast<std::size_t>(&g - gradients_.data()); }
-  const std::vector<gradient>& gradients() const noexcept { return gradients_; }
-  const std::vector<bucket>& buckets() const noexcept { return buckets_; }
-  bool empty() const noexcept { return gradients_.empty(); }
-  std::size_t capacity_bytes() const noexcept { return capacity_; }
-  void clear() {
-    gradients_.clear();
-    buckets_.clear();
-    position_.clear();
-  }
-
-  // Equal on two ranks exactly when their plans are (up to hash collisions).
-  std::uint64_t signature() const;
-
- private:
-  std::size_t capacity_;
-  std::vector<gradient> gradients_;
-  std::vector<bucket> buckets_;
-  std::unordered_map<int, std::size_t> position_;
-};
-
-namespace detail {
-
-// One bucket reduction in flight: a backend request the trainer waits on itself, a task the
-// progress engine drives while the trainer computes, or a shared-memory task that whoever drives
-// the segment next finishes (`driven`: polls it; true once done).
-template <class B>
-struct flight {
-  std::optional<typename B::request> request;
-  std::shared_ptr<completion> task;
-  std::function<bool()> driven;
-  void wait() {
-    if (request) request->wait();
-    if (driven)
-      wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, driven,
-                     [] { watchdog::instance().answer_queries(); });
-    if (task) {
-      // The engine's thread does the work meanwhile: spinning here would take its core.
-      wait_policy policy = default_wait();
-      if (policy.kind == wait_kind::spin) policy = wait_policy::yield();
-      task->wait(policy);
-    }
-  }
-  void reset() {
-    request.reset();
-    task.reset();
-    driven = nullptr;
-  }
-};
-
-// The gradients handed over in a step: how many, and the first few (index, count) for a
-// mismatch's message, kept as numbers and spelled only when a step goes wrong (formatting them on
-// every ready() cost a tenth of a small step).
-struct first_handed {
-  static constexpr std::size_t kept = 8;
-  std::array<std::pair<int, std::size_t>, kept> first{};
-  std::size_t handed = 0;
-  void add(int index, std::size_t count) {
-    if (handed < kept) first[handed] = {index, count};
-    ++handed;
-  }
-  std::string str() const {
-    std::string out;
-    for (std::size_t i = 0; i < handed && i < kept; ++i)
-      out += cat(i ? " " : "", first[i].first, ":", first[i].second);
-    return out;
-  }
-};
-
-// The cross-rank check of one step, one small nonblocking allreduce on the control
-// communicator: the step's fingerprint, and the highest misusing rank + 1.
-// `agree`, when set, does the max-reduction instead (blocking, on the member's ranks): the adapter's
-// shared-memory path, one round of flags instead of an MPI collective per step.
-template <class B>
-class signature_check {
- public:
-  using agree_fn = std::function<void(span<std::int64_t>)>;
-
-  void start(const typename B::communicator& comm, const fingerprint& f, bool misused, const agree_fn& agree = {}) {
-    same_.emplace(std::vector<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
-    if (agree)
-      agree(same_->buffer());
-    else
-      request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
-  }
-  // Waits; an empty string when every rank handed over the same gradients and none misused.
-  // `sequence`: this rank's first hand-overs, for the message (str()).
-  template <class Sequence>
-  std::string verdict(const std::string& local_misuse, const Sequence& sequence) {
-    if (request_) request_->wait();
-    request_.reset();
-    if (!local_misuse.empty()) return local_misuse;
-    if (same_->highest(1) > 0)
-      return cat("rank ", same_->highest(1) - 1,
-                 " of the member misused ready()/finish() in this step (its error says how)");
-    if (!same_->agreed(0))
-      return cat("the member's ranks handed gradients over in different orders or with different sizes in this "
-                 "step; every rank must call ready() with the same indices, sizes, types and order. This rank's "
-                 "sequence (index:count) starts ", sequence.str());
-    return {};
-  }
-
- private:
-  std::optional<agreement> same_;
-  std::optional<typename B::request> request_;
-};
-
-// Where the cross-rank check travels: the backend itself for host backends; for device
-// backends (whose operations take device memory only) the member's twin on the host backend
-// beside it, control().
-template <class B>
-struct control_channel {
-  using backend = host_backend_t<B>;
-  static typename backend::communicator make(const typename B::communicator& member, const std::string& name) {
-    if constexpr (holds_host_memory<B>)
-      return member.dup(name);
-    else
-      return member.control().dup(name);
-  }
-};
-
-// The ready()/finish() bookkeeping both adapters share; an adapter supplies how one bucket is
-// reduced: launch(dtype, data, count) -> flight<B>. Called from one trainer thread.
-template <class B>
-class bucket_sync {
- public:
-  bucket_sync(const typename B::communicator& member, const sync_options& options, std::string who,
-              bool launch_early)
-      : control_(control_channel<B>::make(member, cat(member.name(), " ", who, " control"))),
-        who_(std::move(who)),
+  // Collective over `member` (the member's own communicator); traffic goes on private duplicates.
+  // `who` names the adapter in errors and communicator names; `launch_early`: a bucket starts as
+  // soon as it fills (in bucket-index order) and the engine drives it, instead of in finish().
+  sync_core(const typename B::communicator& member, const sync_options& options, const char* who, bool launch_early)
+      : comm_(member.dup(cat(member.name(), " ", who))),
+        options_(options),
+        tiers_(comm_, options_, Flat::algorithm, who),
+        control_(control_channel<B>::make(member, cat(member.name(), " ", who, " control"))),
+        who_(who),
         launch_early_(launch_early),
-        plan_(options.bucket_bytes) {
-    check(options.bucket_bytes > 0, who_, "sync_options.bucket_bytes must be positive");
+        flat_(options_),
+        plan_(options_.bucket_bytes) {
+    check(options_.bucket_bytes > 0, who_, "sync_options.bucket_bytes must be positive");
+    Flat::check_options(options_, who_);
+    shared_.setup(comm_, tiers_.hosts(), tiers_.enabled(), options_, who_);
+    route_ = tiers_.enabled() ? route::hierarchical : shared_ ? route::shared_memory : route::flat;
   }
-  bucket_sync(const bucket_sync&) = delete;
-  bucket_sync& operator=(const bucket_sync&) = delete;
+  sync_core(const sync_core&) = delete;
+  sync_core& operator=(const sync_core&) = delete;
   // A bucket may still be travelling (the trainer threw mid-step): it writes into buffers that
-  // must outlive it.
-  ~bucket_sync() { drain(); }
+  // must outlive it, and goes on communicators that must too.
+  ~sync_core() { drain(); }
 
-  const bucket_plan& plan() const noexcept { return plan_; }
-  int ranks() const noexcept { return control_.size(); }
-  // The step's cross-rank check goes through `agree` (a blocking max-reduction over the member's
-  // ranks) instead of the control communicator.
-  void check_through(typename signature_check<typename control_channel<B>::backend>::agree_fn agree) {
-    agree_ = std::move(agree);
-  }
-
-  template <class T, class Launch>
-  void ready(int index, span<T> grad, Launch&& launch) {
+  // Gradient `index` is final: it joins its bucket (the average lands here by finish()).
+  template <class T>
+  void ready(int index, span<T> grad) {
     static_assert(is_element_v<T>, "ready(): gradients must be float, double, int32, int64, uint8, half or bfloat16");
     static_assert(!std::is_const_v<T>, "ready(): the average is written back into the gradient");
     const dtype type = dtype_of<T>;
@@ -274,17 +82,18 @@ class bucket_sync {
     if (pointers_[pos]) return misuse(cat("gradient ", index, " handed over twice in one step"));
     pointers_[pos] = grad.data();
     ++arrived_[static_cast<std::size_t>(g->bucket)];
-    if (launch_early_) launch_full(launch);
+    if (launch_early_) launch_full();
   }
 
-  template <class Launch>
-  void finish(Launch&& launch) {
+  // Before the optimizer step: every bucket reduced, averages in place; mismatches across the
+  // member's ranks (order, sizes) are a flexcomm::error on every rank.
+  void finish() {
     trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
     signature_check<typename control_channel<B>::backend> step_check;
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
-      step_check.start(control_, fingerprint(step_hash_).add(plan_.signature()), !misuse_.empty(), agree_);
+      start_check(step_check, fingerprint(step_hash_).add(plan_.signature()));
       verdict = step_check.verdict(misuse_, sequence_);
       if (!verdict.empty()) {
         plan_.clear();
@@ -301,14 +110,15 @@ class bucket_sync {
       for (std::size_t b = 0; b < buckets.size(); ++b) arrived_[b] = buckets[b].last - buckets[b].first;
       staging_.resize(buckets.size());
       flights_.resize(buckets.size());
-      launch_full(launch);
+      choose_launchers();
+      launch_full();
     } else {
       if (misuse_.empty() && sequence_.handed < plan_.gradients().size())
         misuse(cat("finish() after ", sequence_.handed, " of the plan's ", plan_.gradients().size(), " gradients"));
       // Every rank launches every bucket, in order, whatever was handed over: no peer waits
       // forever on a bucket this rank skipped.
-      while (next_ < plan_.buckets().size()) launch_bucket(next_++, launch);
-      step_check.start(control_, step_hash_, !misuse_.empty(), agree_);
+      while (next_ < plan_.buckets().size()) launch_bucket(next_++);
+      start_check(step_check, step_hash_);
       verdict = step_check.verdict(misuse_, sequence_);
     }
     std::exception_ptr failure;
@@ -326,20 +136,71 @@ class bucket_sync {
     if (!verdict.empty()) fail(cat(who_, ": finish"), verdict);
   }
 
+  const bucket_plan& plan() const noexcept { return plan_; }
+  const sync_options& options() const noexcept { return options_; }
+  // True when buckets are averaged hierarchically across hosts (decided at construction).
+  bool hierarchical() const noexcept { return route_ == route::hierarchical; }
+  const host_map& hosts() const noexcept { return tiers_.hosts(); }
+  // True when buckets are reduced through shared memory (decided at construction): the member's
+  // ranks all share one host, or, averaging hierarchically, in this rank's host's stages.
+  bool shared_memory() const noexcept { return route_ == route::shared_memory || tiers_.shared_memory(); }
+
  private:
+  // Where every bucket goes, chosen once at construction: across hosts in tiers, through one
+  // host's shared memory (on one host a ring only adds copies: every rank reaches every peer's
+  // memory directly), or the flat route the adapter names.
+  enum class route { flat, shared_memory, hierarchical };
+  // Starts one bucket of T on the route; each bucket's is picked once, when the plan is formed.
+  using launcher = flight<B> (sync_core::*)(void* data, std::size_t count);
+
+  template <class T>
+  flight<B> through_flat(void* data, std::size_t count) {
+    return flat_.launch(comm_, static_cast<T*>(data), count, options_.op, launch_early_);
+  }
+  template <class T>
+  flight<B> through_shared_memory(void* data, std::size_t count) {
+    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_);
+  }
+  template <class T>
+  flight<B> through_tiers(void* data, std::size_t count) {
+    // The flat route runs across the host leaders only, as a sum: the tiers average once, after it.
+    T* d = static_cast<T*>(data);
+    const bool crosses = tiers_.leader() && tiers_.leaders().size() > 1 && count > 0;
+    auto across = flat_.cross(tiers_.leaders(), crosses, d, count, options_.op == op::avg ? op::sum : options_.op);
+    return tiers_.launch(d, count, options_.op, comm_.size(), std::move(across));
+  }
+
+  void choose_launchers() {
+    launchers_.clear();
+    for (const auto& spec : plan_.buckets())
+      visit_dtype(spec.type, [&](auto element) {
+        using T = decltype(element);
+        launchers_.push_back(route_ == route::hierarchical    ? &sync_core::through_tiers<T>
+                             : route_ == route::shared_memory ? &sync_core::through_shared_memory<T>
+                                                              : &sync_core::through_flat<T>);
+      });
+  }
+
+  // The step's check goes through the segment where buckets do, else on the control communicator.
+  template <class Check>
+  void start_check(Check& step_check, const fingerprint& f) {
+    if (route_ == route::shared_memory)
+      step_check.through(shared_, control_, f, !misuse_.empty());
+    else
+      step_check.start(control_, f, !misuse_.empty());
+  }
+
   void misuse(std::string cause) {
     if (misuse_.empty()) misuse_ = std::move(cause);
   }
 
-  template <class Launch>
-  void launch_full(Launch& launch) {
+  void launch_full() {
     const auto& buckets = plan_.buckets();
     while (next_ < buckets.size() && arrived_[next_] == buckets[next_].last - buckets[next_].first)
-      launch_bucket(next_++, launch);
+      launch_bucket(next_++);
   }
 
-  template <class Launch>
-  void launch_bucket(std::size_t b, Launch& launch) {
+  void launch_bucket(std::size_t b) {
     trace::instant(trace::names::bucket_ready, "sync", static_cast<std::int64_t>(b), "bucket");
     const auto& spec = plan_.buckets()[b];
     const std::size_t width = size_of(spec.type);
@@ -355,7 +216,7 @@ class bucket_sync {
       }
       data = stage.data();
     }
-    flights_[b] = launch(spec.type, data, spec.count);
+    flights_[b] = (this->*launchers_[b])(data, spec.count);
   }
 
   void copy_out() {
@@ -395,11 +256,17 @@ class bucket_sync {
     }
   }
 
+  typename B::communicator comm_;  // the buckets' traffic; the tiers and the segment are made on it
+  sync_options options_;
+  host_tiers<B> tiers_;
   // The signature exchange, kept apart from bucket traffic.
   typename control_channel<B>::backend::communicator control_;
-  typename signature_check<typename control_channel<B>::backend>::agree_fn agree_;
   std::string who_;
   bool launch_early_;
+  Flat flat_;
+  host_shared<B> shared_;
+  route route_ = route::flat;
+  std::vector<launcher> launchers_;  // per bucket
   bucket_plan plan_;
   bool planning_ = true;
   std::unordered_set<int> planned_;
@@ -415,37 +282,4 @@ class bucket_sync {
   std::string misuse_;
 };
 
-}  // namespace detail
-
-inline void bucket_plan::add(int index, dtype type, std::size_t count) {
-  const std::size_t bytes = count * size_of(type);
-  const bool fits = !buckets_.empty() && buckets_.back().type == type &&
-                    (buckets_.back().count * size_of(type) + bytes <= capacity_);
-  if (!fits) buckets_.push_back({type, 0, gradients_.size(), gradients_.size()});
-  auto& b = buckets_.back();
-  position_[index] = gradients_.size();
-  gradients_.push_back({index, type, count, static_cast<int>(buckets_.size() - 1), b.count});
-  b.count += count;
-  b.last = gradients_.size();
-}
-
-inline std::uint64_t bucket_plan::signature() const {
-  fingerprint f;
-  f.add(capacity_);
-  for (const auto& g : gradients_)
-    f.add(static_cast<std::uint64_t>(g.index)).add(static_cast<std::uint64_t>(g.type)).add(g.count).add(
-        static_cast<std::uint64_t>(g.bucket));
-  return f.value();
-}
-
-inline std::size_t bucket_bytes_from_env() {
-  const char* text = setting("FLEXCOMM_BUCKET_BYTES");
-  return text ? parse_setting_bytes(text, "FLEXCOMM_BUCKET_BYTES") : default_bucket_bytes;
-}
-
-inline std::size_t segment_bytes_from_env() {
-  const char* text = setting("FLEXCOMM_SEGMENT_BYTES");
-  return text ? parse_setting_bytes(text, "FLEXCOMM_SEGMENT_BYTES") : default_segment_bytes;
-}
-
-}  // namespace flexcomm
+}  // namespace flexcomm::detail

@@ -1,4 +1,4 @@
-// Hierarchical averaging for the Sync adapters: a member whose ranks span hosts reduces each
+// The hierarchical route: a member whose ranks span hosts reduces each
 // bucket within each host to the host's leader, allreduces across the leaders (the only traffic
 // that crosses the network, once per host instead of once per rank), and broadcasts within each
 // host. Horovod's hierarchical allreduce; NCCL's rings across nodes. Where a host's ranks really
@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,7 +22,9 @@
 #include "../../core/hosts.hpp"
 #include "../../core/progress.hpp"
 #include "../../core/reduce.hpp"
-#include "core.hpp"
+#include "../../core/span.hpp"
+#include "flight.hpp"
+#include "options.hpp"
 
 namespace flexcomm::detail {
 
@@ -111,11 +112,12 @@ class host_tiers {
   bool shared_memory() const noexcept { return host_reduce_.has_value(); }
   const typename B::communicator& leaders() const noexcept { return leaders_; }
 
-  // Bucket `count` x T at `data`, reduced by `o` over the whole member. `cross` starts the
-  // leaders' allreduce (sum, or o) and returns its poll; called on leaders, on the engine's
-  // thread, in bucket order. Returns the flight the trainer waits on.
-  template <class T, class Cross>
-  flight<B> launch(T* data, std::size_t count, op o, int member_size, Cross cross);
+  // Bucket `count` x T at `data`, reduced by `o` over the whole member. `across` is the flat
+  // route's leg across the leaders (sum, or o), made on the trainer's thread in bucket order:
+  // its `poll()` starts it on its first call and is true once done; polled on leaders only, on
+  // the engine's thread, in bucket order. Returns the flight the trainer waits on.
+  template <class T, class Across>
+  flight<B> launch(T* data, std::size_t count, op o, int member_size, Across across);
 
  private:
   // Stages 2 and 3 are posted from the engine's thread, each bucket in its turn: buckets may
@@ -125,7 +127,7 @@ class host_tiers {
     bool failed = false;
   };
 
-  template <class T>
+  template <class T, class Across>
   class bucket;
 
   host_map hosts_;
@@ -139,11 +141,10 @@ class host_tiers {
 };
 
 template <class B>
-template <class T>
+template <class T, class Across>
 class host_tiers<B>::bucket {
  public:
-  bucket(host_tiers& tiers, T* data, std::size_t count, op o, int member_size, std::uint64_t sequence,
-         std::function<std::function<bool()>(T*, std::size_t, op)> cross)
+  bucket(host_tiers& tiers, T* data, std::size_t count, op o, int member_size, std::uint64_t sequence, Across across)
       : tiers_(tiers),
         order_(tiers.order_),
         data_(data),
@@ -152,7 +153,7 @@ class host_tiers<B>::bucket {
         stage_op_(o == op::avg ? op::sum : o),
         member_size_(member_size),
         sequence_(sequence),
-        cross_(std::move(cross)),
+        across_(std::move(across)),
         what_(cat("hierarchical ", name_of(o), " of ", count, " x ", name_of(dtype_of<T>), " over ",
                   tiers.hosts_.hosts(), " hosts (", tiers.hosts_.str(), ")")) {
     // Stage 1 is posted here, on the trainer's thread, in bucket order like every launch.
@@ -189,13 +190,13 @@ class host_tiers<B>::bucket {
       if (shm_reduce_ && !shm_reduce_->poll()) return false;
       if (tiers_.leader()) {
         if (order_->crossed != sequence_) return false;
-        if (tiers_.leaders_.size() > 1) crossing_ = cross_(data_, count_, stage_op_);
+        crossing_ = tiers_.leaders_.size() > 1;
         ++order_->crossed;
       }
       stage_ = stage::crossing;
     }
     if (stage_ == stage::crossing) {
-      if (crossing_ && !crossing_()) return false;
+      if (crossing_ && !across_.poll()) return false;
       // Averaged once, by each leader, before the broadcast: every rank ends with the same bits.
       if (tiers_.leader() && op_ == op::avg) B::divide(data_, count_, member_size_);
       stage_ = stage::broadcasting;
@@ -224,8 +225,8 @@ class host_tiers<B>::bucket {
   op op_, stage_op_;
   int member_size_;
   std::uint64_t sequence_;
-  std::function<std::function<bool()>(T*, std::size_t, op)> cross_;
-  std::function<bool()> crossing_;
+  Across across_;
+  bool crossing_ = false;
   std::optional<typename B::request> reduce_, bcast_;
   std::shared_ptr<typename tier_shared_memory<B>::template reduce_task<T>> shm_reduce_;
   std::shared_ptr<typename tier_shared_memory<B>::template broadcast_task<T>> shm_bcast_;
@@ -235,11 +236,11 @@ class host_tiers<B>::bucket {
 };
 
 template <class B>
-template <class T, class Cross>
-flight<B> host_tiers<B>::launch(T* data, std::size_t count, op o, int member_size, Cross cross) {
+template <class T, class Across>
+flight<B> host_tiers<B>::launch(T* data, std::size_t count, op o, int member_size, Across across) {
   flight<B> f;
   if (count == 0) return f;  // every rank agrees on the count: nothing moves anywhere
-  auto b = std::make_shared<bucket<T>>(*this, data, count, o, member_size, launched_++, std::move(cross));
+  auto b = std::make_shared<bucket<T, Across>>(*this, data, count, o, member_size, launched_++, std::move(across));
   f.task = progress_engine::instance().submit([b] { return b->poll(); }, b->what());
   return f;
 }

@@ -1,5 +1,5 @@
-// A member whose ranks all share one host reduces its buckets through shared memory, on backends
-// that can (has_host_shared_memory): the piece subgroup_allreduce and overlapped_ring share.
+// The shared-memory route: a member whose ranks all share one host reduces its buckets through
+// shared memory, on backends that can (has_host_shared_memory), whichever adapter it runs.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +12,10 @@
 #include "../../core/agreement.hpp"
 #include "../../core/hosts.hpp"
 #include "../../core/progress.hpp"
-#include "core.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/span.hpp"
+#include "flight.hpp"
+#include "options.hpp"
 
 namespace flexcomm::detail {
 
@@ -46,12 +49,8 @@ class host_shared {
   }
   explicit operator bool() const noexcept { return reducer_.has_value(); }
 
-  // The bucket bookkeeping's per-step check through the same segment (see bucket_sync).
-  template <class Sync>
-  void check_steps_of(Sync& sync) {
-    if (!reducer_) return;
-    sync.check_through([this](span<std::int64_t> v) { reducer_->allreduce(v.data(), v.size(), op::max); });
-  }
+  // The sync core's per-step check through the same segment (signature_check::through).
+  void agree(span<std::int64_t> v) { reducer_->allreduce(v.data(), v.size(), op::max); }
 
   // Buckets of at most this many bytes never go to the engine's thread (see launch).
   static constexpr std::size_t latency_bytes = std::size_t{64} << 10;
@@ -88,8 +87,7 @@ class host_shared<B, false> {
  public:
   void setup(const typename B::communicator&, const host_map&, bool, const sync_options&, const std::string&) {}
   explicit operator bool() const noexcept { return false; }
-  template <class Sync>
-  void check_steps_of(Sync&) {}
+  void agree(span<std::int64_t>) {}
   template <class T>
   flight<B> launch(T*, std::size_t, op, bool) {
     fail("shared-memory allreduce", "this backend has no shared-memory path");
