@@ -32,7 +32,7 @@
 #include "../patterns/feed.hpp"
 #include "../patterns/feed/agreement.hpp"
 #include "../patterns/dataset.hpp"
-#include "../patterns/sync.hpp"
+#include "../patterns/sync/core.hpp"
 #include "../patterns/typed_feed.hpp"
 
 namespace flexcomm {

@@ -26,10 +26,10 @@
 #include "../core/layout.hpp"
 #include "../patterns/all_shared.hpp"
 #include "../patterns/local_feed.hpp"
-#include "../patterns/many_to_one.hpp"
+#include "../patterns/collect/many_to_one.hpp"
 #include "../patterns/one_to_many.hpp"
-#include "../patterns/overlapped_ring.hpp"
-#include "../patterns/subgroup_allreduce.hpp"
+#include "../patterns/sync/overlapped_ring.hpp"
+#include "../patterns/sync/subgroup_allreduce.hpp"
 #include "ensemble_pipeline.hpp"
 
 namespace flexcomm {

@@ -1,0 +1,285 @@
+// The sync core: what subgroup_allreduce and overlapped_ring are. It keeps the bucket plan and
+// the step's bookkeeping behind ready()/finish(), picks a member's route once, and starts each
+// bucket on it: the flat route the adapter names, shared memory, or hierarchical tiers.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "../../backend/contract.hpp"
+#include "../../core/agreement.hpp"
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/hosts.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/span.hpp"
+#include "../../core/trace.hpp"
+#include "bucket_plan.hpp"
+#include "flight.hpp"
+#include "options.hpp"
+#include "route_hierarchical.hpp"
+#include "route_shared_memory.hpp"
+#include "step_check.hpp"
+
+namespace flexcomm::detail {
+
+// `Flat` is the route a member takes where neither shared memory nor hierarchical tiers apply,
+// and the one across the host leaders where tiers do (route_allreduce.hpp, route_ring.hpp).
+// Called from one trainer thread.
+template <class B, class Flat>
+class sync_core {
+ public:
+  // Collective over `member` (the member's own communicator); traffic goes on private duplicates.
+  // `who` names the adapter in errors and communicator names; `launch_early`: a bucket starts as
+  // soon as it fills (in bucket-index order) and the engine drives it, instead of in finish().
+  sync_core(const typename B::communicator& member, const sync_options& options, const char* who, bool launch_early)
+      : comm_(member.dup(cat(member.name(), " ", who))),
+        options_(options),
+        tiers_(comm_, options_, Flat::algorithm, who),
+        control_(control_channel<B>::make(member, cat(member.name(), " ", who, " control"))),
+        who_(who),
+        launch_early_(launch_early),
+        flat_(options_),
+        plan_(options_.bucket_bytes) {
+    check(options_.bucket_bytes > 0, who_, "sync_options.bucket_bytes must be positive");
+    Flat::check_options(options_, who_);
+    shared_.setup(comm_, tiers_.hosts(), tiers_.enabled(), options_, who_);
+    route_ = tiers_.enabled() ? route::hierarchical : shared_ ? route::shared_memory : route::flat;
+  }
+  sync_core(const sync_core&) = delete;
+  sync_core& operator=(const sync_core&) = delete;
+  // A bucket may still be travelling (the trainer threw mid-step): it writes into buffers that
+  // must outlive it, and goes on communicators that must too.
+  ~sync_core() { drain(); }
+
+  // Gradient `index` is final: it joins its bucket (the average lands here by finish()).
+  template <class T>
+  void ready(int index, span<T> grad) {
+    static_assert(is_element_v<T>, "ready(): gradients must be float, double, int32, int64, uint8, half or bfloat16");
+    static_assert(!std::is_const_v<T>, "ready(): the average is written back into the gradient");
+    const dtype type = dtype_of<T>;
+    step_hash_.add(static_cast<std::uint64_t>(index)).add(static_cast<std::uint64_t>(type)).add(grad.size());
+    sequence_.add(index, grad.size());
+    if (planning_) {
+      if (!planned_.insert(index).second) return misuse(cat("gradient ", index, " handed over twice in one step"));
+      plan_.add(index, type, grad.size());
+      pointers_.push_back(grad.data());
+      return;
+    }
+    const auto* g = plan_.find(index);
+    if (!g) return misuse(cat("gradient ", index, " is not in the bucket plan fixed at the first step"));
+    if (g->type != type || g->count != grad.size())
+      return misuse(cat("gradient ", index, " is ", grad.size(), " x ", name_of(type), " but was ", g->count, " x ",
+                        name_of(g->type), " at the first step"));
+    const std::size_t pos = plan_.position(*g);
+    if (pointers_[pos]) return misuse(cat("gradient ", index, " handed over twice in one step"));
+    pointers_[pos] = grad.data();
+    ++arrived_[static_cast<std::size_t>(g->bucket)];
+    if (launch_early_) launch_full();
+  }
+
+  // Before the optimizer step: every bucket reduced, averages in place; mismatches across the
+  // member's ranks (order, sizes) are a flexcomm::error on every rank.
+  void finish() {
+    trace::span traced(trace::names::finish, -1, "step", "sync");
+    std::string verdict;
+    signature_check<typename control_channel<B>::backend> step_check;
+    if (planning_) {
+      // The plan is formed now; every rank must have formed the same one before a bucket moves.
+      start_check(step_check, fingerprint(step_hash_).add(plan_.signature()));
+      verdict = step_check.verdict(misuse_, sequence_);
+      if (!verdict.empty()) {
+        plan_.clear();
+        pointers_.clear();
+        planned_.clear();
+        end_step();
+        fail(cat(who_, ": finish"), verdict);
+      }
+      planned_.clear();
+      if (plan_.empty()) return end_step();  // nothing handed over: the plan waits for a step that does
+      planning_ = false;
+      const auto& buckets = plan_.buckets();
+      arrived_.assign(buckets.size(), 0);
+      for (std::size_t b = 0; b < buckets.size(); ++b) arrived_[b] = buckets[b].last - buckets[b].first;
+      staging_.resize(buckets.size());
+      flights_.resize(buckets.size());
+      choose_launchers();
+      launch_full();
+    } else {
+      if (misuse_.empty() && sequence_.handed < plan_.gradients().size())
+        misuse(cat("finish() after ", sequence_.handed, " of the plan's ", plan_.gradients().size(), " gradients"));
+      // Every rank launches every bucket, in order, whatever was handed over: no peer waits
+      // forever on a bucket this rank skipped.
+      while (next_ < plan_.buckets().size()) launch_bucket(next_++);
+      start_check(step_check, step_hash_);
+      verdict = step_check.verdict(misuse_, sequence_);
+    }
+    std::exception_ptr failure;
+    for (auto& f : flights_) {
+      try {
+        f.wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      f.reset();
+    }
+    if (!failure && verdict.empty()) copy_out();
+    end_step();
+    if (failure) std::rethrow_exception(failure);
+    if (!verdict.empty()) fail(cat(who_, ": finish"), verdict);
+  }
+
+  const bucket_plan& plan() const noexcept { return plan_; }
+  const sync_options& options() const noexcept { return options_; }
+  // True when buckets are averaged hierarchically across hosts (decided at construction).
+  bool hierarchical() const noexcept { return route_ == route::hierarchical; }
+  const host_map& hosts() const noexcept { return tiers_.hosts(); }
+  // True when buckets are reduced through shared memory (decided at construction): the member's
+  // ranks all share one host, or, averaging hierarchically, in this rank's host's stages.
+  bool shared_memory() const noexcept { return route_ == route::shared_memory || tiers_.shared_memory(); }
+
+ private:
+  // Where every bucket goes, chosen once at construction: across hosts in tiers, through one
+  // host's shared memory (on one host a ring only adds copies: every rank reaches every peer's
+  // memory directly), or the flat route the adapter names.
+  enum class route { flat, shared_memory, hierarchical };
+  // Starts one bucket of T on the route; each bucket's is picked once, when the plan is formed.
+  using launcher = flight<B> (sync_core::*)(void* data, std::size_t count);
+
+  template <class T>
+  flight<B> through_flat(void* data, std::size_t count) {
+    return flat_.launch(comm_, static_cast<T*>(data), count, options_.op, launch_early_);
+  }
+  template <class T>
+  flight<B> through_shared_memory(void* data, std::size_t count) {
+    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_);
+  }
+  template <class T>
+  flight<B> through_tiers(void* data, std::size_t count) {
+    // The flat route runs across the host leaders only, as a sum: the tiers average once, after it.
+    T* d = static_cast<T*>(data);
+    const bool crosses = tiers_.leader() && tiers_.leaders().size() > 1 && count > 0;
+    auto across = flat_.cross(tiers_.leaders(), crosses, d, count, options_.op == op::avg ? op::sum : options_.op);
+    return tiers_.launch(d, count, options_.op, comm_.size(), std::move(across));
+  }
+
+  void choose_launchers() {
+    launchers_.clear();
+    for (const auto& spec : plan_.buckets())
+      visit_dtype(spec.type, [&](auto element) {
+        using T = decltype(element);
+        launchers_.push_back(route_ == route::hierarchical    ? &sync_core::through_tiers<T>
+                             : route_ == route::shared_memory ? &sync_core::through_shared_memory<T>
+                                                              : &sync_core::through_flat<T>);
+      });
+  }
+
+  // The step's check goes through the segment where buckets do, else on the control communicator.
+  template <class Check>
+  void start_check(Check& step_check, const fingerprint& f) {
+    if (route_ == route::shared_memory)
+      step_check.through(shared_, control_, f, !misuse_.empty());
+    else
+      step_check.start(control_, f, !misuse_.empty());
+  }
+
+  void misuse(std::string cause) {
+    if (misuse_.empty()) misuse_ = std::move(cause);
+  }
+
+  void launch_full() {
+    const auto& buckets = plan_.buckets();
+    while (next_ < buckets.size() && arrived_[next_] == buckets[next_].last - buckets[next_].first)
+      launch_bucket(next_++);
+  }
+
+  void launch_bucket(std::size_t b) {
+    trace::instant(trace::names::bucket_ready, "sync", static_cast<std::int64_t>(b), "bucket");
+    const auto& spec = plan_.buckets()[b];
+    const std::size_t width = size_of(spec.type);
+    void* data = nullptr;
+    if (spec.last - spec.first == 1 && pointers_[spec.first]) {
+      data = pointers_[spec.first];  // a bucket of one gradient is reduced where it lies
+    } else {
+      auto& stage = staging_[b];
+      stage.resize(spec.count * width);
+      for (std::size_t i = spec.first; i < spec.last; ++i) {
+        const auto& g = plan_.gradients()[i];
+        if (pointers_[i]) B::copy(stage.data() + g.offset * width, pointers_[i], g.count * width);
+      }
+      data = stage.data();
+    }
+    flights_[b] = (this->*launchers_[b])(data, spec.count);
+  }
+
+  void copy_out() {
+    const auto& buckets = plan_.buckets();
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      const auto& spec = buckets[b];
+      if (spec.last - spec.first == 1 && pointers_[spec.first]) continue;  // reduced in place
+      const std::size_t width = size_of(spec.type);
+      for (std::size_t i = spec.first; i < spec.last; ++i) {
+        const auto& g = plan_.gradients()[i];
+        if (pointers_[i]) B::copy(pointers_[i], staging_[b].data() + g.offset * width, g.count * width);
+      }
+    }
+  }
+
+  void end_step() {
+    if (planning_) {
+      pointers_.clear();
+    } else {
+      std::fill(pointers_.begin(), pointers_.end(), nullptr);
+      if (pointers_.size() != plan_.gradients().size()) pointers_.assign(plan_.gradients().size(), nullptr);
+      std::fill(arrived_.begin(), arrived_.end(), 0);
+    }
+    next_ = 0;
+    step_hash_ = fingerprint();
+    sequence_ = {};
+    misuse_.clear();
+  }
+
+  void drain() noexcept {
+    for (auto& f : flights_) {
+      try {
+        f.wait();
+      } catch (...) {
+      }
+      f.reset();
+    }
+  }
+
+  typename B::communicator comm_;  // the buckets' traffic; the tiers and the segment are made on it
+  sync_options options_;
+  host_tiers<B> tiers_;
+  // The signature exchange, kept apart from bucket traffic.
+  typename control_channel<B>::backend::communicator control_;
+  std::string who_;
+  bool launch_early_;
+  Flat flat_;
+  host_shared<B> shared_;
+  route route_ = route::flat;
+  std::vector<launcher> launchers_;  // per bucket
+  bucket_plan plan_;
+  bool planning_ = true;
+  std::unordered_set<int> planned_;
+  std::vector<void*> pointers_;  // per plan gradient: where this step's gradient lies
+  std::vector<std::size_t> arrived_;  // per bucket: gradients handed over this step
+  // Per bucket fusing several gradients, in the backend's memory (device memory for nccl and
+  // staged, where B::copy is a stream-ordered device copy).
+  std::vector<typename B::template buffer<std::byte>> staging_;
+  std::vector<flight<B>> flights_;
+  std::size_t next_ = 0;  // the next bucket to launch: buckets launch in index order only
+  fingerprint step_hash_;
+  first_handed sequence_;
+  std::string misuse_;
+};
+
+}  // namespace flexcomm::detail

@@ -1,0 +1,97 @@
+// The shared-memory route: a member whose ranks all share one host reduces its buckets through
+// shared memory, on backends that can (has_host_shared_memory), whichever adapter it runs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "../../backend/contract.hpp"
+#include "../../core/agreement.hpp"
+#include "../../core/hosts.hpp"
+#include "../../core/progress.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/span.hpp"
+#include "flight.hpp"
+#include "options.hpp"
+
+namespace flexcomm::detail {
+
+template <class B, bool = has_host_shared_memory<B>>
+class host_shared {
+ public:
+  // Collective over `member` (the adapter's private duplicate), after `hosts` was learnt on it.
+  // `tiered`: the adapter averages across hosts hierarchically, which takes precedence.
+  void setup(const typename B::communicator& member, const host_map& hosts, bool tiered, const sync_options& options,
+             const std::string& who) {
+    // The choice must be the same on every rank, and so must the op: each rank reduces its own
+    // share of every bucket with its own.
+    agreement same({static_cast<std::int64_t>(options.shared_memory), static_cast<std::int64_t>(options.op),
+                    static_cast<std::int64_t>(options.shared_memory_slot_bytes)});
+    B::iallreduce(member, same.buffer(), op::max).wait();
+    check(same.agreed(0), who,
+          cat("sync_options.shared_memory (FLEXCOMM_SHM) differs across the member's ranks; this rank has '",
+              name_of(options.shared_memory), "'"));
+    check(same.agreed(1), who,
+          cat("sync_options.op differs across the member's ranks; this rank has '", name_of(options.op), "'"));
+    check(same.agreed(2), who, "sync_options.shared_memory_slot_bytes differs across the member's ranks");
+    if (options.shared_memory == shared_memory_use::off || tiered) return;
+    if (options.shared_memory == shared_memory_use::on)
+      check(hosts.hosts() <= 1, who,
+            cat("sync_options.shared_memory (FLEXCOMM_SHM) is on, but the member spans ", hosts.hosts(), " hosts (",
+                hosts.str(), ")"));
+    if (hosts.hosts() != 1 || member.size() < 2) return;
+    // FLEXCOMM_HOSTS may pretend one host where MPI knows several: automatic then stays off.
+    if (options.shared_memory == shared_memory_use::automatic && !B::host_reducer::on_one_host(member)) return;
+    reducer_.emplace(member, options.shared_memory_slot_bytes);
+  }
+  explicit operator bool() const noexcept { return reducer_.has_value(); }
+
+  // The sync core's per-step check through the same segment (signature_check::through).
+  void agree(span<std::int64_t> v) { reducer_->allreduce(v.data(), v.size(), op::max); }
+
+  // Buckets of at most this many bytes never go to the engine's thread (see launch).
+  static constexpr std::size_t latency_bytes = std::size_t{64} << 10;
+
+  // Reduces one bucket: here, on the trainer's thread, before returning (`on_engine` false), or
+  // in the background. A background bucket of at most latency_bytes is only started: whoever
+  // drives the segment next finishes it (the engine with a later bucket, or the trainer in
+  // finish(), whose step check goes through the same segment), as the flight's `driven`. The hop
+  // to the engine's thread and back would cost more than the reduction (2 ranks, 64 KiB: 20-25 us
+  // on the engine, 10-14 us without), and unlike a blocking reduction here it never holds the
+  // trainer until its peers reach the bucket.
+  template <class T>
+  flight<B> launch(T* data, std::size_t count, op o, bool on_engine) {
+    flight<B> f;
+    if (!on_engine) {
+      reducer_->allreduce(data, count, o);
+      return f;
+    }
+    // Not polled here: that would drive the buckets before it too, on the trainer's time.
+    auto task = reducer_->start(data, count, o);
+    if (count * sizeof(T) <= latency_bytes)
+      f.driven = [task] { return task->poll(); };
+    else
+      f.task = progress_engine::instance().submit([task] { return task->poll(); }, task->what());
+    return f;
+  }
+
+ private:
+  std::optional<typename B::host_reducer> reducer_;
+};
+
+template <class B>
+class host_shared<B, false> {
+ public:
+  void setup(const typename B::communicator&, const host_map&, bool, const sync_options&, const std::string&) {}
+  explicit operator bool() const noexcept { return false; }
+  void agree(span<std::int64_t>) {}
+  template <class T>
+  flight<B> launch(T*, std::size_t, op, bool) {
+    fail("shared-memory allreduce", "this backend has no shared-memory path");
+  }
+};
+
+}  // namespace flexcomm::detail
