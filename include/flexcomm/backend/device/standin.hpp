@@ -41,7 +41,7 @@
 #include "../../core/reduce.hpp"
 #include "../../core/setting_values.hpp"
 #include "../../core/settings.hpp"
-#include "../mpi/types.hpp"
+#include "../mpi_types.hpp"
 
 namespace flexcomm::device {
 

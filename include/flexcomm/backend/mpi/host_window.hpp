@@ -30,7 +30,7 @@
 
 #include "../../core/error.hpp"
 #include "communicator.hpp"
-#include "setup.hpp"
+#include "../mpi_setup.hpp"
 
 namespace flexcomm {
 

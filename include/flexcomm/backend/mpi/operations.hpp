@@ -22,13 +22,13 @@
 #include "../../core/watchdog.hpp"
 #include "../contract.hpp"
 #include "../operations.hpp"
-#include "call_check.hpp"
+#include "../call_check.hpp"
 #include "communicator.hpp"
 #include "deferred_post.hpp"
-#include "implementation.hpp"
+#include "../mpi_implementation.hpp"
 #include "request.hpp"
-#include "types.hpp"
-#include "watchdog.hpp"
+#include "../mpi_types.hpp"
+#include "../mpi_watchdog.hpp"
 
 namespace flexcomm {
 

@@ -55,9 +55,9 @@
 #include "../../core/watchdog.hpp"
 #include "communicator.hpp"
 #include "host_window.hpp"
-#include "setup.hpp"
+#include "../mpi_setup.hpp"
 #include "slot_writer.hpp"
-#include "types.hpp"
+#include "../mpi_types.hpp"
 
 namespace flexcomm {
 

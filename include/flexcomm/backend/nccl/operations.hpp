@@ -23,7 +23,7 @@
 #include "../cuda/local_work.hpp"
 #include "../mpi.hpp"
 #include "../operations.hpp"
-#include "../mpi/call_check.hpp"
+#include "../call_check.hpp"
 #include "communicator.hpp"
 #include "request.hpp"
 #include "state.hpp"
@@ -44,7 +44,7 @@ inline const std::shared_ptr<mpi_comm_state>& usable_watch(const nccl_communicat
   return st.watch;
 }
 
-// One operation being issued (mpi/call_check.hpp), recorded and checked in the bookkeeping kept
+// One operation being issued (call_check.hpp), recorded and checked in the bookkeeping kept
 // over the control communicator.
 class nccl_op_start : public operation_record {
  public:
