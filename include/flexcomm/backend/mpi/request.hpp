@@ -121,6 +121,9 @@ class mpi_request : public basic_request<mpi_request> {
     fail(what_, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT)\n", report));
   }
 
+  // A pending operation failed in the destructor: the job ends (backend/request.hpp).
+  static void end_job() noexcept { abort_mpi_job(3); }
+
   bool abandon() noexcept {
     if (!poisoned() && !watchdog::instance().job_must_end()) return false;
     // MPI may still write into the buffers: keep the handles alive; the job ends (environment).

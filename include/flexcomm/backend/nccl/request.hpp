@@ -103,6 +103,9 @@ class nccl_request : public basic_request<nccl_request> {
     if (state_->watch) state_->watch->answer_queries();
   }
 
+  // A pending operation failed in the destructor: the job ends (backend/request.hpp).
+  static void end_job() noexcept { abort_mpi_job(3); }
+
   [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
     auto& st = *state_;
     const auto seq = launch_->sequence;
