@@ -84,7 +84,7 @@ std::function<void()> average_epilogue(op o, span<T> out, int ranks) {
 }  // namespace detail
 
 class mpi_host_reducer;  // mpi/shared_memory.hpp
-class mpi_host_window;   // mpi/host_window.hpp
+class mpi_host_window;   // mpi/shared_memory.hpp
 
 struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
   static constexpr memory_space memory = memory_space::host;
