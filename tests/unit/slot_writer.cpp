@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include <flexcomm/backend/mpi/slot_writer.hpp>
+#include <flexcomm/backend/shm/slot_writer.hpp>
 
 namespace fcd = flexcomm::detail;
 

@@ -11,10 +11,10 @@
 //   timed_out(limit)              [[noreturn]]: the report naming who did not arrive, and the throw
 //   after_wait()                  what a settled wait still has to say (a poisoned communicator)
 //   abandon() noexcept            true when a pending operation must be left, not waited for
+//   end_job() noexcept            static: ends every rank of the job, for a destructor whose pending
+//                                 operation failed (the backends over MPI: MPI_Abort)
 //   swap(other) noexcept
 #pragma once
-
-#include <mpi.h>
 
 #include <chrono>
 #include <cstdio>
@@ -68,7 +68,7 @@ class basic_request {
       if (self.abandon()) return;
       std::fprintf(stderr, "%s\n(while destroying a pending request; aborting)\n", e.what());
       std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 3);
+      Derived::end_job();
     }
   }
 

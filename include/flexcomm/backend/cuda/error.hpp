@@ -53,68 +53,59 @@ class device_guard {
   int previous_ = -1;
 };
 
-// A timing-free event: the cheapest marker of "the stream got this far".
-class event {
+// Move-only owner of one runtime handle (an event, a stream), destroyed with `Destroy`.
+template <class Handle, device::error_t (*Destroy)(Handle)>
+class owned_handle {
  public:
-  event() = default;
-  static event create(const std::string& what) {
-    event e;
-    check_cuda(device::event_create(&e.event_), cat(what, ": cudaEventCreate"));
-    return e;
-  }
-  event(event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
-  event& operator=(event&& o) noexcept {
-    std::swap(event_, o.event_);
+  owned_handle() = default;
+  owned_handle(owned_handle&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+  owned_handle& operator=(owned_handle&& o) noexcept {
+    std::swap(handle_, o.handle_);
     return *this;
   }
-  event(const event&) = delete;
-  event& operator=(const event&) = delete;
-  ~event() {
-    if (event_) device::event_destroy(event_);
+  owned_handle(const owned_handle&) = delete;
+  owned_handle& operator=(const owned_handle&) = delete;
+  ~owned_handle() {
+    if (handle_) Destroy(handle_);
   }
-  device::event_t get() const noexcept { return event_; }
-  explicit operator bool() const noexcept { return event_ != nullptr; }
+  Handle get() const noexcept { return handle_; }
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+
+ protected:
+  Handle handle_ = nullptr;
+};
+
+// A timing-free event: the cheapest marker of "the stream got this far".
+class event : public owned_handle<device::event_t, &device::event_destroy> {
+ public:
+  static event create(const std::string& what) {
+    event e;
+    check_cuda(device::event_create(&e.handle_), cat(what, ": cudaEventCreate"));
+    return e;
+  }
 
   void record(device::stream_t stream, const std::string& what) {
-    check_cuda(device::event_record(event_, stream), cat(what, ": cudaEventRecord"));
+    check_cuda(device::event_record(handle_, stream), cat(what, ": cudaEventRecord"));
   }
   // True once reached; a failure of the work before it is an error.
   bool done(const std::string& what) const {
-    const device::error_t rc = device::event_query(event_);
+    const device::error_t rc = device::event_query(handle_);
     if (rc == device::not_ready) return false;
     check_cuda(rc, cat(what, ": cudaEventQuery"));
     return true;
   }
-
- private:
-  device::event_t event_ = nullptr;
 };
 
 // An owned stream. By default it is ordered with the legacy default stream, so a trainer that
 // never names a stream still sees communication ordered with its kernels.
-class stream_handle {
+class stream_handle : public owned_handle<device::stream_t, &device::stream_destroy> {
  public:
-  stream_handle() = default;
   // non_blocking: not ordered with the legacy default stream (cudaStreamNonBlocking).
   static stream_handle create(const std::string& what, bool non_blocking = false) {
     stream_handle s;
-    check_cuda(device::stream_create(&s.stream_, non_blocking), cat(what, ": cudaStreamCreate"));
+    check_cuda(device::stream_create(&s.handle_, non_blocking), cat(what, ": cudaStreamCreate"));
     return s;
   }
-  stream_handle(stream_handle&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)) {}
-  stream_handle& operator=(stream_handle&& o) noexcept {
-    std::swap(stream_, o.stream_);
-    return *this;
-  }
-  stream_handle(const stream_handle&) = delete;
-  stream_handle& operator=(const stream_handle&) = delete;
-  ~stream_handle() {
-    if (stream_) device::stream_destroy(stream_);
-  }
-  device::stream_t get() const noexcept { return stream_; }
-
- private:
-  device::stream_t stream_ = nullptr;
 };
 
 // Reached events, kept for the next operations of a communicator: an event created and destroyed

@@ -41,7 +41,7 @@
 #include "../../core/reduce.hpp"
 #include "../../core/setting_values.hpp"
 #include "../../core/settings.hpp"
-#include "../mpi/types.hpp"
+#include "../mpi_types.hpp"
 
 namespace flexcomm::device {
 
@@ -265,26 +265,27 @@ inline error_t device_count(int* devices) {
   return success;
 }
 inline error_t last_error() { return success; }
-inline const char* error_name(error_t e) {
-  switch (static_cast<int>(e)) {
-    case 0: return "cudaSuccess";
-    case 1: return "cudaErrorInvalidValue";
-    case 101: return "cudaErrorInvalidDevice";
-    case 400: return "cudaErrorInvalidResourceHandle";
-    case 600: return "cudaErrorNotReady";
-  }
-  return "cudaErrorUnknown";
+namespace standin {
+// The codes the stand-in returns, with CUDA's name and text for each.
+struct error_text {
+  int code;
+  const char* name;
+  const char* text;
+};
+inline const error_text& text_of(error_t e) {
+  static constexpr error_text known[] = {{0, "cudaSuccess", "no error"},
+                                         {1, "cudaErrorInvalidValue", "invalid argument"},
+                                         {101, "cudaErrorInvalidDevice", "invalid device ordinal"},
+                                         {400, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+                                         {600, "cudaErrorNotReady", "device not ready"}};
+  static constexpr error_text unknown{-1, "cudaErrorUnknown", "unknown error"};
+  for (const auto& k : known)
+    if (k.code == static_cast<int>(e)) return k;
+  return unknown;
 }
-inline const char* error_string(error_t e) {
-  switch (static_cast<int>(e)) {
-    case 0: return "no error";
-    case 1: return "invalid argument";
-    case 101: return "invalid device ordinal";
-    case 400: return "invalid resource handle";
-    case 600: return "device not ready";
-  }
-  return "unknown error";
-}
+}  // namespace standin
+inline const char* error_name(error_t e) { return standin::text_of(e).name; }
+inline const char* error_string(error_t e) { return standin::text_of(e).text; }
 inline error_t pci_bus_id(char* out, int length, int) {
   standin::the();
   if (length > 0) std::snprintf(out, static_cast<std::size_t>(length), "standin:00:00.0");

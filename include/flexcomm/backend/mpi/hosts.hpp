@@ -13,7 +13,7 @@
 #include "../../core/settings.hpp"
 #include "../../core/hosts.hpp"
 #include "operations.hpp"
-#include "setup.hpp"
+#include "../mpi_setup.hpp"
 
 namespace flexcomm {
 

@@ -22,13 +22,13 @@
 #include "../../core/watchdog.hpp"
 #include "../contract.hpp"
 #include "../operations.hpp"
-#include "call_check.hpp"
+#include "../call_check.hpp"
 #include "communicator.hpp"
 #include "deferred_post.hpp"
-#include "implementation.hpp"
+#include "../mpi_implementation.hpp"
 #include "request.hpp"
-#include "types.hpp"
-#include "watchdog.hpp"
+#include "../mpi_types.hpp"
+#include "../mpi_watchdog.hpp"
 
 namespace flexcomm {
 
@@ -84,7 +84,7 @@ std::function<void()> average_epilogue(op o, span<T> out, int ranks) {
 }  // namespace detail
 
 class mpi_host_reducer;  // mpi/shared_memory.hpp
-class mpi_host_window;   // mpi/host_window.hpp
+class mpi_host_window;   // mpi/shared_memory.hpp
 
 struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
   static constexpr memory_space memory = memory_space::host;

@@ -18,12 +18,12 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "../request.hpp"
-#include "call_check.hpp"
+#include "../call_check.hpp"
 #include "communicator.hpp"
 #include "deferred_post.hpp"
-#include "implementation.hpp"
-#include "types.hpp"
-#include "watchdog.hpp"
+#include "../mpi_implementation.hpp"
+#include "../mpi_types.hpp"
+#include "../mpi_watchdog.hpp"
 
 namespace flexcomm {
 
@@ -120,6 +120,9 @@ class mpi_request : public basic_request<mpi_request> {
     if (state_) state_->poison(cat("operation #", seq, " timed out (", what_, ")"));
     fail(what_, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT)\n", report));
   }
+
+  // A pending operation failed in the destructor: the job ends (backend/request.hpp).
+  static void end_job() noexcept { abort_mpi_job(3); }
 
   bool abandon() noexcept {
     if (!poisoned() && !watchdog::instance().job_must_end()) return false;

@@ -18,12 +18,13 @@
 #include "../../core/span.hpp"
 #include "../../core/watchdog.hpp"
 #include "../contract.hpp"
+#include "../cuda/device_backend.hpp"
 #include "../cuda/device_buffer.hpp"
 #include "../cuda/error.hpp"
 #include "../cuda/local_work.hpp"
 #include "../mpi.hpp"
 #include "../operations.hpp"
-#include "../mpi/call_check.hpp"
+#include "../call_check.hpp"
 #include "communicator.hpp"
 #include "request.hpp"
 #include "state.hpp"
@@ -44,7 +45,7 @@ inline const std::shared_ptr<mpi_comm_state>& usable_watch(const nccl_communicat
   return st.watch;
 }
 
-// One operation being issued (mpi/call_check.hpp), recorded and checked in the bookkeeping kept
+// One operation being issued (call_check.hpp), recorded and checked in the bookkeeping kept
 // over the control communicator.
 class nccl_op_start : public operation_record {
  public:
@@ -107,19 +108,10 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
 }
 }  // namespace detail
 
-struct nccl : cuda::device_work, operations<nccl, nccl_communicator, nccl_request, device::stream_t> {
-  static constexpr memory_space memory = memory_space::device;
+// Device memory, local work on the stream and the host map of its MPI twin: cuda::device_backend.
+struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, nccl_request, device::stream_t> {
   // NCCL pairs a send with the peer's receive in the order both were issued, whatever the tags.
   static constexpr bool tag_matched_p2p = false;
-  using host_backend = mpi;
-  // An adapter's own scratch space, in device memory like every buffer of this backend.
-  template <class T>
-  using buffer = cuda::device_buffer<T>;
-
-  // Collective over `comm`: which of its ranks share a host, asked of its MPI twin.
-  static host_map hosts(const communicator& comm) { return host_backend::hosts(comm.control()); }
-
-  // Local work (combine, divide, copy): kernels on the stream, from cuda::device_work.
 
  private:
   friend struct operations<nccl, nccl_communicator, nccl_request, device::stream_t>;

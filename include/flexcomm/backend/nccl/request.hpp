@@ -16,7 +16,7 @@
 #include "../../core/error.hpp"
 #include "../../core/watchdog.hpp"
 #include "../request.hpp"
-#include "../mpi/call_check.hpp"
+#include "../call_check.hpp"
 #include "communicator.hpp"
 #include "state.hpp"
 #include "types.hpp"
@@ -102,6 +102,9 @@ class nccl_request : public basic_request<nccl_request> {
   void answer_queries() {
     if (state_->watch) state_->watch->answer_queries();
   }
+
+  // A pending operation failed in the destructor: the job ends (backend/request.hpp).
+  static void end_job() noexcept { abort_mpi_job(3); }
 
   [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
     auto& st = *state_;

@@ -17,7 +17,7 @@
 #include "../../core/trace.hpp"
 #include "../../core/wait.hpp"
 #include "../cuda/error.hpp"
-#include "../mpi/watchdog.hpp"
+#include "../mpi_watchdog.hpp"
 #include "types.hpp"
 
 namespace flexcomm {

@@ -20,11 +20,11 @@
 #include "../../core/settings.hpp"
 #include "../cuda/error.hpp"
 #include "../mpi.hpp"
-#include "../mpi/implementation.hpp"
+#include "../mpi_implementation.hpp"
 
 namespace flexcomm {
 
-// Whether this MPI library reads and writes device memory (mpi/implementation.hpp asks it).
+// Whether this MPI library reads and writes device memory (mpi_implementation.hpp asks it).
 inline bool mpi_is_cuda_aware() { return mpi_implementation::cuda_aware(); }
 
 namespace detail {

@@ -19,6 +19,7 @@
 #include "../../core/hosts.hpp"
 #include "../../core/span.hpp"
 #include "../contract.hpp"
+#include "../cuda/device_backend.hpp"
 #include "../cuda/device_buffer.hpp"
 #include "../cuda/error.hpp"
 #include "../cuda/local_work.hpp"
@@ -164,8 +165,9 @@ bool finish_reduced(const T* wire, T* device, op o, int ranks, const staged_chun
 // chunk i+1 runs while chunk i is on the wire, and chunk i comes back while i+1 travels.
 // Direct = true: device pointers go to MPI as they are (reductions of 16-bit floats, which MPI
 // does with flexcomm's host operators, still go through host memory).
+// Device memory, local work on the stream and the host map of its MPI twin: cuda::device_backend.
 template <bool Direct>
-struct basic_staged : cuda::device_work,
+struct basic_staged : cuda::device_backend<mpi>,
                       operations<basic_staged<Direct>, staged_communicator<Direct>, staged_request<Direct>,
                                  device::stream_t> {
   using front = operations<basic_staged<Direct>, staged_communicator<Direct>, staged_request<Direct>, device::stream_t>;
@@ -173,17 +175,7 @@ struct basic_staged : cuda::device_work,
   using typename front::request;
   using typename front::stream;
 
-  static constexpr memory_space memory = memory_space::device;
   static constexpr bool tag_matched_p2p = true;  // MPI's matching, on the staged copies
-  using host_backend = mpi;
-  // An adapter's own scratch space, in device memory like every buffer of this backend.
-  template <class T>
-  using buffer = cuda::device_buffer<T>;
-
-  // Collective over `comm`: which of its ranks share a host, asked of its MPI twin.
-  static host_map hosts(const communicator& comm) { return host_backend::hosts(comm.control()); }
-
-  // Local work (combine, divide, copy): kernels on the stream, from cuda::device_work.
 
  private:
   friend front;

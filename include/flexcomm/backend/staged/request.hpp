@@ -67,6 +67,9 @@ class staged_request : public basic_request<staged_request<Direct>> {
   }
   bool settled() { return test(); }
 
+  // A pending operation failed in the destructor: the job ends (backend/request.hpp).
+  static void end_job() noexcept { abort_mpi_job(3); }
+
   // Past the limit it is a flexcomm::error naming the ranks that did not arrive, as the MPI
   // backend's timeouts do: the chunks already on the wire cannot be cancelled, so the job must
   // end (see core/watchdog.hpp).

@@ -1,0 +1,599 @@
+// shm::host_reducer: the intra-host allreduce and broadcast through shared memory, the capability
+// contract.hpp calls has_host_shared_memory (a backend offers it as B::host_reducer; the MPI
+// backend's is mpi/shared_memory.hpp). Made collectively over a group whose ranks all share one
+// host (host_group.hpp): the backend's communicator serves only to set it up.
+//
+// Each rank owns a region of the segment: its progress counter (a cache line), two small slots
+// and two large slots. Every allreduce is a fixed number of steps (the same on every rank, from n
+// alone), and a rank publishes the last step it finished with a release store; a peer that needs
+// it waits with acquire loads, through the wait policy. Two paths:
+//   small (at most small_bytes): one round. Every rank copies its data into a small slot
+//     (alternating, so a fast rank never overwrites what a slow one still reads) and publishes;
+//     once all have, every rank reduces all slots itself, in rank order: identical bits
+//     everywhere, one synchronisation, no progress-thread hop.
+//   large: in chunks of at most a large slot, three steps each, chunk c in large slot c mod 2.
+//     For chunk c rank r
+//     1. copies into its slot the parts of the chunk its peers reduce (not its own share);
+//     2. once all have, reduces its share (a cache-line aligned 1/N) from its own buffer and the
+//        peers' slots into its own buffer, then copies the result into its slot;
+//     3. once all have, copies the peers' reduced shares out of their slots.
+//     Each element is reduced by one rank, so every rank ends with the same bits; the user's
+//     buffer is read and written once and only (N-1)/N of it crosses the segment each way.
+//     Slot writes go through a slot_writer (slot_writer.hpp: ordinary or streaming stores,
+//     whichever this rank measures faster). Two slots pipeline the chunks: a rank copies chunk
+//     c + 1 in while its peers still copy chunk c out, and waits only for chunk c - 1 to be out of
+//     the slot it reuses (with one slot, every chunk was three full stops, and a rank that lost
+//     its core for a moment held all).
+// An allreduce is a task (host_allreduce): poll() does what it can without waiting and returns,
+// so the progress engine can drive it during backward; allreduce() drives one on the caller's
+// thread. Tasks run in the order they were started, and polling any task drives the segment:
+// every task started before it, then itself, as far as they go (one thread at a time; another
+// that finds it busy returns at once). So a trainer waiting on a blocking allreduce (the step's
+// check in finish()) finishes the buckets still queued before it on its own thread, instead of
+// waiting for the engine's thread to be scheduled between each of their steps.
+// A broadcast (host_broadcast) takes two steps per chunk, on the same segment and in the same order.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/watchdog.hpp"
+#include "host_group.hpp"
+#include "host_window.hpp"
+#include "slot_writer.hpp"
+
+namespace flexcomm {
+
+namespace detail {
+
+// How long a task has waited for its peers at one stage, against the communicator's timeout. The
+// clock is read when a wait begins (the first poll that finds the peers not there) and then one
+// poll in 64: reading it on every step and poll cost a third of a 4-byte allreduce.
+class stall_clock {
+ public:
+  // The task moved on: the next wait starts afresh.
+  void moved() noexcept { polls_ = 0; }
+  // Another poll found the peers not there: true once that wait has lasted longer than `limit`
+  // (zero: no limit).
+  bool past(std::chrono::milliseconds limit) {
+    if (polls_++ == 0) {
+      since_ = std::chrono::steady_clock::now();
+      return false;
+    }
+    return limit.count() > 0 && polls_ % 64 == 0 && std::chrono::steady_clock::now() - since_ > limit;
+  }
+
+ private:
+  std::uint64_t polls_ = 0;
+  std::chrono::steady_clock::time_point since_;
+};
+
+// A task of one host_segment (an allreduce or a broadcast).
+class segment_task {
+ public:
+  segment_task() = default;
+  segment_task(const segment_task&) = delete;
+  segment_task& operator=(const segment_task&) = delete;
+  virtual ~segment_task() = default;
+
+  // Whether this rank's part is finished; readable from any thread.
+  bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+
+ protected:
+  void finished() noexcept { done_.store(true, std::memory_order_release); }
+
+ private:
+  friend class host_segment;
+  // Advances as far as it can without waiting; true once finished. Called by one thread at a
+  // time (the segment's driver), in start order.
+  virtual bool step() = 0;
+
+  std::atomic<bool> done_{false};
+};
+
+// The segment and the bookkeeping every task of one reducer shares; tasks hold it, so a task the
+// engine still polls never outlives it.
+class host_segment {
+ public:
+  static constexpr std::size_t line = 64;
+
+  // Collective over `group` (the segment's own: it keeps it for its names and timeout).
+  host_segment(std::unique_ptr<shm::host_group> own, std::size_t large_bytes, std::size_t small_bytes)
+      : group(std::move(own)),
+        rank(group->rank()),
+        ranks(group->size()),
+        large_bytes(round_up(std::max(large_bytes, line))),
+        small_bytes(round_up(small_bytes)),
+        window(*group, line + 2 * this->small_bytes + 2 * this->large_bytes,
+               cat(group->name(), ": shared-memory setup")) {
+    const std::string who = cat(group->name(), ": shared-memory setup");
+    for (int r = 0; r < ranks; ++r)
+      check(window.region_bytes(r) == window.region_bytes(rank), who,
+            cat("the slot sizes differ across the ranks (this rank's region is ", window.region_bytes(rank),
+                " bytes, rank ", r, "'s ", window.region_bytes(r), ")"));
+    world_ranks = group->world_ranks();
+    regions.resize(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) regions[static_cast<std::size_t>(r)] = window.region(r);
+    // Each rank's counter lives in its own region (whose pages the window placed near it).
+    static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+    new (regions[static_cast<std::size_t>(rank)]) std::atomic<std::uint64_t>(0);
+    group->barrier(who);
+  }
+  host_segment(const host_segment&) = delete;
+  host_segment& operator=(const host_segment&) = delete;
+
+  std::atomic<std::uint64_t>& progress(int r) const noexcept {
+    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions[static_cast<std::size_t>(r)]));
+  }
+  std::byte* small_slot(int r, int which) const noexcept {
+    return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_bytes;
+  }
+  std::byte* large_slot(int r, int which) const noexcept {
+    return regions[static_cast<std::size_t>(r)] + line + 2 * small_bytes + static_cast<std::size_t>(which) * large_bytes;
+  }
+  // Chunks of an n-element task of T: at most a large slot each.
+  template <class T>
+  std::uint64_t chunks_of(std::size_t n) const noexcept {
+    const std::size_t per_chunk = large_bytes / sizeof(T);
+    return (n + per_chunk - 1) / per_chunk;
+  }
+  void publish(std::uint64_t step) const noexcept { progress(rank).store(step, std::memory_order_release); }
+  // Whether every rank has finished `step`.
+  bool reached(std::uint64_t step) const noexcept {
+    for (int r = 0; r < ranks; ++r)
+      if (progress(r).load(std::memory_order_acquire) < step) return false;
+    return true;
+  }
+  // Whether rank r has finished `step`.
+  bool reached_by(int r, std::uint64_t step) const noexcept { return progress(r).load(std::memory_order_acquire) >= step; }
+  // "world rank 5 (rank 2, at step 5), world rank 7 (rank 3, at step 4)": the ranks that have
+  // not finished `step`.
+  std::string behind(std::uint64_t step) const {
+    std::string out;
+    for (int r = 0; r < ranks; ++r) {
+      const std::uint64_t p = progress(r).load(std::memory_order_acquire);
+      if (p < step) out += cat(out.empty() ? "" : ", ", "world rank ", world_rank(r), " (rank ", r, ", at step ", p, ")");
+    }
+    return out;
+  }
+  int world_rank(int r) const { return world_ranks[static_cast<std::size_t>(r)]; }
+
+  static std::size_t round_up(std::size_t bytes, std::size_t to = line) { return (bytes + to - 1) / to * to; }
+
+  // Queues a started task behind the others (the caller's thread, in start order).
+  void enqueue(const std::shared_ptr<segment_task>& task) {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.push_back(task);
+  }
+  // Drives the queued tasks in start order as far as they go without waiting, unless another
+  // thread is driving them now. Throws what a task's step throws (that task stays queued, and
+  // throws again when next driven).
+  void drive() {
+    std::unique_lock<std::mutex> driving(driving_, std::try_to_lock);
+    if (!driving.owns_lock()) return;
+    for (;;) {
+      std::shared_ptr<segment_task> front;
+      {
+        std::lock_guard<std::mutex> lock(queue_mutex_);
+        if (queue_.empty()) return;
+        front = queue_.front().lock();
+        if (!front) {
+          // Dropped before it finished (an engine stopped with it pending): its peers will wait
+          // for steps this rank never takes, so nothing after it may run.
+          broken.store(true, std::memory_order_release);
+          queue_.pop_front();
+          continue;
+        }
+      }
+      if (!front->step()) return;
+      front->finished();
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      queue_.pop_front();
+    }
+  }
+
+  std::unique_ptr<shm::host_group> group;
+  int rank = 0, ranks = 0;
+  std::size_t large_bytes = 0, small_bytes = 0;
+  shm::host_window window;
+  std::vector<std::byte*> regions;
+  std::vector<int> world_ranks;  // of each rank of the group
+  std::atomic<bool> broken{false};         // a task timed out or was dropped: no later one may run
+  slot_writer writer;                      // how this rank writes its large slots
+
+ private:
+  std::mutex driving_;      // held by the thread driving the tasks
+  std::mutex queue_mutex_;  // guards queue_ only: start() never waits for a step to end
+  std::deque<std::weak_ptr<segment_task>> queue_;  // started, not finished, in start order
+};
+
+// One allreduce through a host_segment: the steps [first + 1, first + steps] of every rank.
+template <class T>
+class host_allreduce final : public segment_task {
+ public:
+  struct plan {
+    std::uint64_t first;  // steps already taken by earlier tasks
+    // The slots this task writes are free once all reach these: the small slot ([0]), or large
+    // slots 0 and 1.
+    std::uint64_t free_after[2];
+    int small_slot;  // -1: the large path
+    slot_writer::kind stores;  // how the large path writes its slots
+  };
+
+  host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p)
+      : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p) {
+    if (n == 0) {  // took no steps, and is not queued
+      stage_ = stage::done;
+      finished();
+    }
+  }
+
+  // Built when asked (an error, the engine's list of pending tasks), not per allreduce.
+  std::string what() const {
+    return cat("shared-memory allreduce on ", seg_->group->name(), " (", n_, " x ", name_of(dtype_of<T>), ", ",
+               name_of(op_), ")");
+  }
+
+  // Drives the segment (this task and those started before it) as far as it goes without
+  // waiting; true once this rank's result is in place. Throws when a peer has not moved for the
+  // communicator's timeout, naming it. Any thread; the task's state is touched by one at a time.
+  bool poll() {
+    if (done()) return true;
+    seg_->drive();
+    return done();
+  }
+
+ private:
+  bool step() override {
+    if (stage_ == stage::queued) {
+      if (seg_->broken.load(std::memory_order_acquire))
+        fail(who(), cat(seg_->group->name(), " is unusable after an earlier task timed out or was dropped"));
+      stage_ = plan_.small_slot >= 0 ? stage::small_write : stage::large_write;
+      stalled_.moved();
+    }
+    for (;;) {
+      switch (stage_) {
+        case stage::small_write:
+          if (!ready(plan_.free_after[0], "peers to finish reading the previous small allreduce")) return false;
+          std::memcpy(seg_->small_slot(seg_->rank, plan_.small_slot), data_, n_ * sizeof(T));
+          advance(stage::small_reduce, 1);
+          break;
+        case stage::small_reduce:
+          if (!ready(plan_.first + 1, "peers to copy their data in")) return false;
+          reduce_small();
+          advance(stage::done, 2);
+          return true;
+        case stage::large_write:
+          // This slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
+          if (!ready(chunk_ < 2 ? plan_.free_after[chunk_] : step(0) - 3, "peers to copy the chunk before out"))
+            return false;
+          write_chunk();
+          advance(stage::large_reduce, 1);
+          break;
+        case stage::large_reduce:
+          if (!ready(step(1), "peers to copy their chunk in")) return false;
+          if (chunk_ == 0) timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
+          reduce_share();
+          advance(stage::large_gather, 2);
+          break;
+        case stage::large_gather:
+          if (!ready(step(2), "peers to reduce their share")) return false;
+          gather_chunk();
+          seg_->publish(step(3));
+          stalled_.moved();
+          if ((++chunk_) * per_chunk() >= n_) {
+            stage_ = stage::done;
+            const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
+            const std::size_t bytes = n_ * sizeof(T);
+            seg_->writer.learn(slot_writer::size_class(bytes), plan_.stores, took.count() / static_cast<double>(bytes));
+            return true;
+          }
+          stage_ = stage::large_write;
+          break;
+        case stage::queued:
+        case stage::done:
+          return true;
+      }
+    }
+  }
+
+  enum class stage { queued, small_write, small_reduce, large_write, large_reduce, large_gather, done };
+  static constexpr std::size_t align = host_segment::line / sizeof(T) ? host_segment::line / sizeof(T) : 1;
+
+  std::string who() const { return cat(what(), ", rank ", seg_->rank, " (world ", seg_->world_rank(seg_->rank), ")"); }
+  std::size_t per_chunk() const noexcept { return seg_->large_bytes / sizeof(T); }
+  // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last.
+  std::uint64_t step(int k) const noexcept { return plan_.first + 3 * chunk_ + static_cast<std::uint64_t>(k); }
+
+  bool ready(std::uint64_t needed, const char* for_what) {
+    if (seg_->reached(needed)) return true;
+    const auto limit = seg_->group->timeout();
+    if (stalled_.past(limit)) {
+      seg_->broken.store(true, std::memory_order_release);
+      fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
+                      "); not arrived: ", seg_->behind(needed)));
+    }
+    return false;
+  }
+  void advance(stage next, int k) {
+    seg_->publish(plan_.small_slot >= 0 ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
+    stage_ = next;
+    stalled_.moved();
+  }
+
+  const T* small_of(int r) const {
+    return reinterpret_cast<const T*>(seg_->small_slot(r, plan_.small_slot));
+  }
+  void reduce_small() {
+    std::memcpy(data_, small_of(0), n_ * sizeof(T));
+    for (int r = 1; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
+    if (op_ == op::avg) divide_by(data_, n_, seg_->ranks);
+  }
+
+  // This chunk's elements [lo, hi) of the data and rank r's share of them, relative to lo.
+  std::size_t chunk_lo() const noexcept { return chunk_ * per_chunk(); }
+  std::size_t chunk_count() const noexcept { return std::min(per_chunk(), n_ - chunk_lo()); }
+  void share_of(int r, std::size_t& lo, std::size_t& hi) const noexcept {
+    const std::size_t count = chunk_count(), ranks = static_cast<std::size_t>(seg_->ranks);
+    std::size_t share = (count + ranks - 1) / ranks;
+    share = (share + align - 1) / align * align;  // no two ranks write one cache line
+    lo = std::min(count, share * static_cast<std::size_t>(r));
+    hi = std::min(count, lo + share);
+  }
+  T* large_of(int r) const { return reinterpret_cast<T*>(seg_->large_slot(r, static_cast<int>(chunk_ % 2))); }
+
+  void write_chunk() {
+    std::size_t lo = 0, hi = 0;
+    share_of(seg_->rank, lo, hi);
+    const T* chunk = data_ + chunk_lo();
+    slot_writer::copy(plan_.stores, large_of(seg_->rank), chunk, lo * sizeof(T));
+    slot_writer::copy(plan_.stores, large_of(seg_->rank) + hi, chunk + hi, (chunk_count() - hi) * sizeof(T));
+  }
+  void reduce_share() {
+    std::size_t lo = 0, hi = 0;
+    share_of(seg_->rank, lo, hi);
+    if (hi == lo) return;
+    T* mine = data_ + chunk_lo() + lo;
+    for (int r = 0; r < seg_->ranks; ++r)
+      if (r != seg_->rank) combine(op_, mine, large_of(r) + lo, hi - lo);
+    if (op_ == op::avg) divide_by(mine, hi - lo, seg_->ranks);
+    slot_writer::copy(plan_.stores, large_of(seg_->rank) + lo, mine, (hi - lo) * sizeof(T));
+  }
+  void gather_chunk() {
+    T* chunk = data_ + chunk_lo();
+    for (int r = 0; r < seg_->ranks; ++r) {
+      if (r == seg_->rank) continue;
+      std::size_t lo = 0, hi = 0;
+      share_of(r, lo, hi);
+      std::memcpy(chunk + lo, large_of(r) + lo, (hi - lo) * sizeof(T));
+    }
+  }
+
+  std::shared_ptr<host_segment> seg_;
+  T* data_;
+  std::size_t n_;
+  op op_;
+  plan plan_;
+  stage stage_ = stage::queued;
+  std::uint64_t chunk_ = 0;
+  stall_clock stalled_;
+  std::chrono::steady_clock::time_point timed_from_;
+};
+
+// One broadcast through a host_segment from `root`: two steps per chunk of at most a large slot.
+// For chunk c the root waits until every rank has copied chunk c - 1 out of its slot, copies
+// chunk c in and publishes both steps; every other rank waits for the root's first step, copies
+// the chunk out and publishes the second. The root's data is read once, and each other rank's
+// written once.
+template <class T>
+class host_broadcast final : public segment_task {
+ public:
+  struct plan {
+    std::uint64_t first;  // steps already taken by earlier tasks
+    std::uint64_t free_after[2];  // the root's large slots 0 and 1 are free once all reach these
+  };
+
+  host_broadcast(std::shared_ptr<host_segment> segment, T* data, std::size_t n, int root, plan p)
+      : seg_(std::move(segment)), data_(data), n_(n), root_(root), plan_(p) {
+    if (n == 0) finished();  // took no steps, and is not queued
+  }
+
+  std::string what() const {
+    return cat("shared-memory broadcast on ", seg_->group->name(), " (", n_, " x ", name_of(dtype_of<T>), " from rank ",
+               root_, ")");
+  }
+
+  // Drives the segment as host_allreduce::poll does; true once this rank holds the root's data.
+  bool poll() {
+    if (done()) return true;
+    seg_->drive();
+    return done();
+  }
+
+ private:
+  bool step() override {
+    if (!started_) {
+      if (seg_->broken.load(std::memory_order_acquire))
+        fail(who(), cat(seg_->group->name(), " is unusable after an earlier task timed out or was dropped"));
+      started_ = true;
+      stalled_.moved();
+    }
+    const std::size_t per_chunk = seg_->large_bytes / sizeof(T);
+    while (chunk_ * per_chunk < n_) {
+      const std::size_t lo = chunk_ * per_chunk, count = std::min(per_chunk, n_ - lo);
+      const std::uint64_t written = plan_.first + 2 * chunk_ + 1, read = written + 1;
+      T* slot = reinterpret_cast<T*>(seg_->large_slot(root_, static_cast<int>(chunk_ % 2)));
+      if (seg_->rank == root_) {
+        // The slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
+        const std::uint64_t free = chunk_ < 2 ? plan_.free_after[chunk_] : written - 3;
+        if (!seg_->reached(free)) return late(free, "peers to copy the previous chunk out", [&] { return seg_->behind(free); });
+        slot_writer::copy(seg_->writer.preferred(slot_writer::size_class(n_ * sizeof(T))), slot, data_ + lo,
+                          count * sizeof(T));
+        seg_->publish(read);
+      } else {
+        if (!seg_->reached_by(root_, written))
+          return late(written, "the root to copy its chunk in", [&] { return cat(root_); });
+        std::memcpy(data_ + lo, slot, count * sizeof(T));
+        seg_->publish(read);
+      }
+      ++chunk_;
+      stalled_.moved();
+    }
+    return true;
+  }
+
+  std::string who() const { return cat(what(), ", rank ", seg_->rank, " (world ", seg_->world_rank(seg_->rank), ")"); }
+  // Not there yet: false, or past the communicator's timeout an error naming who is behind.
+  template <class Behind>
+  bool late(std::uint64_t needed, const char* for_what, Behind&& behind) {
+    const auto limit = seg_->group->timeout();
+    if (stalled_.past(limit)) {
+      seg_->broken.store(true, std::memory_order_release);
+      fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
+                      "); not arrived: ", behind()));
+    }
+    return false;
+  }
+
+  std::shared_ptr<host_segment> seg_;
+  T* data_;
+  std::size_t n_;
+  int root_;
+  plan plan_;
+  bool started_ = false;
+  std::uint64_t chunk_ = 0;
+  stall_clock stalled_;
+};
+
+}  // namespace detail
+
+namespace shm {
+
+class host_reducer {
+ public:
+  // Bytes of each rank's large slot unless told otherwise: a larger bucket goes in chunks.
+  static constexpr std::size_t default_slot_bytes = std::size_t{1} << 20;
+  // Allreduces of at most this many bytes take the one-round path.
+  static constexpr std::size_t default_small_bytes = std::size_t{16} << 10;
+
+  template <class T>
+  using task = detail::host_allreduce<T>;
+  template <class T>
+  using broadcast_task = detail::host_broadcast<T>;
+
+  host_reducer() = default;
+
+  // Collective over `group` (the reducer's own, kept for its names and timeout), whose ranks must
+  // all share one host (the backend decides: otherwise an error on every rank). Allocates
+  // 2 x slot_bytes + 2 x small_bytes (and a cache line) of shared memory per rank.
+  explicit host_reducer(std::unique_ptr<host_group> group, std::size_t slot_bytes = default_slot_bytes,
+                        std::size_t small_bytes = default_small_bytes)
+      : segment_(std::make_shared<detail::host_segment>(std::move(group), slot_bytes, small_bytes)) {}
+
+  explicit operator bool() const noexcept { return segment_ != nullptr; }
+  int size() const noexcept { return segment_ ? segment_->ranks : 0; }
+  std::size_t slot_bytes() const noexcept { return segment_ ? segment_->large_bytes : 0; }
+  std::size_t small_bytes() const noexcept { return segment_ ? segment_->small_bytes : 0; }
+  // The limit on each wait (the reducer's own group follows FLEXCOMM_TIMEOUT unless set).
+  void set_timeout(std::chrono::milliseconds t) { usable("set_timeout").group->set_timeout(t); }
+
+  // Starts an allreduce of data[0, n) in place: every rank starts the same n, T and o, in the
+  // same order. Avg is the sum divided by the rank count (integers truncate, as divide_by does).
+  // The task does nothing until polled; tasks run in the order they were started. `data` must
+  // stay valid until the task is done.
+  template <class T>
+  std::shared_ptr<task<T>> start(T* data, std::size_t n, op o) {
+    static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
+    auto& seg = usable("shared-memory allreduce");
+    if (n == 0)
+      return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, {0, 0}, -1, detail::slot_writer::cached});
+    typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
+    if (n * sizeof(T) <= seg.small_bytes) {
+      p.small_slot = static_cast<int>(smalls_++ % 2);
+      p.free_after[0] = small_free_[p.small_slot];
+      steps_ += 2;
+      small_free_[p.small_slot] = steps_;
+    } else {
+      take_large_slots(p.free_after, seg.template chunks_of<T>(n), 3);
+      const int cls = detail::slot_writer::size_class(n * sizeof(T));
+      p.stores = seg.writer.choose(cls, timed_[cls]++);
+    }
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, p);
+    seg.enqueue(t);
+    return t;
+  }
+
+  // Starts a broadcast of root's data[0, n) to every rank's data: every rank starts the same n
+  // and T with the same root, in the same order as its other tasks on this reducer.
+  template <class T>
+  std::shared_ptr<broadcast_task<T>> start_broadcast(T* data, std::size_t n, int root) {
+    static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
+    auto& seg = usable("shared-memory broadcast");
+    check(root >= 0 && root < seg.ranks, "shared-memory broadcast",
+          cat("root ", root, " is outside the communicator's ", seg.ranks, " ranks"));
+    if (n == 0)
+      return std::make_shared<broadcast_task<T>>(segment_, data, n, root, typename broadcast_task<T>::plan{0, {0, 0}});
+    typename broadcast_task<T>::plan p{steps_, {0, 0}};
+    take_large_slots(p.free_after, seg.template chunks_of<T>(n), 2);
+    auto t = std::make_shared<broadcast_task<T>>(segment_, data, n, root, p);
+    seg.enqueue(t);
+    return t;
+  }
+
+  // Blocking allreduce on the calling thread: start() and poll until done, answering the
+  // watchdog's queries while waiting.
+  template <class T>
+  void allreduce(T* data, std::size_t n, op o) {
+    auto t = start(data, n, o);
+    wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
+                   [] { watchdog::instance().answer_queries(); });
+  }
+
+ protected:
+  // The group it was made over, for the backend's own face of it.
+  const host_group& group(const char* what) const { return *usable(what).group; }
+
+ private:
+  detail::host_segment& usable(const char* what) const {
+    check(segment_ != nullptr, what, "the shared-memory reducer was not set up (moved from?)");
+    return *segment_;
+  }
+
+  // A task of `chunks` chunks, `per` steps each, chunk c in large slot c mod 2: when the slots it
+  // writes are free (out), and its own last use of each becomes the next task's (in).
+  void take_large_slots(std::uint64_t (&free_after)[2], std::uint64_t chunks, std::uint64_t per) {
+    free_after[0] = large_free_[0];
+    free_after[1] = large_free_[1];
+    for (std::uint64_t slot = 0; slot < 2 && slot < chunks; ++slot) {
+      const std::uint64_t last = (chunks - 1 - slot) / 2 * 2 + slot;  // the last chunk in this slot
+      large_free_[slot] = steps_ + per * (last + 1);
+    }
+    steps_ += per * chunks;
+  }
+
+  std::shared_ptr<detail::host_segment> segment_;
+  // Set by start() on the caller's thread, in start order: the same on every rank.
+  std::uint64_t steps_ = 0, smalls_ = 0;
+  std::uint64_t timed_[detail::slot_writer::classes] = {};  // large allreduces started, per size class
+  std::uint64_t large_free_[2] = {0, 0};
+  std::uint64_t small_free_[2] = {0, 0};
+};
+
+}  // namespace shm
+
+}  // namespace flexcomm
