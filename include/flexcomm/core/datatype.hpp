@@ -10,13 +10,9 @@ namespace flexcomm {
 
 enum class dtype { f32, f64, i32, i64, u8, f16, bf16 };
 
-// IEEE 754 binary16, bit-compatible with CUDA's __half.
-struct half {
-  std::uint16_t bits = 0;
-  half() = default;
-  half(float f) : bits(from_float(f)) {}  // NOLINT: implicit like __half
-  operator float() const { return to_float(bits); }
-
+namespace detail {
+// IEEE 754 binary16's bits, as CUDA's __half holds them.
+struct binary16_format {
   static std::uint16_t from_float(float f) {
     std::uint32_t x;
     std::memcpy(&x, &f, 4);
@@ -65,13 +61,8 @@ struct half {
   }
 };
 
-// bfloat16: the top half of a float, rounded to nearest even; bit-compatible with __nv_bfloat16.
-struct bfloat16 {
-  std::uint16_t bits = 0;
-  bfloat16() = default;
-  bfloat16(float f) : bits(from_float(f)) {}  // NOLINT: implicit like __nv_bfloat16
-  operator float() const { return to_float(bits); }
-
+// bfloat16's bits: the top half of a float, rounded to nearest even, as __nv_bfloat16 holds them.
+struct bfloat16_format {
   static std::uint16_t from_float(float f) {
     std::uint32_t x;
     std::memcpy(&x, &f, 4);
@@ -86,9 +77,21 @@ struct bfloat16 {
     return f;
   }
 };
+}  // namespace detail
 
-inline bool operator==(half a, half b) { return a.bits == b.bits; }
-inline bool operator==(bfloat16 a, bfloat16 b) { return a.bits == b.bits; }
+// A 16-bit float as storage: converts from and to float (implicitly, like CUDA's types), compared
+// by its bits.
+template <class Format>
+struct float16 {
+  std::uint16_t bits = 0;
+  float16() = default;
+  float16(float f) : bits(Format::from_float(f)) {}  // NOLINT: implicit like __half
+  operator float() const { return Format::to_float(bits); }
+  friend bool operator==(float16 a, float16 b) { return a.bits == b.bits; }
+};
+
+using half = float16<detail::binary16_format>;        // bit-compatible with CUDA's __half
+using bfloat16 = float16<detail::bfloat16_format>;    // bit-compatible with __nv_bfloat16
 
 namespace detail {
 template <class T> struct dtype_of_impl;  // no flexcomm dtype for this element type

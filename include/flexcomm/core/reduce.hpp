@@ -13,14 +13,9 @@ namespace flexcomm {
 enum class op { sum, prod, min, max, avg };
 
 constexpr const char* name_of(op o) {
-  switch (o) {
-    case op::sum: return "sum";
-    case op::prod: return "prod";
-    case op::min: return "min";
-    case op::max: return "max";
-    case op::avg: return "avg";
-  }
-  return "?";
+  constexpr const char* names[] = {"sum", "prod", "min", "max", "avg"};  // in op's order
+  const auto i = static_cast<unsigned>(o);
+  return i < sizeof names / sizeof *names ? names[i] : "?";
 }
 
 namespace detail {

@@ -239,14 +239,9 @@ inline check_label::~check_label() { detail::thread_check_label() = previous_; }
 inline std::int64_t check_label::current() noexcept { return detail::thread_check_label(); }
 
 inline const char* name_of(op_state s) {
-  switch (s) {
-    case op_state::in_flight: return "in flight";
-    case op_state::completed: return "completed";
-    case op_state::failed: return "failed";
-    case op_state::timed_out: return "timed out";
-    case op_state::abandoned: return "abandoned";
-  }
-  return "?";
+  static const char* const names[] = {"in flight", "completed", "failed", "timed out", "abandoned"};  // in op_state's order
+  const auto i = static_cast<unsigned>(s);
+  return i < sizeof names / sizeof *names ? names[i] : "?";
 }
 
 inline std::string op_record::str() const {
