@@ -11,7 +11,7 @@
 #include "../../core/layout.hpp"
 #include "../../core/reduce.hpp"
 #include "../../core/span.hpp"
-#include "../feed.hpp"
+#include "vocabulary.hpp"
 
 namespace flexcomm {
 namespace detail {

@@ -15,7 +15,7 @@
 #include "../../core/layout.hpp"
 #include "../../core/span.hpp"
 #include "../../core/trace.hpp"
-#include "../feed.hpp"
+#include "vocabulary.hpp"
 
 namespace flexcomm {
 namespace detail {
