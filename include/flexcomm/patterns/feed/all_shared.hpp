@@ -18,11 +18,10 @@
 #include "../../core/trace.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
-#include "pump.hpp"
-#include "ring.hpp"
-#include "wire.hpp"
 #include "agreement.hpp"
 #include "host_slots.hpp"
+#include "step_source.hpp"
+#include "wire.hpp"
 
 namespace flexcomm {
 
@@ -32,7 +31,8 @@ namespace flexcomm {
 // so the ensemble shares steps, not parts of a step). `depth` rounds are in flight.
 // Where a piece's owners share one host (feed_options.shared_memory, backends with
 // has_host_window), there is no allgather: each owner's loader writes its step into a slot of
-// shared memory and the others read it in place (feed/host_slots.hpp).
+// shared memory and the others read it in place (host_slots.hpp). A trainer takes its steps from
+// a step_source (step_source.hpp) whose publishers are the members, one step each per round.
 template <class B>
 class all_shared {
   static_assert(holds_host_memory<B>,
@@ -68,17 +68,14 @@ class all_shared {
   }
 
  private:
-  using request = typename B::request;
+  using source = detail::step_source<B>;
 
-  struct round : detail::in_flight<request> {
-    std::vector<std::vector<std::byte>> send, recv;  // per piece of this trainer
-  };
-
+  void setup_host_slots();
+  void setup_source();
   void post_free_rounds();
   void drain() noexcept;
-  void setup_host_slots();
-  std::size_t piece_size(std::size_t i) const {
-    return detail::piece_bytes(pieces_[static_cast<std::size_t>(my_pieces_[i])].shards, options_.shard_capacity);
+  std::size_t rounds_in_flight() const {
+    return static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_)));
   }
 
   ensemble_layout layout_;
@@ -87,32 +84,22 @@ class all_shared {
   rank_role role_;
   std::vector<detail::piece> pieces_;
   std::vector<communicator> comms_;  // per piece; empty where this rank takes no part
-  std::vector<int> my_pieces_;
-  shard_range shards_;
   int members_ = 1;
   std::int64_t rounds_ = 0;
 
   std::vector<detail::host_slots<B>> host_;  // per piece of this trainer: where its owners share a host
-  detail::pump<round> pump_;
-  detail::batch_ring<round> ring_;
-  std::int64_t next_round_ = 0, next_step_ = 0, lent_round_ = -1;
-  detail::batch_storage batch_;
+  detail::batch_assembly assembly_;          // this trainer's pieces, and its batches made of them
+  source source_;
+  std::int64_t next_round_ = 0, next_step_ = 0, lent_ = -1;
 };
 
 template <class B>
 all_shared<B>::all_shared(const communicator& world, const ensemble_layout& layout, loader load,
                           feed_options options)
-    : layout_(layout), load_(std::move(load)), options_(options) {
-  std::string problem = detail::option_problem(options_);
-  try {
-    layout_.validate(world.size());
-    if (problem.empty() && !load_) problem = "needs a loader";
-  } catch (const error& e) {
-    problem = e.cause();
-  }
-  detail::agree<B>(world, layout_, options_, problem, "all_shared");
-  layout_ = detail::placed_for(world, layout_, "all_shared");  // per-host producers idle here, as any producers
-
+    // per-host producers idle here, as any producers
+    : layout_(detail::agreed_layout<B>(world, layout, load, options, false, "all_shared")),
+      load_(std::move(load)),
+      options_(options) {
   role_ = layout_.role_of(world.rank());
   pieces_ = detail::pieces_of(layout_);
   for (std::size_t c = 0; c < pieces_.size(); ++c) {
@@ -124,36 +111,46 @@ all_shared<B>::all_shared(const communicator& world, const ensemble_layout& layo
 
   members_ = layout_.members();
   rounds_ = (options_.steps + members_ - 1) / members_;
-  my_pieces_ = detail::pieces_of_trainer(pieces_, role_.member, role_.rank_in_member);
-  shards_ = layout_.shards_of(role_.member, role_.rank_in_member);
-  batch_.offsets.resize(static_cast<std::size_t>(shards_.count) + 1);
-  const auto rounds_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_)));
+  assembly_ = detail::batch_assembly(pieces_, layout_, role_, options_.shard_capacity);
   setup_host_slots();
-  ring_ = detail::batch_ring<round>(rounds_in_flight, [&](round& r) {
-    for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
-      const bool shared = static_cast<bool>(host_[i]);  // then its slots are in shared memory
-      r.send.emplace_back(shared ? 0 : piece_size(i) + detail::guard_bytes);
-      r.recv.emplace_back(shared ? 0 : piece_size(i) * static_cast<std::size_t>(members_));
+  setup_source();
+}
+
+// Step s of round g = s / M is member s % M's, its piece i in that member's slot of the piece's
+// shared memory, or in the round's allgather at member s % M's place.
+template <class B>
+void all_shared<B>::setup_source() {
+  const std::size_t mine = assembly_.pieces().size();
+  std::vector<std::vector<typename source::shared_piece>> shared(static_cast<std::size_t>(members_));
+  std::vector<std::size_t> bytes;
+  for (std::size_t i = 0; i < mine; ++i) bytes.push_back(assembly_.bytes(i));
+  for (int m = 0; m < members_; ++m)
+    for (std::size_t i = 0; i < mine; ++i) shared[static_cast<std::size_t>(m)].push_back({host_[i] ? &host_[i] : nullptr, m, 0});
+  source_.setup(members_, std::move(shared), bytes, members_, rounds_in_flight(), [&](typename source::received& r) {
+    for (std::size_t i = 0; i < mine; ++i) {
+      const bool shared_memory = static_cast<bool>(host_[i]);  // then its slots are in shared memory
+      r.outgoing.emplace_back(shared_memory ? 0 : bytes[i] + detail::guard_bytes);
+      r.buffers.emplace_back(shared_memory ? 0 : bytes[i] * static_cast<std::size_t>(members_));
     }
-  });
+  }, "all_shared: allgather of round ");
 }
 
 // Collective over each of this trainer's piece communicators, in piece order (as every owner
 // takes them): shared slots for the pieces whose owners share one host.
 template <class B>
 void all_shared<B>::setup_host_slots() {
-  host_.resize(my_pieces_.size());
+  const std::vector<int>& mine = assembly_.pieces();
+  host_.resize(mine.size());
   if constexpr (has_host_window<B>) {
     if (options_.shared_memory == shared_memory_use::off || members_ < 2) return;
-    const auto rounds_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_)));
-    for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
-      const communicator& owners = comms_[static_cast<std::size_t>(my_pieces_[i])];
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const communicator& owners = comms_[static_cast<std::size_t>(mine[i])];
       // The host map may pretend several hosts (FLEXCOMM_HOSTS); MPI has the last word.
       if (B::hosts(owners).hosts() != 1 || !B::host_window::on_one_host(owners)) continue;
       std::vector<int> ranks(static_cast<std::size_t>(owners.size()));
       for (int r = 0; r < owners.size(); ++r) ranks[static_cast<std::size_t>(r)] = owners.world_rank_of(r);
-      host_[i] = detail::host_slots<B>(owners, true, rounds_in_flight, piece_size(i) + detail::guard_bytes,
-                                       std::move(ranks), cat("all_shared piece ", my_pieces_[i]));
+      host_[i] = detail::host_slots<B>(owners, true, rounds_in_flight(), assembly_.bytes(i) + detail::guard_bytes,
+                                       std::move(ranks), cat("all_shared piece ", mine[i]));
     }
   } else {
     check(options_.shared_memory != shared_memory_use::on, "all_shared",
@@ -169,19 +166,20 @@ all_shared<B>::~all_shared() {
 // Preprocesses this trainer's step of every round whose slot is free, and starts its allgathers.
 template <class B>
 void all_shared<B>::post_free_rounds() {
-  while (next_round_ < rounds_) {
+  const std::vector<int>& mine = assembly_.pieces();
+  for (; next_round_ < rounds_; ++next_round_) {
     const std::int64_t g = next_round_;
-    if (!ring_.claim(g)) return;  // still holds an earlier round
-    round& r = ring_.at(g);
-    r.clear();
+    if (!source_.claim(g)) return;  // still holds an earlier round
+    auto& r = source_.entry(g);
     const std::int64_t step = g * members_ + role_.member;
-    for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
-      const auto& piece = pieces_[static_cast<std::size_t>(my_pieces_[i])];
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto& piece = pieces_[static_cast<std::size_t>(mine[i])];
       const auto& shared = host_[i];
       // The piece communicator's ranks are the members in order: this trainer is rank member.
       if (shared) shared.wait_free(g, cat("all_shared: allgather of round ", g));
-      const span<std::byte> send = shared ? span<std::byte>(shared.slot(role_.member, g), piece_size(i) + detail::guard_bytes)
-                                          : span<std::byte>(r.send[i]);
+      const span<std::byte> send =
+          shared ? span<std::byte>(shared.slot(role_.member, g), assembly_.bytes(i) + detail::guard_bytes)
+                 : span<std::byte>(r.outgoing[i]);
       if (step < options_.steps)
         detail::fill_piece(load_, step, piece.first_shard, piece.shards, options_.shard_capacity, send);
       else
@@ -192,70 +190,32 @@ void all_shared<B>::post_free_rounds() {
       }
       const std::size_t bytes = send.size() - detail::guard_bytes;
       r.requests.push_back(B::template iallgather<std::uint8_t>(
-          comms_[static_cast<std::size_t>(my_pieces_[i])],
+          comms_[static_cast<std::size_t>(mine[i])],
           span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(send.data()), bytes),
-          span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(r.recv[i].data()), r.recv[i].size())));
+          span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(r.buffers[i].data()), r.buffers[i].size())));
     }
-    pump_.add(ring_.shared(g), cat("all_shared: allgather of round ", g));
-    ++next_round_;
+    source_.start(g);
   }
 }
 
 template <class B>
 std::optional<batch> all_shared<B>::next() {
   check(role_.kind == role::trainer, "all_shared", "next() is for trainer ranks; this rank is a producer");
-  if (lent_round_ >= 0 && lent_round_ != next_step_ / members_) {
-    for (const auto& shared : host_)
-      if (shared) shared.release(lent_round_);
-    ring_.release(lent_round_);
-    lent_round_ = -1;
-  }
+  if (lent_ >= 0) source_.release(lent_);  // a round is let go of with its last step
+  lent_ = -1;
   if (next_step_ >= options_.steps) return std::nullopt;
-  trace::span traced(trace::names::feed_wait, next_step_, "step", "feed");
   post_free_rounds();
-  const std::int64_t step = next_step_, g = step / members_;
-  check(ring_.holder(g) == g, "all_shared", cat("round ", g, " was never posted"));
-  round& r = ring_.at(g);
-  pump_.await(r, cat("all_shared: allgather of round ", g));
-  std::size_t shard = 0;
-  batch_.offsets[0] = 0;
-  if (my_pieces_.size() > 1) batch_.bytes.clear();
-  for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
-    const int shards = pieces_[static_cast<std::size_t>(my_pieces_[i])].shards;
-    const std::size_t bytes = piece_size(i);
-    const int from = static_cast<int>(step % members_);  // the member whose turn the step was
-    const auto& shared = host_[i];
-    if (shared) shared.wait_arrived(from, g, cat("all_shared: allgather of round ", g));
-    const span<const std::byte> slot(shared ? shared.slot(from, g) : r.recv[i].data() + static_cast<std::size_t>(from) * bytes,
-                                     bytes);
-    const std::uint64_t* sizes = detail::read_piece("all_shared", slot, step, shards, options_.shard_capacity);
-    std::size_t total = 0;
-    for (int k = 0; k < shards; ++k, ++shard) {
-      batch_.offsets[shard + 1] = batch_.offsets[shard] + sizes[k];
-      total += sizes[k];
-    }
-    const std::byte* payload = detail::piece_payload(slot, shards);
-    if (my_pieces_.size() == 1) {
-      batch_.data = payload;
-    } else {
-      batch_.bytes.insert(batch_.bytes.end(), payload, payload + total);
-      batch_.data = batch_.bytes.data();
-    }
-  }
-  lent_round_ = g;
-  ++next_step_;
-  return batch(step, shards_.first, batch_.data, batch_.offsets.data(), shards_.count);
+  const batch out = assembly_.assemble("all_shared", next_step_, source_.take(next_step_));
+  lent_ = next_step_++;
+  return out;
 }
 
 // Takes part in every round left (preprocessing its share), so the other members can finish.
 template <class B>
 void all_shared<B>::drain() noexcept {
   try {
-    lent_round_ = -1;
-    for (const auto& shared : host_)
-      if (shared) shared.leave();  // the others never wait for this trainer's reading again
-    ring_.drain([&] { post_free_rounds(); },
-                [&](round& r, std::int64_t g) { pump_.await(r, cat("all_shared: allgather of round ", g)); });
+    lent_ = -1;
+    source_.drain([&] { post_free_rounds(); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n(all_shared: while draining the stream in the destructor)\n", e.what());
   }

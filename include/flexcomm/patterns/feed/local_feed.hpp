@@ -1,5 +1,6 @@
 // local_feed: the baseline. Every trainer calls the loader for its own shards of every step,
-// so an ensemble of K members preprocesses each batch K times; no communication at all.
+// so an ensemble of K members preprocesses each batch K times; no communication at all. Its step
+// source is the trainer's own loader filling its one piece (step_source.hpp: own_steps).
 #pragma once
 
 #include <cstddef>
@@ -12,8 +13,9 @@
 #include "../../core/layout.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
-#include "wire.hpp"
 #include "agreement.hpp"
+#include "step_source.hpp"
+#include "wire.hpp"
 
 namespace flexcomm {
 
@@ -41,39 +43,33 @@ class local_feed {
  private:
   local_feed(int rank, int size, const ensemble_layout& layout, loader load, feed_options options);
 
-  loader load_;
   feed_options options_;
   bool trainer_ = false;
-  shard_range shards_;
   std::int64_t next_step_ = 0;
-  std::vector<std::byte> slot_;
-  std::vector<std::size_t> offsets_;
+  detail::own_steps source_;
+  detail::batch_assembly assembly_;
 };
 
 inline local_feed::local_feed(int rank, int size, const ensemble_layout& layout, loader load, feed_options options)
-    : load_(std::move(load)), options_(options) {
+    : options_(options) {
   const std::string problem = detail::option_problem(options_);
   check(problem.empty(), "local_feed", problem);
-  check(static_cast<bool>(load_), "local_feed", "needs a loader");
+  check(static_cast<bool>(load), "local_feed", "needs a loader");
   layout.validate(size);
   const rank_role r = layout.role_of(rank);
   trainer_ = r.kind == role::trainer;
   if (!trainer_) return;
-  shards_ = layout.shards_of(r.member, r.rank_in_member);
-  slot_.resize(detail::piece_bytes(shards_.count, options_.shard_capacity) + detail::guard_bytes);
-  offsets_.resize(static_cast<std::size_t>(shards_.count) + 1);
+  const shard_range shards = layout.shards_of(r.member, r.rank_in_member);
+  source_ = detail::own_steps(std::move(load), shards, options_.shard_capacity);
+  // One piece: every shard of this trainer's, as if one producer had sent them all.
+  assembly_ = detail::batch_assembly({detail::piece{shards.first, shards.count, {}}}, {0}, shards, options_.shard_capacity);
 }
 
 inline std::optional<batch> local_feed::next() {
   check(trainer_, "local_feed", "next() is for trainer ranks; this rank is a producer");
   if (next_step_ >= options_.steps) return std::nullopt;
   const std::int64_t step = next_step_++;
-  detail::fill_piece(load_, step, shards_.first, shards_.count, options_.shard_capacity, span<std::byte>(slot_));
-  const span<const std::byte> slot(slot_.data(), slot_.size());
-  const std::uint64_t* sizes = detail::read_piece("local_feed", slot, step, shards_.count, options_.shard_capacity);
-  offsets_[0] = 0;
-  for (int i = 0; i < shards_.count; ++i) offsets_[static_cast<std::size_t>(i) + 1] = offsets_[static_cast<std::size_t>(i)] + sizes[i];
-  return batch(step, shards_.first, detail::piece_payload(slot, shards_.count), offsets_.data(), shards_.count);
+  return assembly_.assemble("local_feed", step, source_.take(step));
 }
 
 }  // namespace flexcomm

@@ -21,11 +21,11 @@
 #include "../../core/wait.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
-#include "pump.hpp"
-#include "ring.hpp"
-#include "wire.hpp"
 #include "agreement.hpp"
 #include "host_slots.hpp"
+#include "step_source.hpp"
+#include "steps_in_flight.hpp"
+#include "wire.hpp"
 
 namespace flexcomm {
 
@@ -46,8 +46,9 @@ namespace flexcomm {
 // On the producer's own host (feed_options.shared_memory, backends with has_host_window) no
 // message goes at all: the loader writes each step into a slot of shared memory, the trainers
 // there read their pieces in place, and their credits are counters beside the slots
-// (feed/host_slots.hpp); the trainers on other hosts get the same bytes as messages, sent from
-// that slot.
+// (host_slots.hpp); the trainers on other hosts get the same bytes as messages, sent from that
+// slot. A trainer takes its steps from a step_source (step_source.hpp), which knows which lie in
+// shared memory and which come as messages.
 template <class B>
 class one_to_many {
   static_assert(holds_host_memory<B>,
@@ -86,30 +87,25 @@ class one_to_many {
 
  private:
   using request = typename B::request;
+  using source = detail::step_source<B>;
   static constexpr int piece_tag = 17, credit_tag = 18;
 
-  // The operations of one step in flight and the buffers they use; the progress engine tests
-  // the requests, and this object outlives them because the engine's task holds it too.
-  struct transfer : detail::in_flight<request> {
-    std::vector<std::vector<std::byte>> slots;  // one per piece
-    int credit = 1;                 // trainer: what it sends
-    std::vector<int> credits_in;    // producer: one per trainer
-    bool posted = false;     // its requests were handed to the pump
-    bool in_place = false;   // trainer: the step lies in its producer's shared slot, no request
-    std::int64_t step = -1;  // of its requests, named when a wait fails
+  // A producer's k-th step in flight: the credits it waits for and the sends of its pieces.
+  struct shipment {
+    detail::in_flight<request> credits, sends;
+    std::vector<int> credits_in;                 // one per trainer
+    std::vector<std::vector<std::byte>> pieces;  // one per piece it ships, where not in shared memory
+    std::int64_t step = -1;                      // of its sends, named when they fail
   };
 
-  void start(const std::shared_ptr<transfer>& t, const char* what, std::int64_t step);
-  void await(transfer& t, const char* what) { pump_.await(t, cat("one_to_many: ", what, " of step ", t.step)); }
   std::size_t index_of(int producer, int piece) const {
     return static_cast<std::size_t>(producer) * pieces_.size() + static_cast<std::size_t>(piece);
   }
   const communicator& comm_of(int producer, int piece) const { return comms_[index_of(producer, piece)]; }
   // The producer that ships step `step` to this trainer.
   int producer_of(std::int64_t step) const { return layout_.producer_for(role_.member, role_.rank_in_member, step); }
-  // Which of its producer's steps `step` is: a producer's steps are counted k = 0, 1, ...
-  std::int64_t index_at_producer(std::int64_t step) const {
-    return layout_.per_host() ? step : step / layout_.producers();
+  std::size_t piece_bytes(int piece) const {
+    return detail::piece_bytes(pieces_[static_cast<std::size_t>(piece)].shards, options_.shard_capacity);
   }
 
   // Shared memory on producers' hosts.
@@ -118,15 +114,11 @@ class one_to_many {
   std::size_t slot_offset(int producer, int piece) const {
     return slot_offsets_[static_cast<std::size_t>(producer)][static_cast<std::size_t>(piece)];
   }
-  // A trainer's i-th piece of `step`, where it was received or where it lies in shared memory.
-  span<const std::byte> piece_of(std::int64_t step, transfer& t, std::size_t i) const;
-  bool arrived(std::int64_t step, const transfer& t) const;
-  void release(std::int64_t step);
 
   // Trainer side.
+  void setup_source();
   std::size_t ring_size() const;
   void post_free_slots();
-  void wait_for(std::int64_t step);
   std::int64_t choose_step();
   void drain() noexcept;
 
@@ -143,32 +135,19 @@ class one_to_many {
   std::vector<std::vector<std::size_t>> slot_offsets_;  // [producer][piece]: the layout of its slots
   std::vector<std::size_t> slot_bytes_;                 // [producer]
   communicator member_comm_;
-  std::vector<int> my_pieces_;       // trainer: the pieces it receives, in shard order
-  shard_range shards_;
-  std::size_t piece_size_ = 0;
 
-  detail::pump<transfer> pump_;
-  detail::batch_ring<transfer> ring_;
+  detail::batch_assembly assembly_;  // trainer: its pieces, and its batches made of them
+  source source_;
   std::int64_t next_post_ = 0, next_step_ = 0, lent_ = -1, skipped_ = 0;
-  detail::batch_storage batch_;
   bool produced_ = false;
 };
 
 template <class B>
 one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& layout, loader load,
                             feed_options options)
-    : layout_(layout), load_(std::move(load)), options_(options) {
-  std::string problem = detail::option_problem(options_);
-  try {
-    layout_.validate(world.size());
-    layout_.require_producers("one_to_many");
-    if (problem.empty() && !load_) problem = "needs a loader";
-  } catch (const error& e) {
-    problem = e.cause();
-  }
-  detail::agree<B>(world, layout_, options_, problem, "one_to_many");
-  layout_ = detail::placed_for(world, layout_, "one_to_many");  // the same on every rank, or the same error
-
+    : layout_(detail::agreed_layout<B>(world, layout, load, options, true, "one_to_many")),
+      load_(std::move(load)),
+      options_(options) {
   role_ = layout_.role_of(world.rank());
   pieces_ = detail::pieces_of(layout_);
   const bool trainer = role_.kind == role::trainer;
@@ -203,30 +182,36 @@ one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& la
   if (role_.kind != role::trainer) return;
   for (const auto& credits : credit_comms_) producer_world_rank_.push_back(credits ? credits.world_rank_of(0) : -1);
 
-  my_pieces_ = detail::pieces_of_trainer(pieces_, role_.member, role_.rank_in_member);
-  shards_ = layout_.shards_of(role_.member, role_.rank_in_member);
-  batch_.offsets.resize(static_cast<std::size_t>(shards_.count) + 1);
-  bool any_messages = false;  // some producer's steps come to this trainer as messages
-  for (int p = 0; p < layout_.producers(); ++p)
-    any_messages = any_messages || (layout_.feeds(p, role_.member, role_.rank_in_member) && !host_[static_cast<std::size_t>(p)]);
-  ring_ = detail::batch_ring<transfer>(ring_size(), [&](transfer& t) {
-    if (!any_messages) return;  // every step lies in shared memory
-    for (int c : my_pieces_)
-      t.slots.emplace_back(detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity));
-  });
+  assembly_ = detail::batch_assembly(pieces_, layout_, role_, options_.shard_capacity);
+  setup_source();
   post_free_slots();
+}
+
+// Where this trainer's steps lie: each producer's in its shared slots where it shares them, else
+// as messages. A per-host producer's trainers have one producer for every step.
+template <class B>
+void one_to_many<B>::setup_source() {
+  const std::vector<int>& mine = assembly_.pieces();
+  const int turns = layout_.per_host() ? 1 : layout_.producers();
+  std::vector<std::vector<typename source::shared_piece>> shared(static_cast<std::size_t>(turns));
+  bool any_messages = false;  // some producer's steps come to this trainer as messages
+  std::vector<std::size_t> bytes;
+  for (int c : mine) bytes.push_back(piece_bytes(c));
+  for (int t = 0; t < turns; ++t) {
+    const int p = layout_.per_host() ? producer_of(0) : t;
+    const auto& slots = host_[static_cast<std::size_t>(p)];
+    any_messages = any_messages || !slots;
+    for (int c : mine) shared[static_cast<std::size_t>(t)].push_back({slots ? &slots : nullptr, 0, slots ? slot_offset(p, c) : 0});
+  }
+  source_.setup(turns, std::move(shared), bytes, 1, ring_size(), [&](typename source::received& r) {
+    if (!any_messages) return;  // every step lies in shared memory
+    for (std::size_t b : bytes) r.buffers.emplace_back(b);
+  }, "one_to_many: receive of step ");
 }
 
 template <class B>
 one_to_many<B>::~one_to_many() {
   if (role_.kind == role::trainer) drain();
-}
-
-template <class B>
-void one_to_many<B>::start(const std::shared_ptr<transfer>& t, const char* what, std::int64_t step) {
-  t->step = step;
-  t->posted = true;
-  pump_.add(t, cat("one_to_many: ", what, " of step ", step));
 }
 
 template <class B>
@@ -238,69 +223,28 @@ std::size_t one_to_many<B>::ring_size() const {
   return static_cast<std::size_t>(std::min<std::int64_t>(r, std::max<std::int64_t>(options_.steps, 1)));
 }
 
-// Posts "ready" and the receive of every step whose ring slot is free, in step order.
+// Posts "ready" and the receive of every step whose ring slot is free, in step order; a step that
+// lies in shared memory needs neither.
 template <class B>
 void one_to_many<B>::post_free_slots() {
-  while (next_post_ < options_.steps) {
+  for (; next_post_ < options_.steps; ++next_post_) {
     const std::int64_t s = next_post_;
-    if (!ring_.claim(s)) return;  // still holds an earlier step
-    transfer& t = ring_.at(s);
-    t.clear();
+    if (!source_.claim(s)) return;  // still holds an earlier step
+    if (source_.in_shared_memory(s)) continue;
+    auto& t = source_.entry(s);
     const int producer = producer_of(s);
-    t.step = s;
-    t.in_place = static_cast<bool>(host_[static_cast<std::size_t>(producer)]);
-    if (t.in_place) {  // the producer writes it into shared memory; nothing to post
-      ++next_post_;
-      continue;
-    }
     const int from = producer_world_rank_[static_cast<std::size_t>(producer)];
     t.post(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t.credit, 1), 0, credit_tag),
            from);
-    for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
-      auto& slot = t.slots[i];
-      t.post(B::irecv(comm_of(producer, my_pieces_[i]),
-                      span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(slot.data()), slot.size()), 0, piece_tag),
+    const std::vector<int>& mine = assembly_.pieces();
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      auto& buffer = t.buffers[i];
+      t.post(B::irecv(comm_of(producer, mine[i]),
+                      span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(buffer.data()), buffer.size()), 0, piece_tag),
              from);
     }
-    start(ring_.shared(s), "receive", s);
-    ++next_post_;
+    source_.start(s);
   }
-}
-
-template <class B>
-void one_to_many<B>::wait_for(std::int64_t step) {
-  trace::span traced(trace::names::feed_wait, step, "step", "feed");
-  const std::int64_t held = ring_.holder(step);
-  check(held == step, "one_to_many", cat("step ", step, " was never posted (ring holds step ", held, ")"));
-  transfer& t = ring_.at(step);
-  if (t.in_place)
-    host_[static_cast<std::size_t>(producer_of(step))].wait_arrived(0, index_at_producer(step),
-                                                                    cat("one_to_many: receive of step ", step));
-  else
-    await(t, "receive");
-}
-
-template <class B>
-span<const std::byte> one_to_many<B>::piece_of(std::int64_t step, transfer& t, std::size_t i) const {
-  const int c = my_pieces_[i];
-  if (!t.in_place) return {t.slots[i].data(), t.slots[i].size()};
-  const int producer = producer_of(step);
-  return {host_[static_cast<std::size_t>(producer)].slot(0, index_at_producer(step)) + slot_offset(producer, c),
-          detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity)};
-}
-
-template <class B>
-bool one_to_many<B>::arrived(std::int64_t step, const transfer& t) const {
-  if (t.in_place) return host_[static_cast<std::size_t>(producer_of(step))].arrived(0, index_at_producer(step));
-  return t.wake.fired.load(std::memory_order_acquire);
-}
-
-// Done with `step`: its ring slot (and, in shared memory, its producer's slot) may be reused.
-template <class B>
-void one_to_many<B>::release(std::int64_t step) {
-  if (ring_.at(step).in_place)
-    host_[static_cast<std::size_t>(producer_of(step))].release(index_at_producer(step));
-  ring_.release(step);
 }
 
 // Under skip_ahead, rank 0 of the member picks the step, so that all its ranks deliver the same.
@@ -309,9 +253,7 @@ std::int64_t one_to_many<B>::choose_step() {
   std::int64_t target = next_step_;
   if (options_.flow.kind != flow_control::policy::skip_ahead) return target;
   if (member_comm_.rank() == 0) {
-    ring_.for_each_held([&](std::int64_t step, transfer& t) {
-      if (step > target && arrived(step, t)) target = std::max(target, step);
-    });
+    target = std::max(target, source_.newest_arrived());
     if (target - next_step_ <= options_.flow.max_behind) target = next_step_;
   }
   if (member_comm_.size() > 1) B::ibcast(member_comm_, span<std::int64_t>(&target, 1), 0).wait();
@@ -322,7 +264,7 @@ template <class B>
 std::optional<batch> one_to_many<B>::next() {
   check(role_.kind == role::trainer, "one_to_many", "next() is for trainer ranks; this rank is a producer");
   if (lent_ >= 0) {
-    release(lent_);
+    source_.release(lent_);
     lent_ = -1;
     post_free_slots();
   }
@@ -330,39 +272,14 @@ std::optional<batch> one_to_many<B>::next() {
   const std::int64_t target = choose_step();
   for (; next_step_ < target; ++next_step_, ++skipped_) {
     // A skipped step is received all the same (broadcasts are collective) and then dropped.
-    wait_for(next_step_);
-    transfer& t = ring_.at(next_step_);
-    for (std::size_t i = 0; i < my_pieces_.size(); ++i)
-      detail::read_piece("one_to_many", piece_of(next_step_, t, i), next_step_,
-                         pieces_[static_cast<std::size_t>(my_pieces_[i])].shards, options_.shard_capacity);
-    release(next_step_);
+    assembly_.skip("one_to_many", next_step_, source_.take(next_step_));
+    source_.release(next_step_);
     post_free_slots();
   }
-  wait_for(target);
-  transfer& t = ring_.at(target);
-  std::size_t shard = 0;
-  batch_.offsets[0] = 0;
-  if (my_pieces_.size() > 1) batch_.bytes.clear();
-  for (std::size_t i = 0; i < my_pieces_.size(); ++i) {
-    const int shards = pieces_[static_cast<std::size_t>(my_pieces_[i])].shards;
-    const span<const std::byte> slot = piece_of(target, t, i);
-    const std::uint64_t* sizes = detail::read_piece("one_to_many", slot, target, shards, options_.shard_capacity);
-    std::size_t total = 0;
-    for (int k = 0; k < shards; ++k, ++shard) {
-      batch_.offsets[shard + 1] = batch_.offsets[shard] + sizes[k];
-      total += sizes[k];
-    }
-    const std::byte* payload = detail::piece_payload(slot, shards);
-    if (my_pieces_.size() == 1) {
-      batch_.data = payload;  // one piece: the batch is the payload where it lies, no copy
-    } else {
-      batch_.bytes.insert(batch_.bytes.end(), payload, payload + total);
-      batch_.data = batch_.bytes.data();
-    }
-  }
+  const batch out = assembly_.assemble("one_to_many", target, source_.take(target));
   lent_ = target;
   next_step_ = target + 1;
-  return batch(target, shards_.first, batch_.data, batch_.offsets.data(), shards_.count);
+  return out;
 }
 
 template <class B>
@@ -383,24 +300,20 @@ void one_to_many<B>::produce() {
   // trainers get messages sent from the same bytes.
   const detail::host_slots<B>* here = host_[static_cast<std::size_t>(me)] ? &host_[static_cast<std::size_t>(me)] : nullptr;
   auto in_place = [&](int world_rank) { return here && here->holds(world_rank); };
-  // `ring` (pieces, or in shared memory the sends from its slots) and `ready` (credits) are
-  // addressed by k, this producer's k-th step, not by the step: its steps are P apart, and every
-  // one of the slots is to be used.
-  detail::batch_ring<transfer> ring(here ? here->slots() : static_cast<std::size_t>(depth), [&](transfer& t) {
+  // The steps in flight are addressed by k, this producer's k-th step, not by the step: its steps
+  // are P apart, and every one of the slots is to be used. Entry k holds the pieces (or, in shared
+  // memory, the sends from its slot) and the credits of step k, asked for `depth` <= slots steps
+  // ahead: the credits of k + depth go into an entry whose credits of earlier step were awaited.
+  detail::steps_in_flight<request, shipment> ring;
+  ring.allocate(here ? here->slots() : static_cast<std::size_t>(depth), [&](shipment& t) {
+    t.credits_in.resize(static_cast<std::size_t>(credits.size()));
     if (here) return;  // the pieces are written into shared memory
-    for (int c : mine)
-      t.slots.emplace_back(detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity) +
-                           detail::guard_bytes);
+    for (int c : mine) t.pieces.emplace_back(piece_bytes(c) + detail::guard_bytes);
   });
   auto piece_memory = [&](std::int64_t k, std::size_t i) {
-    if (!here) return span<std::byte>(ring.at(k).slots[i]);
-    const int c = mine[i];
-    return span<std::byte>(
-        here->slot(0, k) + slot_offset(me, c),
-        detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity) + detail::guard_bytes);
+    if (!here) return span<std::byte>(ring.at(k).pieces[i]);
+    return span<std::byte>(here->slot(0, k) + slot_offset(me, mine[i]), piece_bytes(mine[i]) + detail::guard_bytes);
   };
-  detail::batch_ring<transfer> ready(static_cast<std::size_t>(depth),
-                                     [&](transfer& t) { t.credits_in.resize(static_cast<std::size_t>(credits.size())); });
   // The world rank behind every rank of each communicator this producer posts on, named when
   // a wait times out.
   auto world_ranks = [](const communicator& comm) {
@@ -416,21 +329,24 @@ void one_to_many<B>::produce() {
   for (std::size_t trainer = 1; trainer < credit_peers.size(); ++trainer) messages = messages || !in_place(credit_peers[trainer]);
   // The credits of step s (the k-th of this producer) are asked for `depth` steps ahead.
   auto ask_credits = [&](std::int64_t s, std::int64_t k) {
-    transfer& r = ready.at(k);
-    r.clear();
+    shipment& r = ring.at(k);
+    r.credits.clear();
     for (int trainer = 1; trainer < credits.size(); ++trainer)
       if (!in_place(credit_peers[static_cast<std::size_t>(trainer)]))
-        r.post(B::irecv(credits, span<int>(&r.credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
-               credit_peers[static_cast<std::size_t>(trainer)]);
-    start(ready.shared(k), "credits", s);
+        r.credits.post(
+            B::irecv(credits, span<int>(&r.credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
+            credit_peers[static_cast<std::size_t>(trainer)]);
+    ring.start(k, r.credits, cat("one_to_many: credits of step ", s));
   };
+
   if (messages)
     for (std::int64_t k = 0; k < depth && first + k * P < options_.steps; ++k) ask_credits(first + k * P, k);
   std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
   std::int64_t k = 0;
   for (std::int64_t s = first; s < options_.steps; s += P, ++k) {
-    transfer& t = ring.at(k);
-    if (t.posted) await(t, "send");  // its sends finished: the slot can be refilled
+    shipment& t = ring.at(k);
+    // Its sends finished: the slot can be refilled.
+    if (t.sends.started) ring.await(t.sends, cat("one_to_many: send of step ", t.step));
     if (here) here->wait_free(k, cat("one_to_many: credits of step ", s));  // and the trainers here let go of it
     // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
     // only its owners stop.
@@ -442,25 +358,25 @@ void one_to_many<B>::produce() {
         failure.assign(slot.begin(), slot.end());
     }
     if (here) here->publish(k);
-    t.clear();
-    t.posted = false;
+    t.sends.clear();
     if (!messages) continue;
-    await(ready.at(k), "credits");
+    ring.await(t.credits, cat("one_to_many: credits of step ", s));
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const span<std::byte> slot = piece_memory(k, i);
       const std::size_t bytes = slot.size() - detail::guard_bytes;
       const communicator& comm = comm_of(me, mine[i]);
       for (int r = 1; r < comm.size(); ++r)
         if (!in_place(piece_peers[i][static_cast<std::size_t>(r)]))
-          t.post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes), r,
-                          piece_tag),
-                 piece_peers[i][static_cast<std::size_t>(r)]);
+          t.sends.post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes),
+                                r, piece_tag),
+                       piece_peers[i][static_cast<std::size_t>(r)]);
     }
-    start(ring.shared(k), "send", s);
+    t.step = s;
+    ring.start(k, t.sends, cat("one_to_many: send of step ", s));
     if (s + depth * P < options_.steps) ask_credits(s + depth * P, k + depth);
   }
-  ring.for_each([&](transfer& t) {
-    if (t.posted) await(t, "send");
+  ring.for_each([&](shipment& t) {
+    if (t.sends.started) ring.await(t.sends, cat("one_to_many: send of step ", t.step));
   });
   if (!failure.empty()) detail::piece_failure("one_to_many", span<const std::byte>(failure.data(), failure.size()),
                                               options_.shard_capacity);
@@ -526,13 +442,9 @@ void one_to_many<B>::setup_host_slots(const communicator& world) {
 template <class B>
 void one_to_many<B>::drain() noexcept {
   try {
-    if (lent_ >= 0) release(lent_);
+    if (lent_ >= 0) source_.release(lent_);
     lent_ = -1;
-    for (const auto& h : host_)
-      if (h) h.leave();  // producers on this host never wait for this trainer again
-    ring_.drain([&] { post_free_slots(); }, [&](transfer& t, std::int64_t) {
-      if (!t.in_place) await(t, "receive");
-    });
+    source_.drain([&] { post_free_slots(); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n(one_to_many: while draining the stream in the destructor)\n", e.what());
   }
