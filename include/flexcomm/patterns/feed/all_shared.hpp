@@ -14,8 +14,6 @@
 
 #include "../../core/error.hpp"
 #include "../../core/layout.hpp"
-#include "../../core/progress.hpp"
-#include "../../core/trace.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
 #include "agreement.hpp"
@@ -125,7 +123,8 @@ void all_shared<B>::setup_source() {
   std::vector<std::size_t> bytes;
   for (std::size_t i = 0; i < mine; ++i) bytes.push_back(assembly_.bytes(i));
   for (int m = 0; m < members_; ++m)
-    for (std::size_t i = 0; i < mine; ++i) shared[static_cast<std::size_t>(m)].push_back({host_[i] ? &host_[i] : nullptr, m, 0});
+    for (std::size_t i = 0; i < mine; ++i)  // the owners' group has the members in order
+      shared[static_cast<std::size_t>(m)].push_back({host_[i] ? &host_[i] : nullptr, m, 0});
   source_.setup(members_, std::move(shared), bytes, members_, rounds_in_flight(), [&](typename source::received& r) {
     for (std::size_t i = 0; i < mine; ++i) {
       const bool shared_memory = static_cast<bool>(host_[i]);  // then its slots are in shared memory

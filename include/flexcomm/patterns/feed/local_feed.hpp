@@ -62,7 +62,8 @@ inline local_feed::local_feed(int rank, int size, const ensemble_layout& layout,
   const shard_range shards = layout.shards_of(r.member, r.rank_in_member);
   source_ = detail::own_steps(std::move(load), shards, options_.shard_capacity);
   // One piece: every shard of this trainer's, as if one producer had sent them all.
-  assembly_ = detail::batch_assembly({detail::piece{shards.first, shards.count, {}}}, {0}, shards, options_.shard_capacity);
+  assembly_ =
+      detail::batch_assembly({detail::piece{shards.first, shards.count, {}}}, {0}, shards, options_.shard_capacity);
 }
 
 inline std::optional<batch> local_feed::next() {

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,9 +15,6 @@
 
 #include "../../core/error.hpp"
 #include "../../core/layout.hpp"
-#include "../../core/progress.hpp"
-#include "../../core/trace.hpp"
-#include "../../core/wait.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
 #include "agreement.hpp"
@@ -201,7 +197,8 @@ void one_to_many<B>::setup_source() {
     const int p = layout_.per_host() ? producer_of(0) : t;
     const auto& slots = host_[static_cast<std::size_t>(p)];
     any_messages = any_messages || !slots;
-    for (int c : mine) shared[static_cast<std::size_t>(t)].push_back({slots ? &slots : nullptr, 0, slots ? slot_offset(p, c) : 0});
+    for (int c : mine)  // the producer is rank 0 of its group, its pieces side by side in its slot
+      shared[static_cast<std::size_t>(t)].push_back({slots ? &slots : nullptr, 0, slots ? slot_offset(p, c) : 0});
   }
   source_.setup(turns, std::move(shared), bytes, 1, ring_size(), [&](typename source::received& r) {
     if (!any_messages) return;  // every step lies in shared memory

@@ -74,9 +74,9 @@ class step_source {
 
   // Posting, in entry order: an entry whose slot is free is claimed, its requests posted, then started.
   bool claim(std::int64_t entry) {
-    if (!ring_.claim(entry)) return false;
-    ring_.at(entry).clear();
-    return true;
+    received* r = ring_.claim(entry);
+    if (r) r->clear();
+    return r != nullptr;
   }
   received& entry(std::int64_t entry) { return ring_.at(entry); }
   void start(std::int64_t entry) {
@@ -88,9 +88,9 @@ class step_source {
   const std::vector<span<const std::byte>>& take(std::int64_t step) {
     trace::span traced(trace::names::feed_wait, step, "step", "feed");
     const std::int64_t e = step / steps_per_entry_, k = step / turns_;
-    const std::int64_t held = ring_.holder(e);
-    check(held == e, what_, cat(e, " was never posted (its slot holds ", held, ")"));
-    received& r = ring_.at(e);
+    received* held = ring_.held(e);
+    if (!held) fail("step_source", cat(what_, e, ": never posted (its slot holds ", ring_.holder(e), ")"));
+    received& r = *held;
     const std::string what = name(e);
     const auto& where = turn(step);
     for (std::size_t i = 0; i < pieces_.size(); ++i) {

@@ -105,12 +105,18 @@ class steps_in_flight {
   Entry& at(std::int64_t index) { return *slot(index).entry; }
   // The step `index`'s slot holds, or -1 when it is free.
   std::int64_t holder(std::int64_t index) const { return slots_[position(index)].held; }
-  // Takes `index`'s slot for it, unless the slot still holds an earlier step.
-  bool claim(std::int64_t index) {
+  // The entry of `index` while its slot holds it, else null.
+  Entry* held(std::int64_t index) {
     auto& s = slot(index);
-    if (s.held >= 0) return false;
+    return s.held == index ? s.entry.get() : nullptr;
+  }
+  // Takes `index`'s slot for it and returns its entry, unless the slot still holds an earlier
+  // step (null).
+  Entry* claim(std::int64_t index) {
+    auto& s = slot(index);
+    if (s.held >= 0) return nullptr;
     s.held = index;
-    return true;
+    return s.entry.get();
   }
   void release(std::int64_t index) { slot(index).held = -1; }
 

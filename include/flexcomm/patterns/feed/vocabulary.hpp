@@ -1,8 +1,10 @@
 // The vocabulary every feed shares: the trainer's loader, the options, the flow-control policy
-// and the batch a trainer gets from next(). local_feed, one_to_many and all_shared all speak it;
-// how they move batches is in feed/: pump.hpp (requests in flight, driven by the progress
-// engine), ring.hpp (the steps a feed keeps in flight, one slot each), wire.hpp (a piece of a
-// step on the wire) and agreement.hpp (options every rank must share).
+// and the batch a trainer gets from next(). local_feed, one_to_many and all_shared all speak it.
+// How they move batches is beside it: step_source.hpp (where a trainer's next step lies: wait,
+// take its pieces, release), host_slots.hpp (steps in shared memory on a host),
+// steps_in_flight.hpp (steps as messages, polled by the progress engine), wire.hpp (a piece of a
+// step on the wire, and a trainer's batch made of pieces) and agreement.hpp (options every rank
+// must share).
 #pragma once
 
 #include <cstddef>
