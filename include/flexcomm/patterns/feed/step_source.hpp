@@ -43,7 +43,7 @@ class step_source {
   };
 
   // Step s is publisher (s % turns)'s (s / turns)-th, its piece i lies as shared[s % turns][i]
-  // says (the slots outlive this source) and is pieces_bytes[i] long. An entry of messages holds
+  // says (the slots outlive this source) and is piece_bytes[i] long. An entry of messages holds
   // `steps_per_entry` consecutive steps, piece i of the j-th at buffers[i] + j * piece_bytes[i];
   // `entries` of them are in flight, sized once by init(entry). Waits are named
   // cat(what, s / steps_per_entry) ("one_to_many: receive of step ").
@@ -59,13 +59,7 @@ class step_source {
     ring_.allocate(entries, std::forward<Init>(init));
   }
 
-  // Whether some piece lies in shared memory, and whether all of step's do.
-  bool shared_memory() const noexcept {
-    for (const auto& turn : shared_)
-      for (const auto& piece : turn)
-        if (piece.slots) return true;
-    return false;
-  }
+  // Whether every piece of `step` lies in shared memory (nothing to receive).
   bool in_shared_memory(std::int64_t step) const {
     for (const auto& piece : turn(step))
       if (!piece.slots) return false;
