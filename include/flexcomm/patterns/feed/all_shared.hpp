@@ -168,8 +168,9 @@ void all_shared<B>::post_free_rounds() {
   const std::vector<int>& mine = assembly_.pieces();
   for (; next_round_ < rounds_; ++next_round_) {
     const std::int64_t g = next_round_;
-    if (!source_.claim(g)) return;  // still holds an earlier round
-    auto& r = source_.entry(g);
+    auto* claimed = source_.claim(g);
+    if (!claimed) return;  // still holds an earlier round
+    auto& r = *claimed;
     const std::int64_t step = g * members_ + role_.member;
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const auto& piece = pieces_[static_cast<std::size_t>(mine[i])];
@@ -193,7 +194,7 @@ void all_shared<B>::post_free_rounds() {
           span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(send.data()), bytes),
           span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(r.buffers[i].data()), r.buffers[i].size())));
     }
-    source_.start(g);
+    source_.start(g, r);
   }
 }
 

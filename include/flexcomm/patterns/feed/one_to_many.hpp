@@ -226,21 +226,21 @@ template <class B>
 void one_to_many<B>::post_free_slots() {
   for (; next_post_ < options_.steps; ++next_post_) {
     const std::int64_t s = next_post_;
-    if (!source_.claim(s)) return;  // still holds an earlier step
+    auto* t = source_.claim(s);
+    if (!t) return;  // still holds an earlier step
     if (source_.in_shared_memory(s)) continue;
-    auto& t = source_.entry(s);
     const int producer = producer_of(s);
     const int from = producer_world_rank_[static_cast<std::size_t>(producer)];
-    t.post(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t.credit, 1), 0, credit_tag),
-           from);
+    t->post(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t->credit, 1), 0, credit_tag),
+            from);
     const std::vector<int>& mine = assembly_.pieces();
     for (std::size_t i = 0; i < mine.size(); ++i) {
-      auto& buffer = t.buffers[i];
-      t.post(B::irecv(comm_of(producer, mine[i]),
-                      span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(buffer.data()), buffer.size()), 0, piece_tag),
-             from);
+      auto& buffer = t->buffers[i];
+      t->post(B::irecv(comm_of(producer, mine[i]),
+                       span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(buffer.data()), buffer.size()), 0, piece_tag),
+              from);
     }
-    source_.start(s);
+    source_.start(s, *t);
   }
 }
 

@@ -66,15 +66,14 @@ class step_source {
     return true;
   }
 
-  // Posting, in entry order: an entry whose slot is free is claimed, its requests posted, then started.
-  bool claim(std::int64_t entry) {
+  // Posting, in entry order: an entry whose slot is free is claimed (null while the slot holds
+  // an earlier one), its requests posted, then started.
+  received* claim(std::int64_t entry) {
     received* r = ring_.claim(entry);
     if (r) r->clear();
-    return r != nullptr;
+    return r;
   }
-  received& entry(std::int64_t entry) { return ring_.at(entry); }
-  void start(std::int64_t entry) {
-    received& r = ring_.at(entry);
+  void start(std::int64_t entry, received& r) {
     if (!r.requests.empty()) ring_.start(entry, r, name(entry));
   }
 
