@@ -81,21 +81,23 @@ class step_source {
   const std::vector<span<const std::byte>>& take(std::int64_t step) {
     trace::span traced(trace::names::feed_wait, step, "step", "feed");
     const std::int64_t e = step / steps_per_entry_, k = step / turns_;
-    received* held = ring_.held(e);
-    if (!held) fail("step_source", cat(what_, e, ": never posted (its slot holds ", ring_.holder(e), ")"));
-    received& r = *held;
     const std::string what = name(e);
     const auto& where = turn(step);
+    received* r = nullptr;  // the entry of messages, looked up for the first piece that came so
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
       const shared_piece& piece = where[i];
       if (piece.slots) {
         piece.slots->wait_arrived(piece.publisher, k, what);
         pieces_[i] = {piece.slots->slot(piece.publisher, k) + piece.offset, piece_bytes_[i]};
-      } else {
-        ring_.await(r, what);
-        pieces_[i] = {r.buffers[i].data() + static_cast<std::size_t>(step % steps_per_entry_) * piece_bytes_[i],
-                      piece_bytes_[i]};
+        continue;
       }
+      if (!r) {
+        r = ring_.held(e);
+        if (!r) fail(what, cat("never posted (its slot holds ", ring_.holder(e), ")"));
+        ring_.await(*r, what);
+      }
+      pieces_[i] = {r->buffers[i].data() + static_cast<std::size_t>(step % steps_per_entry_) * piece_bytes_[i],
+                    piece_bytes_[i]};
     }
     return pieces_;
   }

@@ -137,32 +137,7 @@ class steps_in_flight {
   // default_timeout() it fails. A part never started is done. Called by the thread that starts.
   void await(part& p, const std::string& what) {
     if (!p.started) return;
-    const wait_policy policy = default_wait();
-    const auto timeout = default_timeout();
-    const auto start = std::chrono::steady_clock::now();
-    auto engine_gone = [&] { return task_ && task_->done(); };
-    if (policy.kind == wait_kind::backoff) {
-      std::unique_lock<std::mutex> lock(p.wake.mutex);
-      while (!p.wake.fired.load(std::memory_order_acquire)) {
-        p.wake.cv.wait_for(lock, std::chrono::milliseconds(50));
-        if (p.wake.fired.load(std::memory_order_acquire)) break;
-        lock.unlock();
-        const bool gone = engine_gone();
-        lock.lock();
-        if (gone) break;
-        if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) {
-          lock.unlock();
-          timed_out(p, what, timeout);
-        }
-      }
-    } else if (!engine_wait().until([&] { return p.wake.fired.load(std::memory_order_acquire) || engine_gone(); },
-                                    timeout)) {
-      timed_out(p, what, timeout);
-    }
-    if (!p.wake.fired.load(std::memory_order_acquire)) {
-      task_->wait();  // rethrows why the engine gave up
-      fail(what, "the progress engine stopped before the operation finished");
-    }
+    if (!p.wake.fired.load(std::memory_order_acquire)) sleep_until_fired(p, what);  // done already: no wait
     if (p.error) std::rethrow_exception(p.error);
   }
 
@@ -210,6 +185,36 @@ class steps_in_flight {
     return static_cast<std::size_t>(index % static_cast<std::int64_t>(slots_.size()));
   }
   slot_state& slot(std::int64_t index) { return slots_[position(index)]; }
+
+  // The half of await() that waits: p's requests were not done yet.
+  void sleep_until_fired(part& p, const std::string& what) {
+    const wait_policy policy = default_wait();
+    const auto timeout = default_timeout();
+    const auto start = std::chrono::steady_clock::now();
+    auto engine_gone = [&] { return task_ && task_->done(); };
+    if (policy.kind == wait_kind::backoff) {
+      std::unique_lock<std::mutex> lock(p.wake.mutex);
+      while (!p.wake.fired.load(std::memory_order_acquire)) {
+        p.wake.cv.wait_for(lock, std::chrono::milliseconds(50));
+        if (p.wake.fired.load(std::memory_order_acquire)) break;
+        lock.unlock();
+        const bool gone = engine_gone();
+        lock.lock();
+        if (gone) break;
+        if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) {
+          lock.unlock();
+          timed_out(p, what, timeout);
+        }
+      }
+    } else if (!engine_wait().until([&] { return p.wake.fired.load(std::memory_order_acquire) || engine_gone(); },
+                                    timeout)) {
+      timed_out(p, what, timeout);
+    }
+    if (!p.wake.fired.load(std::memory_order_acquire)) {
+      task_->wait();  // rethrows why the engine gave up
+      fail(what, "the progress engine stopped before the operation finished");
+    }
+  }
 
   [[noreturn]] void timed_out(part& p, const std::string& what, std::chrono::milliseconds timeout) {
     std::vector<int> owed;
