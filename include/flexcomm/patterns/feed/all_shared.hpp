@@ -40,6 +40,9 @@ class all_shared {
 
  public:
   static constexpr bool needs_producers = false;
+  // Producer ranks of the layout have nothing to do here.
+  void produce() { check(!is_trainer(), "all_shared", "produce() is for producer ranks; this rank is a trainer"); }
+
   using communicator = typename B::communicator;
 
   // Collective over `world`; builds one communicator per piece in a fixed order.
@@ -47,9 +50,6 @@ class all_shared {
   ~all_shared();
   all_shared(const all_shared&) = delete;
   all_shared& operator=(const all_shared&) = delete;
-
-  // Producer ranks of the layout have nothing to do here.
-  void produce() { check(!is_trainer(), "all_shared", "produce() is for producer ranks; this rank is a trainer"); }
 
   // The next step of this trainer's shards, or nothing at the end of the stream.
   std::optional<batch> next();
@@ -59,11 +59,7 @@ class all_shared {
   std::int64_t skipped() const noexcept { return 0; }
   bool is_trainer() const noexcept { return role_.kind == role::trainer; }
   // Whether some piece of this trainer's goes round in shared memory.
-  bool shared_memory() const noexcept {
-    for (const auto& h : host_)
-      if (h) return true;
-    return false;
-  }
+  bool shared_memory() const noexcept { return detail::any_shared(host_); }
 
  private:
   using source = detail::step_source<B>;

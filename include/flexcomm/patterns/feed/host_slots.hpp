@@ -134,4 +134,12 @@ class host_slots {
   std::vector<int> world_ranks_;
 };
 
+// Whether any of a feed's slots is in use (those of ranks on other hosts stay empty).
+template <class B>
+bool any_shared(const std::vector<host_slots<B>>& slots) noexcept {
+  for (const auto& s : slots)
+    if (s) return true;
+  return false;
+}
+
 }  // namespace flexcomm::detail

@@ -75,11 +75,7 @@ class one_to_many {
   std::int64_t skipped() const noexcept { return skipped_; }
   bool is_trainer() const noexcept { return role_.kind == role::trainer; }
   // Whether this rank hands over (producer) or reads (trainer) some steps in shared memory.
-  bool shared_memory() const noexcept {
-    for (const auto& h : host_)
-      if (h) return true;
-    return false;
-  }
+  bool shared_memory() const noexcept { return detail::any_shared(host_); }
 
  private:
   using request = typename B::request;
