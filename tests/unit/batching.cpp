@@ -4,7 +4,7 @@
 #include "errors.hpp"
 
 #include <flexcomm/core/batching.hpp>
-#include <flexcomm/patterns/dataset.hpp>
+#include <flexcomm/patterns/feed/dataset.hpp>
 
 #include <algorithm>
 #include <cstdint>

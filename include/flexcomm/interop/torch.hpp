@@ -32,9 +32,9 @@
 #include "../core/error.hpp"
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
-#include "../patterns/dataset.hpp"
+#include "../patterns/feed/dataset.hpp"
 #include "../patterns/many_to_one.hpp"
-#include "../patterns/typed_batch.hpp"
+#include "../patterns/feed/typed_batch.hpp"
 
 namespace flexcomm::interop {
 

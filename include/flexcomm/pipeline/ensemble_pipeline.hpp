@@ -29,11 +29,11 @@
 #include "../core/layout.hpp"
 #include "../core/span.hpp"
 #include "../backend/contract.hpp"
-#include "../patterns/feed.hpp"
+#include "../patterns/feed/vocabulary.hpp"
 #include "../patterns/feed/agreement.hpp"
-#include "../patterns/dataset.hpp"
+#include "../patterns/feed/dataset.hpp"
 #include "../patterns/sync/core.hpp"
-#include "../patterns/typed_feed.hpp"
+#include "../patterns/feed/typed_feed.hpp"
 
 namespace flexcomm {
 
@@ -150,7 +150,7 @@ class ensemble_pipeline {
   using communicator = typename backend::communicator;
   using context = pipeline_context<ensemble_pipeline>;
 
-  // What a preset's `options` is too (Preset::options): the feed's (patterns/feed.hpp: steps,
+  // What a preset's `options` is too (Preset::options): the feed's (patterns/feed/vocabulary.hpp: steps,
   // shard_capacity, depth, flow; every rank must pass the same) and each member's sync's
   // (patterns/sync.hpp: bucket_bytes, op, segment_bytes, segments_in_flight, launch_when_full,
   // hierarchical). A preset's configure(o) returns them as that preset runs.
@@ -188,7 +188,7 @@ class ensemble_pipeline {
     run(std::move(load), std::forward<Train>(train), [](context&) {});
   }
 
-  // The same with a typed feed made from `data` (patterns/typed_feed.hpp): the steps and shard
+  // The same with a typed feed made from `data` (patterns/feed/typed_feed.hpp): the steps and shard
   // capacity come from the dataset (options.feed gives depth and flow; leave its steps and
   // shard_capacity 0), trainers read ctx.batches().
   template <class Train, class Aggregate>

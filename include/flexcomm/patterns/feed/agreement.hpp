@@ -11,7 +11,8 @@
 #include "../../core/layout.hpp"
 #include "../../core/reduce.hpp"
 #include "../../core/span.hpp"
-#include "../feed.hpp"
+#include "../../backend/contract.hpp"
+#include "vocabulary.hpp"
 
 namespace flexcomm {
 namespace detail {
@@ -60,6 +61,24 @@ void agree(const typename B::communicator& world, const ensemble_layout& layout,
     check(a.agreed(i), feed,
           cat("ranks disagree on ", names[i], i == 6 ? cat(" (this rank: '", layout.str(), "')") : cat(
                   ": values range from ", a.lowest(i), " to ", a.highest(i))));
+}
+
+// What every feed with communication does first, collective over `world`: checks the layout and
+// options here, agrees on them with every rank (one verdict everywhere), and returns the layout
+// as it runs (a per-host one placed on world's hosts).
+template <class B>
+ensemble_layout agreed_layout(const typename B::communicator& world, const ensemble_layout& layout, const loader& load,
+                              const feed_options& options, bool needs_producers, const char* feed) {
+  std::string problem = option_problem(options);
+  try {
+    layout.validate(world.size());
+    if (needs_producers) layout.require_producers(feed);
+    if (problem.empty() && !load) problem = "needs a loader";
+  } catch (const error& e) {
+    problem = e.cause();
+  }
+  agree<B>(world, layout, options, problem, feed);
+  return placed_for(world, layout, feed);  // the same on every rank, or the same error
 }
 
 }  // namespace detail

@@ -44,6 +44,7 @@ class host_slots {
              std::vector<int> world_ranks, const std::string& who)
       : slots_(slots), slot_bytes_(round_up(slot_bytes)), world_ranks_(std::move(world_ranks)) {
     window_ = typename B::host_window(group, 2 * line + (publishes ? slots_ * slot_bytes_ : 0), who);
+    for (int r = 0; r < window_.size(); ++r) regions_.push_back(window_.region(r));
     // Each rank places its own counters; the file starts zeroed, so a peer that reads them before
     // the placement reads 0 all the same.
     static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
@@ -60,7 +61,7 @@ class host_slots {
 
   // Where group rank r's k-th step lies.
   std::byte* slot(int r, std::int64_t k) const noexcept {
-    return window_.region(r) + 2 * line + static_cast<std::size_t>(k) % slots_ * slot_bytes_;
+    return regions_[static_cast<std::size_t>(r)] + 2 * line + static_cast<std::size_t>(k) % slots_ * slot_bytes_;
   }
 
   // Publisher: waits until every other rank is done with the step its slot k held before.
@@ -108,17 +109,17 @@ class host_slots {
 
  private:
   std::atomic<std::uint64_t>& published(int r) const noexcept {
-    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(window_.region(r)));
+    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions_[static_cast<std::size_t>(r)]));
   }
   std::atomic<std::uint64_t>& released(int r) const noexcept {
-    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(window_.region(r) + line));
+    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions_[static_cast<std::size_t>(r)] + line));
   }
   void release_all(std::uint64_t done) const noexcept {
     auto& mine = released(window_.rank());
     if (mine.load(std::memory_order_relaxed) < done) mine.store(done, std::memory_order_release);
   }
   // Through the wait policy, answering the watchdog's queries; past FLEXCOMM_TIMEOUT, `what`
-  // fails naming who has not moved, in the words a wait on messages uses (feed/pump.hpp).
+  // fails naming who has not moved, in the words a wait on messages uses (steps_in_flight.hpp).
   template <class Done, class Late>
   void wait(Done&& done, const std::string& what, Late&& late) const {
     if (done()) return;
@@ -128,8 +129,17 @@ class host_slots {
   }
 
   typename B::host_window window_;
+  std::vector<std::byte*> regions_;  // each rank's, valid for the window's life: read on every step
   std::size_t slots_ = 0, slot_bytes_ = 0;
   std::vector<int> world_ranks_;
 };
+
+// Whether any of a feed's slots is in use (those of ranks on other hosts stay empty).
+template <class B>
+bool any_shared(const std::vector<host_slots<B>>& slots) noexcept {
+  for (const auto& s : slots)
+    if (s) return true;
+  return false;
+}
 
 }  // namespace flexcomm::detail

@@ -1,0 +1,446 @@
+// one_to_many: producers preprocess each step once and broadcast every piece of it to the
+// trainer of each member that owns it (Single-Broadcast; Multi-Broadcast deals steps round-robin;
+// with a producer per host, each host's producer makes every step for its own host's trainers).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/error.hpp"
+#include "../../core/layout.hpp"
+#include "../../backend/contract.hpp"
+#include "vocabulary.hpp"
+#include "agreement.hpp"
+#include "host_slots.hpp"
+#include "step_source.hpp"
+#include "steps_in_flight.hpp"
+#include "wire.hpp"
+
+namespace flexcomm {
+
+// Wire protocol, per step s of producer p = s mod P: a one-int credit from every trainer to the
+// producer on the credit communicator of p = {producer p, every trainer} (a trainer sends it
+// only once it has a slot free for s, and p ships s only after all of them, which bounds
+// buffering), and per piece
+// c, on the communicator of (p, c) = {producer p, the owner of c in every member}, the piece
+// (header + shard sizes + shards, a fixed-size message) sent by p to each owner.
+// With a producer per host (layout.per_host()) the same protocol runs once per host: producer p
+// ships every step, the trainers it feeds are its host's (the credit communicator of p and the
+// owners in (p, c) are those on p's host), and it loads only the pieces they own, so no batch
+// crosses hosts; a (p, c) with no owner on p's host is not made. A flat fan-out
+// rather than MPI's broadcast: a tree or scatter-allgather broadcast would make trainers relay
+// data and need several progress rounds, each a sleep of the wait policy on a crowded node.
+// Credits travel apart from data, so a producer asks for those of its next `depth` steps early.
+// Trainers know the stream's length, so its end needs no message.
+// On the producer's own host (feed_options.shared_memory, backends with has_host_window) no
+// message goes at all: the loader writes each step into a slot of shared memory, the trainers
+// there read their pieces in place, and their credits are counters beside the slots
+// (host_slots.hpp); the trainers on other hosts get the same bytes as messages, sent from that
+// slot. A trainer takes its steps from a step_source (step_source.hpp), which knows which lie in
+// shared memory and which come as messages.
+template <class B>
+class one_to_many {
+  static_assert(holds_host_memory<B>,
+                "one_to_many<B>: the loader writes each batch into host memory and trainers read it there, but B's "
+                "buffers live in device memory; feed with a host backend (one_to_many<mpi>) and copy the batch to the "
+                "device in the trainer (presets with a device Sync backend do: their feed is on its host backend)");
+
+ public:
+  static constexpr bool needs_producers = true;
+  using communicator = typename B::communicator;
+
+  // Collective over `world`; builds every (producer, piece) communicator in one fixed order.
+  one_to_many(const communicator& world, const ensemble_layout& layout, loader load, feed_options options);
+  ~one_to_many();
+  one_to_many(const one_to_many&) = delete;
+  one_to_many& operator=(const one_to_many&) = delete;
+
+  // On producer ranks: preprocesses and ships every step dealt to this producer (a per-host
+  // producer: every step, the pieces of its host's trainers; none at all without any), then returns.
+  // A loader failure travels to the trainers of that piece as that step; once the rest of the
+  // stream is shipped, produce() throws it.
+  void produce();
+
+  // On trainer ranks: the next step of this trainer's shards, or nothing at the end of the stream.
+  std::optional<batch> next();
+
+  // Steps this trainer's member skipped under flow_control::skip_ahead (the same on its ranks).
+  std::int64_t skipped() const noexcept { return skipped_; }
+  bool is_trainer() const noexcept { return role_.kind == role::trainer; }
+  // Whether this rank hands over (producer) or reads (trainer) some steps in shared memory.
+  bool shared_memory() const noexcept { return detail::any_shared(host_); }
+
+ private:
+  using request = typename B::request;
+  using source = detail::step_source<B>;
+  static constexpr int piece_tag = 17, credit_tag = 18;
+
+  // A producer's k-th step in flight: the credits it waits for and the sends of its pieces.
+  struct shipment {
+    detail::in_flight<request> credits, sends;
+    std::vector<int> credits_in;                 // one per trainer
+    std::vector<std::vector<std::byte>> pieces;  // one per piece it ships, where not in shared memory
+    std::int64_t step = -1;                      // of its sends, named when they fail
+  };
+
+  std::size_t index_of(int producer, int piece) const {
+    return static_cast<std::size_t>(producer) * pieces_.size() + static_cast<std::size_t>(piece);
+  }
+  const communicator& comm_of(int producer, int piece) const { return comms_[index_of(producer, piece)]; }
+  // The producer that ships step `step` to this trainer.
+  int producer_of(std::int64_t step) const { return layout_.producer_for(role_.member, role_.rank_in_member, step); }
+  std::size_t piece_bytes(int piece) const {
+    return detail::piece_bytes(pieces_[static_cast<std::size_t>(piece)].shards, options_.shard_capacity);
+  }
+
+  // Shared memory on producers' hosts.
+  void setup_host_slots(const communicator& world);
+  // Where piece c lies in producer p's shared slot.
+  std::size_t slot_offset(int producer, int piece) const {
+    return slot_offsets_[static_cast<std::size_t>(producer)][static_cast<std::size_t>(piece)];
+  }
+
+  // Trainer side.
+  void setup_source();
+  std::size_t ring_size() const;
+  void post_free_slots();
+  std::int64_t choose_step();
+  void drain() noexcept;
+
+  ensemble_layout layout_;
+  loader load_;
+  feed_options options_;
+  rank_role role_;
+  std::vector<detail::piece> pieces_;
+  std::vector<communicator> comms_;  // [producer][piece]; empty where this rank takes no part
+  std::vector<bool> ships_;          // [producer][piece]: some trainer that producer feeds owns it
+  std::vector<communicator> credit_comms_;  // [producer]
+  std::vector<int> producer_world_rank_;    // [producer], named when a receive times out; -1 if not ours
+  std::vector<detail::host_slots<B>> host_;  // [producer]: its slots, where this rank shares them
+  std::vector<std::vector<std::size_t>> slot_offsets_;  // [producer][piece]: the layout of its slots
+  std::vector<std::size_t> slot_bytes_;                 // [producer]
+  communicator member_comm_;
+
+  detail::batch_assembly assembly_;  // trainer: its pieces, and its batches made of them
+  source source_;
+  std::int64_t next_post_ = 0, next_step_ = 0, lent_ = -1, skipped_ = 0;
+  bool produced_ = false;
+};
+
+template <class B>
+one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& layout, loader load,
+                            feed_options options)
+    : layout_(detail::agreed_layout<B>(world, layout, load, options, true, "one_to_many")),
+      load_(std::move(load)),
+      options_(options) {
+  role_ = layout_.role_of(world.rank());
+  pieces_ = detail::pieces_of(layout_);
+  const bool trainer = role_.kind == role::trainer;
+  for (int p = 0; p < layout_.producers(); ++p) {
+    for (std::size_t c = 0; c < pieces_.size(); ++c) {
+      bool ships = false;
+      for (int m = 0; m < layout_.members(); ++m) ships = ships || layout_.feeds(p, m, pieces_[c].owner[static_cast<std::size_t>(m)]);
+      ships_.push_back(ships);
+      if (!ships) {  // every rank knows: nobody takes part
+        comms_.emplace_back();
+        continue;
+      }
+      int color = communicator::undefined, key = 0;
+      if (role_.kind == role::producer && role_.producer == p) {
+        color = 0;
+      } else if (trainer && pieces_[c].owner[static_cast<std::size_t>(role_.member)] == role_.rank_in_member &&
+                 layout_.feeds(p, role_.member, role_.rank_in_member)) {
+        color = 0;
+        key = 1 + role_.member;
+      }
+      comms_.push_back(world.split(color, key, cat("one_to_many producer ", p, " piece ", c)));
+    }
+  }
+  for (int p = 0; p < layout_.producers(); ++p) {
+    const bool mine = (trainer && layout_.feeds(p, role_.member, role_.rank_in_member)) || role_.producer == p;
+    credit_comms_.push_back(world.split(mine ? 0 : communicator::undefined, mine && role_.kind == role::trainer ? 1 : 0,
+                                        cat("one_to_many credits of producer ", p)));
+  }
+  member_comm_ = world.split(role_.kind == role::trainer ? role_.member : communicator::undefined,
+                             role_.rank_in_member, cat("one_to_many member ", role_.member));
+  setup_host_slots(world);
+  if (role_.kind != role::trainer) return;
+  for (const auto& credits : credit_comms_) producer_world_rank_.push_back(credits ? credits.world_rank_of(0) : -1);
+
+  assembly_ = detail::batch_assembly(pieces_, layout_, role_, options_.shard_capacity);
+  setup_source();
+  post_free_slots();
+}
+
+// Where this trainer's steps lie: each producer's in its shared slots where it shares them, else
+// as messages. A per-host producer's trainers have one producer for every step.
+template <class B>
+void one_to_many<B>::setup_source() {
+  const std::vector<int>& mine = assembly_.pieces();
+  const int turns = layout_.per_host() ? 1 : layout_.producers();
+  std::vector<std::vector<typename source::shared_piece>> shared(static_cast<std::size_t>(turns));
+  bool any_messages = false;  // some producer's steps come to this trainer as messages
+  std::vector<std::size_t> bytes;
+  for (int c : mine) bytes.push_back(piece_bytes(c));
+  for (int t = 0; t < turns; ++t) {
+    const int p = layout_.per_host() ? producer_of(0) : t;
+    const auto& slots = host_[static_cast<std::size_t>(p)];
+    any_messages = any_messages || !slots;
+    for (int c : mine)  // the producer is rank 0 of its group, its pieces side by side in its slot
+      shared[static_cast<std::size_t>(t)].push_back({slots ? &slots : nullptr, 0, slots ? slot_offset(p, c) : 0});
+  }
+  source_.setup(turns, std::move(shared), bytes, 1, ring_size(), [&](typename source::received& r) {
+    if (!any_messages) return;  // every step lies in shared memory
+    for (std::size_t b : bytes) r.buffers.emplace_back(b);
+  }, "one_to_many: receive of step ");
+}
+
+template <class B>
+one_to_many<B>::~one_to_many() {
+  if (role_.kind == role::trainer) drain();
+}
+
+template <class B>
+std::size_t one_to_many<B>::ring_size() const {
+  std::int64_t r = options_.depth;
+  // Under skip_ahead the ring holds the batch in use and n + 2 newer ones, so that a member
+  // more than n steps behind can see it.
+  if (options_.flow.kind == flow_control::policy::skip_ahead) r = std::max<std::int64_t>(r, options_.flow.max_behind + 3);
+  return static_cast<std::size_t>(std::min<std::int64_t>(r, std::max<std::int64_t>(options_.steps, 1)));
+}
+
+// Posts "ready" and the receive of every step whose ring slot is free, in step order; a step that
+// lies in shared memory needs neither.
+template <class B>
+void one_to_many<B>::post_free_slots() {
+  for (; next_post_ < options_.steps; ++next_post_) {
+    const std::int64_t s = next_post_;
+    auto* t = source_.claim(s);
+    if (!t) return;  // still holds an earlier step
+    if (source_.in_shared_memory(s)) continue;
+    const int producer = producer_of(s);
+    const int from = producer_world_rank_[static_cast<std::size_t>(producer)];
+    t->post(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t->credit, 1), 0, credit_tag),
+            from);
+    const std::vector<int>& mine = assembly_.pieces();
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      auto& buffer = t->buffers[i];
+      t->post(B::irecv(comm_of(producer, mine[i]),
+                       span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(buffer.data()), buffer.size()), 0, piece_tag),
+              from);
+    }
+    source_.start(s, *t);
+  }
+}
+
+// Under skip_ahead, rank 0 of the member picks the step, so that all its ranks deliver the same.
+template <class B>
+std::int64_t one_to_many<B>::choose_step() {
+  std::int64_t target = next_step_;
+  if (options_.flow.kind != flow_control::policy::skip_ahead) return target;
+  if (member_comm_.rank() == 0) {
+    target = std::max(target, source_.newest_arrived());
+    if (target - next_step_ <= options_.flow.max_behind) target = next_step_;
+  }
+  if (member_comm_.size() > 1) B::ibcast(member_comm_, span<std::int64_t>(&target, 1), 0).wait();
+  return target;
+}
+
+template <class B>
+std::optional<batch> one_to_many<B>::next() {
+  check(role_.kind == role::trainer, "one_to_many", "next() is for trainer ranks; this rank is a producer");
+  if (lent_ >= 0) {
+    source_.release(lent_);
+    lent_ = -1;
+    post_free_slots();
+  }
+  if (next_step_ >= options_.steps) return std::nullopt;
+  const std::int64_t target = choose_step();
+  for (; next_step_ < target; ++next_step_, ++skipped_) {
+    // A skipped step is received all the same (broadcasts are collective) and then dropped.
+    assembly_.skip("one_to_many", next_step_, source_.take(next_step_));
+    source_.release(next_step_);
+    post_free_slots();
+  }
+  const batch out = assembly_.assemble("one_to_many", target, source_.take(target));
+  lent_ = target;
+  next_step_ = target + 1;
+  return out;
+}
+
+template <class B>
+void one_to_many<B>::produce() {
+  check(role_.kind == role::producer, "one_to_many", "produce() is for producer ranks; this rank is a trainer");
+  check(!produced_, "one_to_many", "produce() runs once per feed");
+  produced_ = true;
+  const int me = role_.producer;
+  // Round-robin: steps me, me + P, ...; a per-host producer: every step.
+  const std::int64_t first = layout_.per_host() ? 0 : me, P = layout_.per_host() ? 1 : layout_.producers();
+  const std::int64_t depth = options_.depth;
+  const communicator& credits = credit_comms_[static_cast<std::size_t>(me)];
+  if (credits.size() == 1) return;  // a host without trainers: nobody to feed
+  std::vector<int> mine;  // the pieces this producer loads and ships
+  for (std::size_t c = 0; c < pieces_.size(); ++c)
+    if (ships_[index_of(me, static_cast<int>(c))]) mine.push_back(static_cast<int>(c));
+  // The slots of this producer's host, where trainers there read its steps in place; the other
+  // trainers get messages sent from the same bytes.
+  const detail::host_slots<B>* here = host_[static_cast<std::size_t>(me)] ? &host_[static_cast<std::size_t>(me)] : nullptr;
+  auto in_place = [&](int world_rank) { return here && here->holds(world_rank); };
+  // The steps in flight are addressed by k, this producer's k-th step, not by the step: its steps
+  // are P apart, and every one of the slots is to be used. Entry k holds the pieces (or, in shared
+  // memory, the sends from its slot) and the credits of step k, asked for `depth` <= slots steps
+  // ahead: the credits of k + depth go into an entry whose credits of earlier step were awaited.
+  detail::steps_in_flight<request, shipment> ring;
+  ring.allocate(here ? here->slots() : static_cast<std::size_t>(depth), [&](shipment& t) {
+    t.credits_in.resize(static_cast<std::size_t>(credits.size()));
+    if (here) return;  // the pieces are written into shared memory
+    for (int c : mine) t.pieces.emplace_back(piece_bytes(c) + detail::guard_bytes);
+  });
+  auto piece_memory = [&](std::int64_t k, std::size_t i) {
+    if (!here) return span<std::byte>(ring.at(k).pieces[i]);
+    return span<std::byte>(here->slot(0, k) + slot_offset(me, mine[i]), piece_bytes(mine[i]) + detail::guard_bytes);
+  };
+  // The world rank behind every rank of each communicator this producer posts on, named when
+  // a wait times out.
+  auto world_ranks = [](const communicator& comm) {
+    std::vector<int> out(static_cast<std::size_t>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) out[static_cast<std::size_t>(r)] = comm.world_rank_of(r);
+    return out;
+  };
+  const std::vector<int> credit_peers = world_ranks(credits);
+  std::vector<std::vector<int>> piece_peers;
+  for (int c : mine) piece_peers.push_back(world_ranks(comm_of(me, c)));
+  // Credits come as messages only from the trainers that are sent messages.
+  bool messages = false;
+  for (std::size_t trainer = 1; trainer < credit_peers.size(); ++trainer) messages = messages || !in_place(credit_peers[trainer]);
+  // The credits of step s (the k-th of this producer) are asked for `depth` steps ahead.
+  auto ask_credits = [&](std::int64_t s, std::int64_t k) {
+    shipment& r = ring.at(k);
+    r.credits.clear();
+    for (int trainer = 1; trainer < credits.size(); ++trainer)
+      if (!in_place(credit_peers[static_cast<std::size_t>(trainer)]))
+        r.credits.post(
+            B::irecv(credits, span<int>(&r.credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
+            credit_peers[static_cast<std::size_t>(trainer)]);
+    ring.start(k, r.credits, cat("one_to_many: credits of step ", s));
+  };
+
+  if (messages)
+    for (std::int64_t k = 0; k < depth && first + k * P < options_.steps; ++k) ask_credits(first + k * P, k);
+  std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
+  std::int64_t k = 0;
+  for (std::int64_t s = first; s < options_.steps; s += P, ++k) {
+    shipment& t = ring.at(k);
+    // Its sends finished: the slot can be refilled.
+    if (t.sends.started) ring.await(t.sends, cat("one_to_many: send of step ", t.step));
+    if (here) here->wait_free(k, cat("one_to_many: credits of step ", s));  // and the trainers here let go of it
+    // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
+    // only its owners stop.
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto& piece = pieces_[static_cast<std::size_t>(mine[i])];
+      const span<std::byte> slot = piece_memory(k, i);
+      detail::fill_piece(load_, s, piece.first_shard, piece.shards, options_.shard_capacity, slot);
+      if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
+        failure.assign(slot.begin(), slot.end());
+    }
+    if (here) here->publish(k);
+    t.sends.clear();
+    if (!messages) continue;
+    ring.await(t.credits, cat("one_to_many: credits of step ", s));
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const span<std::byte> slot = piece_memory(k, i);
+      const std::size_t bytes = slot.size() - detail::guard_bytes;
+      const communicator& comm = comm_of(me, mine[i]);
+      for (int r = 1; r < comm.size(); ++r)
+        if (!in_place(piece_peers[i][static_cast<std::size_t>(r)]))
+          t.sends.post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes),
+                                r, piece_tag),
+                       piece_peers[i][static_cast<std::size_t>(r)]);
+    }
+    t.step = s;
+    ring.start(k, t.sends, cat("one_to_many: send of step ", s));
+    if (s + depth * P < options_.steps) ask_credits(s + depth * P, k + depth);
+  }
+  ring.for_each([&](shipment& t) {
+    if (t.sends.started) ring.await(t.sends, cat("one_to_many: send of step ", t.step));
+  });
+  if (!failure.empty()) detail::piece_failure("one_to_many", span<const std::byte>(failure.data(), failure.size()),
+                                              options_.shard_capacity);
+}
+
+// Collective over `world`, in producer order on every rank: for each producer that shares its
+// host with trainers it feeds, a group of them (the producer first) and the shared slots of its
+// steps. Which ranks share a host is the backend's host map; where FLEXCOMM_HOSTS pretends one
+// host that MPI knows to be several, the group stays on messages.
+template <class B>
+void one_to_many<B>::setup_host_slots(const communicator& world) {
+  const auto producers = static_cast<std::size_t>(layout_.producers());
+  host_.resize(producers);
+  slot_offsets_.assign(producers, std::vector<std::size_t>(pieces_.size(), 0));
+  slot_bytes_.assign(producers, 0);
+  // Every rank lays out every producer's slot alike: the pieces it ships, one after the other.
+  for (std::size_t p = 0; p < producers; ++p)
+    for (std::size_t c = 0; c < pieces_.size(); ++c)
+      if (ships_[index_of(static_cast<int>(p), static_cast<int>(c))]) {
+        slot_offsets_[p][c] = slot_bytes_[p];
+        slot_bytes_[p] += detail::host_slots<B>::round_up(
+            detail::piece_bytes(pieces_[c].shards, options_.shard_capacity) + detail::guard_bytes);
+      }
+  if constexpr (has_host_window<B>) {
+    if (options_.shared_memory == shared_memory_use::off) return;
+    const host_map hosts = B::hosts(world);
+    const int me = world.rank();
+    // Under skip_ahead a trainer must see n + 2 steps beyond the one it holds, as its ring does.
+    std::size_t slots = static_cast<std::size_t>(options_.depth);
+    if (options_.flow.kind == flow_control::policy::skip_ahead)
+      slots = std::max(slots, static_cast<std::size_t>(options_.flow.max_behind + 3));
+    for (int p = 0; p < layout_.producers(); ++p) {
+      const int host = hosts.host_of(layout_.producer_rank(p));
+      bool others = false;  // trainers on the producer's host that it feeds
+      for (int m = 0; m < layout_.members(); ++m)
+        for (int r = 0; r < layout_.member_size(m); ++r)
+          others = others || (layout_.feeds(p, m, r) && hosts.host_of(layout_.trainer_rank(m, r)) == host);
+      if (!others) continue;  // every rank knows: nobody takes part
+      const bool producer = role_.kind == role::producer && role_.producer == p;
+      const bool in = producer || (role_.kind == role::trainer && layout_.feeds(p, role_.member, role_.rank_in_member) &&
+                                   hosts.host_of(me) == host);
+      const communicator group = world.split(in ? 0 : communicator::undefined, producer ? 0 : 1 + me,
+                                             cat("one_to_many producer ", p, " host slots"));
+      if (!in) continue;
+      if (!B::host_window::on_one_host(group)) {
+        check(options_.shared_memory != shared_memory_use::on, "one_to_many",
+              cat("feed_options.shared_memory (FLEXCOMM_SHM) is on, but producer ", p,
+                  "'s host as the host map has it is several hosts to MPI"));
+        continue;
+      }
+      std::vector<int> ranks(static_cast<std::size_t>(group.size()));
+      for (int r = 0; r < group.size(); ++r) ranks[static_cast<std::size_t>(r)] = group.world_rank_of(r);
+      host_[static_cast<std::size_t>(p)] = detail::host_slots<B>(group, producer, slots, slot_bytes_[static_cast<std::size_t>(p)],
+                                                                  std::move(ranks), cat("one_to_many producer ", p));
+    }
+  } else {
+    check(options_.shared_memory != shared_memory_use::on, "one_to_many",
+          "feed_options.shared_memory (FLEXCOMM_SHM) is on, but this backend has no shared memory");
+  }
+}
+
+// Receives what is left of the stream, so that producers and the other members can finish.
+template <class B>
+void one_to_many<B>::drain() noexcept {
+  try {
+    if (lent_ >= 0) source_.release(lent_);
+    lent_ = -1;
+    source_.drain([&] { post_free_slots(); });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n(one_to_many: while draining the stream in the destructor)\n", e.what());
+  }
+}
+
+}  // namespace flexcomm
