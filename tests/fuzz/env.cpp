@@ -5,7 +5,7 @@
 // flexcomm::error, and what it accepts is in range.
 #include <flexcomm/core/wait.hpp>
 #include <flexcomm/core/watchdog.hpp>
-#include <flexcomm/patterns/sync.hpp>
+#include <flexcomm/patterns/sync/options.hpp>
 
 #include <cstddef>
 #include <cstdint>

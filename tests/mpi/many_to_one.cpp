@@ -1,7 +1,7 @@
 #define BOOST_TEST_MODULE mpi_many_to_one
 #include "mpi_fixture.hpp"
 
-#include <flexcomm/patterns/many_to_one.hpp>
+#include <flexcomm/patterns/collect/many_to_one.hpp>
 
 #include <cstdint>
 #include <string>

@@ -33,7 +33,7 @@
 #include "../core/reduce.hpp"
 #include "../core/span.hpp"
 #include "../patterns/feed/dataset.hpp"
-#include "../patterns/many_to_one.hpp"
+#include "../patterns/collect/many_to_one.hpp"
 #include "../patterns/feed/typed_batch.hpp"
 
 namespace flexcomm::interop {

@@ -38,7 +38,7 @@
 namespace flexcomm {
 
 template <class T>
-struct gathered;  // patterns/many_to_one.hpp
+struct gathered;  // patterns/collect/many_to_one.hpp
 
 namespace detail {
 template <class T, class = void> struct is_feed : std::false_type {};
@@ -152,7 +152,7 @@ class ensemble_pipeline {
 
   // What a preset's `options` is too (Preset::options): the feed's (patterns/feed/vocabulary.hpp: steps,
   // shard_capacity, depth, flow; every rank must pass the same) and each member's sync's
-  // (patterns/sync.hpp: bucket_bytes, op, segment_bytes, segments_in_flight, launch_when_full,
+  // (patterns/sync/options.hpp: bucket_bytes, op, segment_bytes, segments_in_flight, launch_when_full,
   // hierarchical). A preset's configure(o) returns them as that preset runs.
   struct options {
     feed_options feed;

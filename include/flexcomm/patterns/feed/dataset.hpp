@@ -51,14 +51,41 @@ span<T> typed_view(span<std::byte> bytes, dtype type, const char* what) {
 }
 }  // namespace detail
 
+namespace detail {
+// The bytes a loader writes, sample and label, and their typed views: what sample_slot and
+// batch_slot both hand out (one sample, or a run of them).
+class loader_fields {
+ public:
+  span<std::byte> sample_bytes() const noexcept { return sample_bytes_; }
+  span<std::byte> label_bytes() const noexcept { return label_bytes_; }
+
+ protected:
+  loader_fields(const field& sample, span<std::byte> sample_bytes, const field* label, span<std::byte> label_bytes)
+      : sample_(sample), sample_bytes_(sample_bytes), label_(label), label_bytes_(label_bytes) {}
+  template <class T>
+  span<T> typed_sample(const char* what) const { return typed_view<T>(sample_bytes_, sample_.type, what); }
+  template <class T>
+  span<T> typed_label(const char* what) const {
+    check(label_ != nullptr, what, "the dataset has no label field");
+    return typed_view<T>(label_bytes_, label_->type, what);
+  }
+
+ private:
+  const field& sample_;
+  span<std::byte> sample_bytes_;
+  const field* label_;
+  span<std::byte> label_bytes_;
+};
+}  // namespace detail
+
 // Where a sample loader writes one sample (and its label). Element pointers are aligned to at
 // least 8 bytes; the bytes are zeroed before the call.
-class sample_slot {
+class sample_slot : public detail::loader_fields {
  public:
   sample_slot(std::int64_t index, std::int64_t epoch, std::int64_t step, std::int64_t position, const field& sample,
               span<std::byte> sample_bytes, const field* label, span<std::byte> label_bytes)
-      : index_(index), epoch_(epoch), step_(step), position_(position), sample_(sample), sample_bytes_(sample_bytes),
-        label_(label), label_bytes_(label_bytes) {}
+      : loader_fields(sample, sample_bytes, label, label_bytes),
+        index_(index), epoch_(epoch), step_(step), position_(position) {}
 
   std::int64_t index() const noexcept { return index_; }        // in the dataset, 0..size-1
   std::int64_t epoch() const noexcept { return epoch_; }
@@ -66,33 +93,24 @@ class sample_slot {
   std::int64_t position() const noexcept { return position_; }  // in its step's batch
 
   template <class T>
-  span<T> sample() const { return detail::typed_view<T>(sample_bytes_, sample_.type, "sample_slot::sample"); }
+  span<T> sample() const { return typed_sample<T>("sample_slot::sample"); }
   template <class T>
-  span<T> label() const {
-    check(label_ != nullptr, "sample_slot::label", "the dataset has no label field");
-    return detail::typed_view<T>(label_bytes_, label_->type, "sample_slot::label");
-  }
-  span<std::byte> sample_bytes() const noexcept { return sample_bytes_; }
-  span<std::byte> label_bytes() const noexcept { return label_bytes_; }
+  span<T> label() const { return typed_label<T>("sample_slot::label"); }
 
  private:
   std::int64_t index_, epoch_, step_, position_;
-  const field& sample_;
-  span<std::byte> sample_bytes_;
-  const field* label_;
-  span<std::byte> label_bytes_;
 };
 
 // Where a batch loader writes a run of samples: one shard of a step, `count()` samples at
 // positions [position(), position() + count()) of the batch, dataset indices `indices()`.
 // Samples are contiguous (count x sample shape), labels too; aligned to at least 8 bytes, zeroed.
-class batch_slot {
+class batch_slot : public detail::loader_fields {
  public:
   batch_slot(std::int64_t epoch, std::int64_t step, std::int64_t step_in_epoch, std::int64_t position,
              span<const std::int64_t> indices, const field& sample, span<std::byte> samples, const field* label,
              span<std::byte> labels)
-      : epoch_(epoch), step_(step), step_in_epoch_(step_in_epoch), position_(position), indices_(indices),
-        sample_(sample), samples_(samples), label_(label), labels_(labels) {}
+      : loader_fields(sample, samples, label, labels),
+        epoch_(epoch), step_(step), step_in_epoch_(step_in_epoch), position_(position), indices_(indices) {}
 
   std::int64_t epoch() const noexcept { return epoch_; }
   std::int64_t step() const noexcept { return step_; }
@@ -102,22 +120,13 @@ class batch_slot {
   span<const std::int64_t> indices() const noexcept { return indices_; }
 
   template <class T>
-  span<T> samples() const { return detail::typed_view<T>(samples_, sample_.type, "batch_slot::samples"); }
+  span<T> samples() const { return typed_sample<T>("batch_slot::samples"); }
   template <class T>
-  span<T> labels() const {
-    check(label_ != nullptr, "batch_slot::labels", "the dataset has no label field");
-    return detail::typed_view<T>(labels_, label_->type, "batch_slot::labels");
-  }
-  span<std::byte> sample_bytes() const noexcept { return samples_; }
-  span<std::byte> label_bytes() const noexcept { return labels_; }
+  span<T> labels() const { return typed_label<T>("batch_slot::labels"); }
 
  private:
   std::int64_t epoch_, step_, step_in_epoch_, position_;
   span<const std::int64_t> indices_;
-  const field& sample_;
-  span<std::byte> samples_;
-  const field* label_;
-  span<std::byte> labels_;
 };
 
 // Writes sample `index` (and its label) into `out`. Called once per sample, on the ranks that load.
