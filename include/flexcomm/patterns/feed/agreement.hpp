@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../core/agreement.hpp"
@@ -13,6 +14,7 @@
 #include "../../core/span.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
+#include "wire.hpp"
 
 namespace flexcomm {
 namespace detail {
@@ -80,6 +82,26 @@ ensemble_layout agreed_layout(const typename B::communicator& world, const ensem
   agree<B>(world, layout, options, problem, feed);
   return placed_for(world, layout, feed);  // the same on every rank, or the same error
 }
+
+// What a feed over several ranks starts from, agreed by every rank at construction (collective
+// over `world`): the layout (validated, placed), the loader, the options, this rank's role and
+// the pieces a step is cut into. one_to_many and all_shared derive from it.
+struct agreed_feed {
+  template <class Communicator>
+  agreed_feed(const Communicator& world, const ensemble_layout& layout, loader load, const feed_options& options,
+              bool needs_producers, const char* feed)
+      : layout_(agreed_layout<typename Communicator::backend>(world, layout, load, options, needs_producers, feed)),
+        load_(std::move(load)),
+        options_(options),
+        role_(layout_.role_of(world.rank())),
+        pieces_(pieces_of(layout_)) {}
+
+  ensemble_layout layout_;
+  loader load_;
+  feed_options options_;
+  rank_role role_;
+  std::vector<piece> pieces_;
+};
 
 }  // namespace detail
 }  // namespace flexcomm

@@ -32,7 +32,7 @@ namespace flexcomm {
 // shared memory and the others read it in place (host_slots.hpp). A trainer takes its steps from
 // a step_source (step_source.hpp) whose publishers are the members, one step each per round.
 template <class B>
-class all_shared {
+class all_shared : private detail::agreed_feed {
   static_assert(holds_host_memory<B>,
                 "all_shared<B>: the loader writes each batch into host memory and trainers read it there, but B's "
                 "buffers live in device memory; feed with a host backend (all_shared<mpi>) and copy the batch to the "
@@ -72,11 +72,6 @@ class all_shared {
     return static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_)));
   }
 
-  ensemble_layout layout_;
-  loader load_;
-  feed_options options_;
-  rank_role role_;
-  std::vector<detail::piece> pieces_;
   std::vector<communicator> comms_;  // per piece; empty where this rank takes no part
   int members_ = 1;
   std::int64_t rounds_ = 0;
@@ -91,11 +86,7 @@ template <class B>
 all_shared<B>::all_shared(const communicator& world, const ensemble_layout& layout, loader load,
                           feed_options options)
     // per-host producers idle here, as any producers
-    : layout_(detail::agreed_layout<B>(world, layout, load, options, false, "all_shared")),
-      load_(std::move(load)),
-      options_(options) {
-  role_ = layout_.role_of(world.rank());
-  pieces_ = detail::pieces_of(layout_);
+    : detail::agreed_feed(world, layout, std::move(load), options, false, "all_shared") {
   for (std::size_t c = 0; c < pieces_.size(); ++c) {
     const bool mine = role_.kind == role::trainer &&
                       pieces_[c].owner[static_cast<std::size_t>(role_.member)] == role_.rank_in_member;

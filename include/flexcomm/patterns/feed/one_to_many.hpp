@@ -46,7 +46,7 @@ namespace flexcomm {
 // slot. A trainer takes its steps from a step_source (step_source.hpp), which knows which lie in
 // shared memory and which come as messages.
 template <class B>
-class one_to_many {
+class one_to_many : private detail::agreed_feed {
   static_assert(holds_host_memory<B>,
                 "one_to_many<B>: the loader writes each batch into host memory and trainers read it there, but B's "
                 "buffers live in device memory; feed with a host backend (one_to_many<mpi>) and copy the batch to the "
@@ -114,11 +114,6 @@ class one_to_many {
   std::int64_t choose_step();
   void drain() noexcept;
 
-  ensemble_layout layout_;
-  loader load_;
-  feed_options options_;
-  rank_role role_;
-  std::vector<detail::piece> pieces_;
   std::vector<communicator> comms_;  // [producer][piece]; empty where this rank takes no part
   std::vector<bool> ships_;          // [producer][piece]: some trainer that producer feeds owns it
   std::vector<communicator> credit_comms_;  // [producer]
@@ -137,11 +132,7 @@ class one_to_many {
 template <class B>
 one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& layout, loader load,
                             feed_options options)
-    : layout_(detail::agreed_layout<B>(world, layout, load, options, true, "one_to_many")),
-      load_(std::move(load)),
-      options_(options) {
-  role_ = layout_.role_of(world.rank());
-  pieces_ = detail::pieces_of(layout_);
+    : detail::agreed_feed(world, layout, std::move(load), options, true, "one_to_many") {
   const bool trainer = role_.kind == role::trainer;
   for (int p = 0; p < layout_.producers(); ++p) {
     for (std::size_t c = 0; c < pieces_.size(); ++c) {
