@@ -363,7 +363,7 @@ int main(int argc, char** argv) {
       "layout", po::value(&s.layout)->default_value("producers=1 members=2,2,1,1 aggregator=1"),
       "ranks per role (FLEXCOMM_LAYOUT overrides); the aggregator prints")(
       "preset", po::value(&s.preset)->default_value("single_broadcast"),
-      "baseline, single_broadcast, multi_broadcast or all_shared")(
+      "baseline, single_broadcast, multi_broadcast, all_shared or adaptive")(
       "sync", po::value(&s.sync)->default_value("allreduce"), "allreduce (subgroup_allreduce) or ring (overlapped_ring)")(
       "epochs", counts::at_least<1>(&s.epochs), "passes over the training set")(
       "batch", counts::at_least<1>(&s.batch),
@@ -400,8 +400,9 @@ int main(int argc, char** argv) {
     const auto me = layout.role_of(world.rank());
     const bool shared_feed = s.preset == "single_broadcast" || s.preset == "multi_broadcast";
     const bool with_baseline = s.compare_baseline && s.preset != "baseline";
-    // Ranks that run a loader in either run hold the packed training set.
-    const bool preprocesses = me.kind == fc::role::producer ? shared_feed : (!shared_feed || with_baseline);
+    // Ranks that run a loader in either run hold the packed training set (under adaptive, every one).
+    const bool preprocesses = me.kind == fc::role::producer ? shared_feed || s.preset == "adaptive"
+                                                            : !shared_feed || with_baseline;
     auto data = load_data(world, layout, s, preprocesses);
     // Every rank needs the training set's size, which its file's header tells; only the ranks
     // that preprocess read the images.

@@ -27,6 +27,7 @@
 #include "patterns/feed/vocabulary.hpp"
 #include "patterns/feed/local_feed.hpp"
 #include "patterns/feed/one_to_many.hpp"
+#include "patterns/feed/adaptive.hpp"
 #include "patterns/feed/all_shared.hpp"
 #include "patterns/feed/dataset.hpp"
 #include "patterns/feed/typed_batch.hpp"

@@ -5,7 +5,7 @@
 //
 //   mpiexec -n N adapter_fault <fault>
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
-//           gradient-order sync-stall sync-stall-messages
+//           gradient-order sync-stall sync-stall-messages claim-stall claim-dies
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -32,6 +32,36 @@ void report(int rank, const std::string& text) {
   while (std::getline(lines, line)) out += "[rank " + std::to_string(rank) + "] " + line + "\n";
   std::fputs(out.c_str(), stderr);
   std::fflush(stderr);
+}
+
+// The adaptive feed over "members=nx1", where every trainer makes steps: the last rank's loader,
+// from fault_step on, stalls (claim-stall) or ends the process (claim-dies) in the first piece it
+// claimed. The others' loaders are slow, so that the last rank, always idle, surely claims one.
+bool run_adaptive(const mpi::communicator& world, const std::string& fault,
+                  std::chrono::steady_clock::time_point& start) {
+  const int n = world.size();
+  const bool faulty = world.rank() == n - 1;
+  fc::loader load = [&](std::int64_t step, int, fc::span<std::byte> out) -> std::size_t {
+    if (faulty && step >= fault_step) {
+      report(world.rank(), fc::cat("injected: ", fault == "claim-dies" ? "dies" : "stalls", " in the loader of step ",
+                                   step, ", holding its claim"));
+      if (fault == "claim-dies") std::_Exit(9);
+      std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
+    }
+    if (!faulty) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    for (auto& b : out) b = std::byte{static_cast<unsigned char>(step)};
+    return out.size();
+  };
+  fc::feed_options options;
+  options.steps = 40;
+  options.shard_capacity = capacity;
+  fc::adaptive<mpi> feed(world, fc::ensemble_layout::parse(fc::cat("members=", n, "x1")), load, options);
+  bool ok = true;
+  while (auto b = feed.next()) {
+    if (b->step() == fault_step - 1) start = std::chrono::steady_clock::now();
+    for (auto byte : b->bytes()) ok = ok && byte == std::byte{static_cast<unsigned char>(b->step())};
+  }
+  return ok;
 }
 
 // Runs a shared feed over "producers=1 members=(n-1)x1"; the loader misbehaves on fault_step.
@@ -132,6 +162,7 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     const bool ok = fault.rfind("sync", 0) == 0 || fault == "gradient-order" ? run_sync(world, fault, start)
+                    : fault.rfind("claim", 0) == 0                           ? run_adaptive(world, fault, start)
                                                                              : run_feed(world, fault, start);
     report(rank, ok ? "finished every step" : "WRONG DATA");
     status = ok ? 0 : 1;
@@ -142,7 +173,7 @@ int main(int argc, char** argv) {
   // The sync reduces in place in the trainer's gradients: their guard words must survive. (The
   // feed's slots carry guard words of their own, which one_to_many checks.)
   if (!(fault.rfind("feed", 0) == 0 || fault.rfind("loader", 0) == 0 || fault == "layout-feed" ||
-        fault == "trainer-stall"))
+        fault == "trainer-stall" || fault.rfind("claim", 0) == 0))
     report(rank, guards_intact() ? "guards intact" : "GUARD BROKEN: an operation wrote past its buffer");
   return status;
 }

@@ -170,6 +170,22 @@ FAULTS = {
                 r'not answered by world rank {f}$'],
         reports='the producer: `one_to_many: credits of step N: timed out after 2000 ms (FLEXCOMM_TIMEOUT); not '
                 'answered by world rank {f}`'),
+    # The adaptive feed (every rank a trainer that makes steps when idle): a maker that stops holding
+    # a claim is named by every rank that waits for its piece, and the stream is neither delivered
+    # twice nor short: the others stop with the error.
+    'claim-stall': dict(
+        driver='adapter', what="adaptive feed over 'members={n}x1': rank {f} stalls for 4x the timeout in the "
+                               "loader of a step it claimed (as under SIGSTOP)", min_ranks=2,
+        mpiexec=[], survivors='others', kind='timeout', guards=False,
+        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$'],
+        reports='each other rank: `adaptive: step N: timed out after 2000 ms (FLEXCOMM_TIMEOUT); not answered by world '
+                'rank {f}` and `(... it claimed piece 0 of step N and has not made it)`'),
+    'claim-dies': dict(
+        driver='adapter', what="adaptive feed over 'members={n}x1': rank {f} dies in the loader of a step it "
+                               "claimed (mpiexec told to keep the job: {keep_going})", min_ranks=2,
+        mpiexec='keep_going', survivors='others', kind='timeout', guards=False,
+        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$'],
+        reports='as claim-stall: every other rank names world rank {f}, which claimed the piece'),
     'sync-stall': dict(
         driver='adapter', what='trainer rank {f} of a two-rank member (ranks {p} and {f}, one host: shared memory) '
                                'stalls before its gradients of step 3 for 4x the timeout (as under SIGSTOP)',

@@ -21,7 +21,9 @@ namespace {
 using fc::testing::contains;
 using fc::testing::error_of;
 
-using feeds = boost::mpl::list<fc::local_feed, fc::one_to_many<fc::mpi>, fc::all_shared<fc::mpi>>;
+using feeds = boost::mpl::list<fc::local_feed, fc::one_to_many<fc::mpi>, fc::all_shared<fc::mpi>, fc::adaptive<fc::mpi>>;
+// The feeds whose ranks' work is fixed ahead (which rank calls the loader for which step).
+using fixed_feeds = boost::mpl::list<fc::local_feed, fc::one_to_many<fc::mpi>, fc::all_shared<fc::mpi>>;
 
 // Layouts for this world size: homogeneous and heterogeneous members, none to several producers,
 // a producer per host on pretend hosts ("... @2+2": FLEXCOMM_HOSTS=2+2 while it is placed).
@@ -222,7 +224,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(lockstep_delivers_every_step_to_a_slow_member, Fee
 // skip_ahead(1): the slow member skips to the newest step; what it gets is still exact and in
 // order, it always gets the last step, and its skipped steps are counted, the same on each of
 // its ranks. Feeds without a shared producer stream never hold a member back, so never skip.
-BOOST_AUTO_TEST_CASE_TEMPLATE(skip_ahead_lets_a_slow_member_skip_and_counts_it, Feed, feeds) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(skip_ahead_lets_a_slow_member_skip_and_counts_it, Feed, fixed_feeds) {
   for (const auto& text : usable_layouts<Feed>(world().size())) {
     const auto layout = layout_of(text);
     const auto role = layout.role_of(world().rank());
@@ -284,7 +286,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_trainer_that_stops_early_does_not_block_the_othe
   }
 }
 
-BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_overfills_is_an_error_naming_step_and_shard, Feed, feeds) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_overfills_is_an_error_naming_step_and_shard, Feed, fixed_feeds) {
   for (const auto& text : usable_layouts<Feed>(world().size())) {
     const auto layout = layout_of(text);
     fc::feed_options options;
@@ -322,7 +324,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_overfills_is_an_error_naming_step_an
   }
 }
 
-BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_throws_reaches_the_trainers, Feed, feeds) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(a_loader_that_throws_reaches_the_trainers, Feed, fixed_feeds) {
   const auto text = usable_layouts<Feed>(world().size());
   if (text.empty()) return;
   const auto layout = layout_of(text.front());
@@ -665,4 +667,134 @@ BOOST_AUTO_TEST_CASE(ranks_that_disagree_on_shared_memory_are_refused_on_every_r
   options.shared_memory = world().rank() == n - 1 ? fc::shared_memory_use::off : fc::shared_memory_use::automatic;
   const std::string e = error_of([&] { fc::one_to_many<fc::mpi> feed(world(), layout, test_loader(8), options); });
   BOOST_TEST(all_ranks(contains(e, "ranks disagree on shared_memory (FLEXCOMM_SHM)")), e);
+}
+
+// ---- adaptive: each step made once, by whoever is idle
+
+namespace {
+
+// The job's sum of `x` over every rank.
+std::int64_t job_sum(std::int64_t x) {
+  fc::mpi::iallreduce(world(), fc::span<std::int64_t>(&x, 1), fc::op::sum).wait();
+  return x;
+}
+
+struct adaptive_outcome {
+  bool exact = true;                  // this rank: every step once, in order, the loader's bytes
+  bool balancing = false;
+  std::int64_t loads = 0;             // the job's loader calls
+  std::int64_t made_by_trainers = 0;  // the job's pieces made by trainers
+};
+
+// One adaptive stream: a producer's loader takes `producer_delay` per shard, and every rank of
+// the last member sleeps `slow_member` after each batch.
+adaptive_outcome run_adaptive(const fc::ensemble_layout& layout, fc::feed_options options,
+                              std::chrono::microseconds producer_delay, std::chrono::microseconds slow_member) {
+  const auto role = layout.role_of(world().rank());
+  std::int64_t calls = 0;
+  auto inner = test_loader(options.shard_capacity);
+  fc::loader load = [&](std::int64_t step, int shard, fc::span<std::byte> out) {
+    ++calls;
+    if (role.kind == fc::role::producer) std::this_thread::sleep_for(producer_delay);
+    return inner(step, shard, out);
+  };
+  adaptive_outcome out;
+  std::int64_t made = 0;
+  {
+    fc::adaptive<fc::mpi> feed(world(), layout, load, options);
+    out.balancing = feed.balancing();
+    const auto o = role.kind == fc::role::producer ? (feed.produce(), outcome{}) : [&] {
+      outcome t;
+      const auto shards = layout.shards_of(role.member, role.rank_in_member);
+      while (auto b = feed.next()) {
+        t.ok = t.ok && batch_is_exact(*b, shards, options.shard_capacity);
+        t.steps.push_back(b->step());
+        if (role.member == layout.members() - 1) std::this_thread::sleep_for(slow_member);
+      }
+      return t;
+    }();
+    out.exact = role.kind == fc::role::producer || (o.ok && every_step_once_in_order(o, options.steps));
+    if (role.kind == fc::role::trainer) made = feed.pieces_made();
+  }
+  out.loads = job_sum(calls);
+  out.made_by_trainers = job_sum(made);
+  return out;
+}
+
+}  // namespace
+
+// Whoever makes a step (producers ahead, or trainers waiting for a slow producer, or a slow member
+// holding every slot), each trainer gets the loader's bytes for every step once and in order, and
+// each shard of each step is loaded exactly once in the whole job: the members train on what
+// one_to_many would have given them. With shared memory off the feed is one_to_many (or
+// all_shared) as it is.
+BOOST_AUTO_TEST_CASE(adaptive_makes_every_shard_once_whoever_makes_it) {
+  for (const auto& text : layouts_for(world().size())) {
+    const auto layout = layout_of(text);
+    for (const auto use : {fc::shared_memory_use::automatic, fc::shared_memory_use::off}) {
+      for (const bool slow_producers : {true, false}) {
+        fc::feed_options options;
+        options.steps = 23;
+        options.shard_capacity = 40;
+        options.depth = 2;
+        options.shared_memory = use;
+        const auto o = run_adaptive(layout, options, std::chrono::microseconds(slow_producers ? 2000 : 0),
+                                    std::chrono::microseconds(slow_producers ? 0 : 2000));
+        bool ok = o.exact && o.balancing == (use == fc::shared_memory_use::automatic && o.balancing);
+        if (use == fc::shared_memory_use::off) ok = ok && !o.balancing;
+        // One machine is one host to MPI: every step's readers share a board.
+        const bool one_host = real_hosts().hosts() == 1;
+        if (use == fc::shared_memory_use::automatic && one_host)
+          ok = ok && o.balancing && o.loads == options.steps * layout.shards_per_step();
+        // Trainers that wait for a slow producer make steps themselves.
+        if (o.balancing && slow_producers && layout.producers() > 0) ok = ok && o.made_by_trainers > 0;
+        BOOST_TEST(all_ranks(ok), "layout '" << text << "' shared memory " << fc::name_of(use)
+                                             << (slow_producers ? " slow producers" : " slow member") << ": loads "
+                                             << o.loads << ", by trainers " << o.made_by_trainers);
+      }
+    }
+  }
+}
+
+// While the producers keep ahead (a fast loader, trainers that take 3 ms a step), they make the
+// steps and the trainers only read: at most the first few steps, made before a producer got going,
+// are a trainer's.
+BOOST_AUTO_TEST_CASE(adaptive_leaves_the_work_to_producers_that_keep_ahead) {
+  for (const auto& text : layouts_for(world().size())) {
+    const auto layout = layout_of(text);
+    if (layout.producers() == 0) continue;
+    fc::feed_options options;
+    options.steps = 40;
+    options.shard_capacity = 40;
+    options.depth = 2;
+    const auto role = layout.role_of(world().rank());
+    std::int64_t made = 0;
+    bool balancing = false;
+    {
+      fc::adaptive<fc::mpi> feed(world(), layout, test_loader(options.shard_capacity), options);
+      balancing = feed.balancing();
+      if (role.kind == fc::role::producer) {
+        feed.produce();
+      } else {
+        while (feed.next()) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        made = feed.pieces_made();
+      }
+    }
+    const std::int64_t by_trainers = job_sum(made);
+    const std::int64_t all = options.steps * layout.shards_per_step();
+    BOOST_TEST(all_ranks(!balancing || by_trainers * 4 <= all),
+               "layout '" << text << "': trainers made " << by_trainers << " of " << all << " shards");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(adaptive_refuses_skip_ahead_on_every_rank) {
+  fc::feed_options options;
+  options.steps = 4;
+  options.shard_capacity = 8;
+  options.flow = fc::flow_control::skip_ahead(1);
+  const std::string e = error_of([&] {
+    fc::adaptive<fc::mpi> feed(world(), fc::ensemble_layout::parse(fc::cat("members=", world().size())),
+                               test_loader(8), options);
+  });
+  BOOST_TEST(all_ranks(contains(e, "adaptive: flow_control::skip_ahead is one_to_many's")), e);
 }

@@ -220,10 +220,13 @@ BOOST_AUTO_TEST_CASE(every_preset_feeds_the_same_batches_and_trains_the_same_mod
   run_preset<p::multi_broadcast<fc::overlapped_ring>>(results, "multi_broadcast/ring", trainers, ok);
   run_preset<p::all_shared<fc::subgroup_allreduce>>(results, "all_shared/allreduce", trainers, ok);
   run_preset<p::all_shared<fc::overlapped_ring>>(results, "all_shared/ring", trainers, ok);
+  run_preset<p::adaptive<fc::subgroup_allreduce>>(results, "adaptive/allreduce", trainers, ok);
+  run_preset<p::adaptive<fc::overlapped_ring>>(results, "adaptive/ring", trainers, ok);
   // A producer per host, on two pretend hosts (one from 2 ranks down): every rank of the world used.
   const std::string hosts = n >= 3 ? fc::cat("2+", n - 2) : std::to_string(n);
   run_preset<p::single_broadcast<fc::subgroup_allreduce>>(results, "per_host/allreduce", trainers, ok, hosts);
   run_preset<p::single_broadcast<fc::overlapped_ring>>(results, "per_host/ring", trainers, ok, hosts);
+  run_preset<p::adaptive<fc::subgroup_allreduce>>(results, "adaptive per_host/allreduce", trainers, ok, hosts);
   if (world().rank() == 0) {
     const auto& base = results.at("baseline");
     for (const auto& [name, r] : results) {
@@ -232,7 +235,7 @@ BOOST_AUTO_TEST_CASE(every_preset_feeds_the_same_batches_and_trains_the_same_mod
       ok = ok && r.digests == base.digests && r.models == base.models;
     }
     // At 1 rank only the presets without producers fit; from 3 ranks on, all of them.
-    BOOST_TEST(results.size() == (n >= 3 ? 9u : n == 2 ? 7u : 3u));
+    BOOST_TEST(results.size() == (n >= 3 ? 12u : n == 2 ? 10u : 5u));
   }
   BOOST_TEST(fc::testing::all_ranks(ok));
 }

@@ -6,9 +6,11 @@
 //   single_broadcast   one producer preprocesses each step and broadcasts it (one_to_many)
 //   multi_broadcast    the same one_to_many with several producers taking turns as root
 //   all_shared         no producers: trainers take turns preprocessing, shared by broadcast
+//   adaptive           each step preprocessed once by whoever is idle: the producers while they
+//                      keep ahead, else the trainers waiting for it (any producer count)
 //
 // The producer count is the layout's: single_broadcast takes exactly one producer,
-// multi_broadcast two or more, the others none (with_producers() derives such a layout).
+// multi_broadcast two or more, adaptive any, the others none (with_producers() derives such a layout).
 //
 // B is the Sync's backend; the feed and the collect run on its host backend (B itself, or MPI
 // for nccl and staged): single_broadcast<subgroup_allreduce, nccl> feeds batches over MPI into
@@ -24,6 +26,7 @@
 #include "../backend/mpi.hpp"
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
+#include "../patterns/feed/adaptive.hpp"
 #include "../patterns/feed/all_shared.hpp"
 #include "../patterns/feed/local_feed.hpp"
 #include "../patterns/collect/many_to_one.hpp"
@@ -115,6 +118,7 @@ struct baseline_name { static constexpr const char* value = "baseline"; };
 struct single_broadcast_name { static constexpr const char* value = "single_broadcast"; };
 struct multi_broadcast_name { static constexpr const char* value = "multi_broadcast"; };
 struct all_shared_name { static constexpr const char* value = "all_shared"; };
+struct adaptive_name { static constexpr const char* value = "adaptive"; };
 
 // local_feed takes no backend: each trainer loads its own batches.
 template <class>
@@ -130,9 +134,11 @@ template <template <class> class Sync = subgroup_allreduce, class B = mpi, class
 struct multi_broadcast : preset<detail::multi_broadcast_name, one_to_many, Sync, B, HostB, 2, many, true> {};
 template <template <class> class Sync = subgroup_allreduce, class B = mpi, class HostB = host_backend_t<B>>
 struct all_shared : preset<detail::all_shared_name, flexcomm::all_shared, Sync, B, HostB, 0, 0, true> {};
+template <template <class> class Sync = subgroup_allreduce, class B = mpi, class HostB = host_backend_t<B>>
+struct adaptive : preset<detail::adaptive_name, flexcomm::adaptive, Sync, B, HostB, 0, many, true> {};
 
 // Names a trainer passes on the command line.
-inline constexpr const char* names[] = {"baseline", "single_broadcast", "multi_broadcast", "all_shared"};
+inline constexpr const char* names[] = {"baseline", "single_broadcast", "multi_broadcast", "all_shared", "adaptive"};
 inline constexpr const char* sync_names[] = {"allreduce", "ring"};
 
 namespace detail {
@@ -163,7 +169,9 @@ decltype(auto) visit(std::string_view name, std::string_view sync, F&& f) {
   if (name == "single_broadcast") return detail::with_sync<single_broadcast, B>(ring, f);
   if (name == "multi_broadcast") return detail::with_sync<multi_broadcast, B>(ring, f);
   if (name == "all_shared") return detail::with_sync<all_shared, B>(ring, f);
-  fail("presets", cat("unknown preset '", name, "' (known: baseline, single_broadcast, multi_broadcast, all_shared)"));
+  if (name == "adaptive") return detail::with_sync<adaptive, B>(ring, f);
+  fail("presets",
+       cat("unknown preset '", name, "' (known: baseline, single_broadcast, multi_broadcast, all_shared, adaptive)"));
 }
 
 }  // namespace presets

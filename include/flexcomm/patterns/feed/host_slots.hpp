@@ -23,6 +23,17 @@
 
 namespace flexcomm::detail {
 
+// A wait on peers' counters in shared memory: through the wait policy, answering the watchdog's
+// queries; past FLEXCOMM_TIMEOUT, `what` fails naming who has not moved (`late()`), in the words
+// a wait on messages uses (steps_in_flight.hpp).
+template <class Done, class Late>
+void wait_in_shared_memory(Done&& done, const std::string& what, Late&& late) {
+  if (done()) return;
+  const auto limit = default_timeout();
+  if (!wait_answering(default_wait(), limit, done, [] { watchdog::instance().answer_queries(); }))
+    fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
+}
+
 // Over a group of one host's ranks: the publishers (a producer and, in all_shared, every owner of
 // a piece) write their k-th step into slot k mod `slots` of their own region and count it in
 // `published`; every reader counts in `released` the steps it is done with. A publisher fills
@@ -77,7 +88,7 @@ class host_slots {
         }
       return out;
     };
-    wait([&] { return late(false).empty(); }, what, [&] {
+    wait_in_shared_memory([&] { return late(false).empty(); }, what, [&] {
       const std::string who = late(true);
       return cat("world rank", who.find(',') == std::string::npos ? " " : "s ", who,
                  "\n  (in shared memory on this host: step ", needed - 1, " of world rank ",
@@ -94,7 +105,7 @@ class host_slots {
     return published(r).load(std::memory_order_acquire) > static_cast<std::uint64_t>(k);
   }
   void wait_arrived(int r, std::int64_t k, const std::string& what) const {
-    wait([&] { return arrived(r, k); }, what, [&] {
+    wait_in_shared_memory([&] { return arrived(r, k); }, what, [&] {
       return cat("world rank ", world_ranks_[static_cast<std::size_t>(r)],
                  "\n  (in shared memory on this host: it published ", published(r).load(std::memory_order_acquire),
                  " steps, not step ", k, ")");
@@ -118,16 +129,6 @@ class host_slots {
     auto& mine = released(window_.rank());
     if (mine.load(std::memory_order_relaxed) < done) mine.store(done, std::memory_order_release);
   }
-  // Through the wait policy, answering the watchdog's queries; past FLEXCOMM_TIMEOUT, `what`
-  // fails naming who has not moved, in the words a wait on messages uses (steps_in_flight.hpp).
-  template <class Done, class Late>
-  void wait(Done&& done, const std::string& what, Late&& late) const {
-    if (done()) return;
-    const auto limit = default_timeout();
-    if (!wait_answering(default_wait(), limit, done, [] { watchdog::instance().answer_queries(); }))
-      fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
-  }
-
   typename B::host_window window_;
   std::vector<std::byte*> regions_;  // each rank's, valid for the window's life: read on every step
   std::size_t slots_ = 0, slot_bytes_ = 0;

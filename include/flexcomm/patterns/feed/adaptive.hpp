@@ -1,0 +1,267 @@
+// adaptive: each step is preprocessed once, by whoever is idle, with nothing to tune. Which fixed
+// feed wins depends on how preprocessing compares with training, which a user cannot know ahead
+// and which changes during a run (augmentation schedules, another job on the node); this one
+// follows it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/error.hpp"
+#include "../../core/layout.hpp"
+#include "../../core/trace.hpp"
+#include "../../backend/contract.hpp"
+#include "vocabulary.hpp"
+#include "agreement.hpp"
+#include "all_shared.hpp"
+#include "claim_board.hpp"
+#include "one_to_many.hpp"
+#include "wire.hpp"
+
+namespace flexcomm {
+
+// The ranks of a host share a claim board (claim_board.hpp): the slots of the next 2 x depth
+// steps, cut into pieces as one_to_many cuts them. Producers claim and make the pieces in step
+// order, as far ahead as the slots allow, so while they keep ahead the trainers only read. A
+// trainer whose next step is not made yet claims the first piece nobody has (of that step, else
+// of a later one in the board) and makes it itself, rather than wait; with no producer in the
+// layout the trainers make everything that way, which is all_shared balanced by who is free.
+// Every piece is made exactly once, by the loader, from the step and the shard alone, so the
+// members get the same bytes as from one_to_many whoever made them. A trainer releases a step at
+// its next next(), and a slot is refilled only once every trainer here released it (lockstep).
+//
+// The board needs the readers of every step on one host: a single host, or a producer per host
+// (each host then makes every step for its own trainers, as one_to_many does). Elsewhere (a
+// member across hosts fed by one producer, shared memory off) the feed is one_to_many, or
+// all_shared without producers, unchanged: balancing across hosts would need claims by message.
+template <class B>
+class adaptive : private detail::agreed_feed {
+  static_assert(holds_host_memory<B>,
+                "adaptive<B>: the loader writes each batch into host memory and trainers read it there, but B's "
+                "buffers live in device memory; feed with a host backend (adaptive<mpi>) and copy the batch to the "
+                "device in the trainer (presets with a device Sync backend do: their feed is on its host backend)");
+
+ public:
+  static constexpr bool needs_producers = false;  // producers help when the layout has them
+  using communicator = typename B::communicator;
+
+  // Collective over `world`.
+  adaptive(const communicator& world, const ensemble_layout& layout, loader load, feed_options options);
+  ~adaptive();
+  adaptive(const adaptive&) = delete;
+  adaptive& operator=(const adaptive&) = delete;
+
+  // On producer ranks: makes pieces in step order while there are unclaimed ones, then returns.
+  // A loader failure travels to the trainers as that step; produce() throws it once done.
+  void produce();
+  // On trainer ranks: the next step of this trainer's shards, or nothing at the end of the stream.
+  std::optional<batch> next();
+
+  // Every member gets every step (the board holds a step until its last reader lets go).
+  std::int64_t skipped() const noexcept { return 0; }
+  bool is_trainer() const noexcept { return role_.kind == role::trainer; }
+  bool shared_memory() const noexcept {
+    return balancing_ || (by_producers_ ? by_producers_->shared_memory() : by_turns_ && by_turns_->shared_memory());
+  }
+  // Whether steps are made by whoever is idle (a claim board on every host); false where the
+  // feed runs as one_to_many or all_shared (see above). The same on every rank.
+  bool balancing() const noexcept { return balancing_; }
+  // The pieces this rank made with its loader.
+  std::int64_t pieces_made() const noexcept { return made_; }
+
+ private:
+  bool set_up_board(const communicator& world);
+  // Trainer: makes pieces of the board until this trainer's pieces of step k are all made.
+  void make_until_ready(std::int64_t k);
+  bool ready(std::int64_t k) const;
+  // Claims and makes the first piece nobody has, of step k or a later one in the board; false
+  // if there is none.
+  bool make_one(std::int64_t k);
+  bool can_make(std::int64_t k) const;
+  void make(std::int64_t k, std::size_t c);
+
+  std::unique_ptr<one_to_many<B>> by_producers_;  // where the feed does not balance
+  std::unique_ptr<all_shared<B>> by_turns_;
+  bool balancing_ = false;
+
+  detail::claim_board<B> board_;  // this host's; empty on a host without trainers
+  std::vector<std::size_t> here_;  // the pieces the board holds: those read on this host
+  detail::batch_assembly assembly_;
+  std::vector<span<const std::byte>> taken_;
+  std::vector<std::byte> failure_;  // producer: the first failed piece it made
+  std::int64_t next_step_ = 0, lent_ = -1, made_ = 0;
+  bool produced_ = false;
+};
+
+template <class B>
+adaptive<B>::adaptive(const communicator& world, const ensemble_layout& layout, loader load, feed_options options)
+    : detail::agreed_feed(world, layout, load, options, false, "adaptive") {
+  // The options are agreed: every rank refuses alike.
+  check(options_.flow.kind == flow_control::policy::lockstep, "adaptive",
+        "flow_control::skip_ahead is one_to_many's: the adaptive feed delivers every step to every member");
+  balancing_ = set_up_board(world);
+  if (!balancing_) {
+    if (layout_.producers() > 0)
+      by_producers_ = std::make_unique<one_to_many<B>>(world, layout, std::move(load), options);
+    else
+      by_turns_ = std::make_unique<all_shared<B>>(world, layout, std::move(load), options);
+    return;
+  }
+  if (role_.kind != role::trainer) return;
+  assembly_ = detail::batch_assembly(pieces_, layout_, role_, options_.shard_capacity);
+  taken_.resize(assembly_.pieces().size());
+}
+
+// Collective over `world`: a board per host where the readers of every step share one, and the
+// same answer on every rank.
+template <class B>
+bool adaptive<B>::set_up_board(const communicator& world) {
+  if constexpr (has_host_window<B>) {
+    const host_map hosts = B::hosts(world);
+    const bool possible = options_.shared_memory != shared_memory_use::off && (hosts.hosts() == 1 || layout_.per_host());
+    const int host = hosts.host_of(world.rank());
+    const communicator group = world.split(possible ? host : communicator::undefined, world.rank(),
+                                           cat("adaptive host ", host));
+    // The host map may pretend several hosts (FLEXCOMM_HOSTS); MPI has the last word.
+    int works = possible && B::host_window::on_one_host(group) ? 1 : 0;
+    B::template iallreduce<int>(world, span<int>(&works, 1), op::min).wait();
+    if (!works) {
+      check(options_.shared_memory != shared_memory_use::on, "adaptive",
+            "feed_options.shared_memory (FLEXCOMM_SHM) is on, but the trainers of a step do not all share a host "
+            "with each other and its producer (a producer per host would)");
+      return false;
+    }
+    // The pieces some trainer on this host reads; the others are never made here.
+    std::vector<std::size_t> bytes(pieces_.size(), 0);
+    for (std::size_t c = 0; c < pieces_.size(); ++c)
+      for (int m = 0; m < layout_.members(); ++m)
+        if (hosts.host_of(layout_.trainer_rank(m, pieces_[c].owner[static_cast<std::size_t>(m)])) == host) {
+          bytes[c] = detail::piece_bytes(pieces_[c].shards, options_.shard_capacity);
+          here_.push_back(c);
+          break;
+        }
+    std::vector<int> ranks(static_cast<std::size_t>(group.size()));
+    for (int r = 0; r < group.size(); ++r) ranks[static_cast<std::size_t>(r)] = group.world_rank_of(r);
+    const auto slots = static_cast<std::size_t>(2 * options_.depth);
+    board_ = detail::claim_board<B>(group, role_.kind == role::trainer, slots, bytes, std::move(ranks),
+                                    cat("adaptive host ", host));
+    return true;
+  } else {
+    check(options_.shared_memory != shared_memory_use::on, "adaptive",
+          "feed_options.shared_memory (FLEXCOMM_SHM) is on, but this backend has no shared memory");
+    (void)world;
+    return false;
+  }
+}
+
+template <class B>
+adaptive<B>::~adaptive() {
+  // Nobody waits for this trainer's reading again; what it claimed, it made.
+  if (board_) board_.leave();
+}
+
+template <class B>
+void adaptive<B>::make(std::int64_t k, std::size_t c) {
+  const detail::piece& piece = pieces_[c];
+  const span<std::byte> slot(board_.piece(k, c), detail::piece_bytes(piece.shards, options_.shard_capacity) + detail::guard_bytes);
+  detail::fill_piece(load_, k, piece.first_shard, piece.shards, options_.shard_capacity, slot);
+  if (role_.kind == role::producer && failure_.empty() &&
+      reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
+    failure_.assign(slot.begin(), slot.end());
+  board_.mark_made(k, c);
+  ++made_;
+}
+
+template <class B>
+void adaptive<B>::produce() {
+  check(role_.kind == role::producer, "adaptive", "produce() is for producer ranks; this rank is a trainer");
+  check(!produced_, "adaptive", "produce() runs once per feed");
+  produced_ = true;
+  if (by_producers_) return by_producers_->produce();
+  if (!board_) return;  // all_shared, or a host without trainers
+  for (std::int64_t k = 0; k < options_.steps; ++k)
+    for (std::size_t c : here_) {
+      if (board_.claimed(k, c)) continue;  // an idle trainer took it
+      detail::wait_in_shared_memory([&] { return board_.claimed(k, c) || board_.slot_free(k); },
+                                    cat("adaptive: slot of step ", k), [&] { return board_.holder(k, c); });
+      if (board_.try_claim(k, c)) make(k, c);
+    }
+  if (!failure_.empty())
+    detail::piece_failure("adaptive", span<const std::byte>(failure_.data(), failure_.size()), options_.shard_capacity);
+}
+
+template <class B>
+bool adaptive<B>::ready(std::int64_t k) const {
+  for (int c : assembly_.pieces())
+    if (!board_.is_made(k, static_cast<std::size_t>(c))) return false;
+  return true;
+}
+
+// The steps a trainer at step k may make: those whose slots it does not itself still hold.
+template <class B>
+bool adaptive<B>::can_make(std::int64_t k) const {
+  const std::int64_t end = std::min<std::int64_t>(options_.steps, k + static_cast<std::int64_t>(board_.slots()));
+  for (std::int64_t j = k; j < end; ++j)
+    for (std::size_t c : here_)
+      if (!board_.claimed(j, c) && board_.slot_free(j)) return true;
+  return false;
+}
+
+template <class B>
+bool adaptive<B>::make_one(std::int64_t k) {
+  const std::int64_t end = std::min<std::int64_t>(options_.steps, k + static_cast<std::int64_t>(board_.slots()));
+  for (std::int64_t j = k; j < end; ++j)
+    for (std::size_t c : here_)
+      if (board_.try_claim(j, c)) {
+        make(j, c);
+        return true;
+      }
+  return false;
+}
+
+template <class B>
+void adaptive<B>::make_until_ready(std::int64_t k) {
+  while (!ready(k)) {
+    if (make_one(k)) continue;
+    std::size_t waiting_for = 0;  // the first of this trainer's pieces not made, named in a timeout
+    for (int c : assembly_.pieces())
+      if (!board_.is_made(k, static_cast<std::size_t>(c))) {
+        waiting_for = static_cast<std::size_t>(c);
+        break;
+      }
+    detail::wait_in_shared_memory([&] { return ready(k) || can_make(k); }, cat("adaptive: step ", k),
+                                  [&] { return board_.holder(k, waiting_for); });
+  }
+}
+
+template <class B>
+std::optional<batch> adaptive<B>::next() {
+  check(role_.kind == role::trainer, "adaptive", "next() is for trainer ranks; this rank is a producer");
+  if (by_producers_) return by_producers_->next();
+  if (by_turns_) return by_turns_->next();
+  if (lent_ >= 0) board_.release(lent_);
+  lent_ = -1;
+  if (next_step_ >= options_.steps) return std::nullopt;
+  const std::int64_t k = next_step_;
+  {
+    trace::span traced(trace::names::feed_wait, k, "step", "feed");
+    make_until_ready(k);
+  }
+  const std::vector<int>& mine = assembly_.pieces();
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    taken_[i] = {board_.piece(k, static_cast<std::size_t>(mine[i])), assembly_.bytes(i)};
+  const batch out = assembly_.assemble("adaptive", k, taken_);
+  lent_ = k;
+  ++next_step_;
+  return out;
+}
+
+}  // namespace flexcomm

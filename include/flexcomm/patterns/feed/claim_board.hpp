@@ -1,0 +1,156 @@
+// The adaptive feed's board on one host: the slots where the pieces of its next steps are made,
+// and, beside each piece, who claimed it and whether it is made. Any rank of the host may claim
+// a piece (a compare-and-swap every rank sees once), make it with the loader in the slot, and
+// mark it made; every trainer there reads its pieces in place. A piece is thus made exactly once
+// whoever makes it, and a claim names its maker, so a wait on a piece whose maker stalled or died
+// names that rank.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../backend/contract.hpp"
+#include "../../core/error.hpp"
+#include "host_slots.hpp"
+
+namespace flexcomm::detail {
+
+// Over a group of one host's ranks (producers and trainers). Everything lies in group rank 0's
+// region, each counter on a cache line of its own:
+//   released[r]        per rank: steps [0, released) read by rank r (readers only; the others
+//                      never hold a slot, and mark themselves done with every step)
+//   claim[slot][piece] (step + 1) << 16 | (group rank + 1) of the last claim; 0 before any
+//   made[slot][piece]  step + 1 once that step's piece is in the slot
+//   data[slot]         the pieces of a step side by side, each piece_bytes + guard_bytes long
+// Step k lies in slot k mod `slots`, which may take it once every reader released step k - slots.
+template <class B>
+class claim_board {
+ public:
+  static constexpr std::size_t line = 64;
+  static constexpr int rank_bits = 16;
+
+  claim_board() = default;
+
+  // Collective over `group`. `reads`: whether this rank reads pieces (a trainer). `piece_bytes[c]`:
+  // piece c's length on the wire, the same on every rank (0: a piece nobody here reads, never
+  // made here). `world_ranks[r]`: group rank r's world rank, named in timeouts.
+  claim_board(const typename B::communicator& group, bool reads, std::size_t slots,
+              const std::vector<std::size_t>& piece_bytes, std::vector<int> world_ranks, const std::string& who)
+      : slots_(slots), pieces_(piece_bytes.size()), world_ranks_(std::move(world_ranks)) {
+    check(static_cast<std::size_t>(group.size()) < (std::size_t{1} << rank_bits) - 1, who,
+          cat("a board of ", group.size(), " ranks on one host; at most ", (1 << rank_bits) - 2));
+    std::size_t at = 0;
+    for (std::size_t b : piece_bytes) {
+      offsets_.push_back(at);
+      at += b == 0 ? 0 : host_slots<B>::round_up(b + guard_bytes);
+    }
+    slot_bytes_ = at;
+    const std::size_t control = (static_cast<std::size_t>(group.size()) + 2 * slots_ * pieces_) * line;
+    window_ = typename B::host_window(group, group.rank() == 0 ? control + slots_ * slot_bytes_ : 0, who);
+    base_ = window_.region(0);
+    data_ = base_ + control;
+    static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+    // Rank 0's pages start zeroed, which every claim and made counter reads as "nothing yet"
+    // (nobody places those: a claim may land before rank 0 would). Each rank places its own
+    // released counter; one that reads nothing is done with every step. A peer that reads it
+    // before then reads 0, and only waits a little longer for a slot.
+    new (base_ + static_cast<std::size_t>(group.rank()) * line)
+        std::atomic<std::uint64_t>(reads ? 0 : std::numeric_limits<std::uint64_t>::max());
+  }
+
+  explicit operator bool() const noexcept { return static_cast<bool>(window_); }
+  std::size_t slots() const noexcept { return slots_; }
+  std::size_t pieces() const noexcept { return pieces_; }
+
+  // Where piece c of step k lies: piece_bytes + guard_bytes.
+  std::byte* piece(std::int64_t k, std::size_t c) const noexcept {
+    return data_ + static_cast<std::size_t>(k) % slots_ * slot_bytes_ + offsets_[c];
+  }
+
+  // Whether step k's slot is free: every reader released the step it held before.
+  bool slot_free(std::int64_t k) const noexcept { return late_readers(k, nullptr) == 0; }
+  // Whether piece c of step k was claimed (by anyone; it is then made, or being made).
+  bool claimed(std::int64_t k, std::size_t c) const noexcept {
+    return (claim(k, c).load(std::memory_order_acquire) >> rank_bits) >= static_cast<std::uint64_t>(k) + 1;
+  }
+  // Claims piece c of step k for this rank if nobody has and its slot is free; true: this rank
+  // makes it, then calls made(k, c).
+  bool try_claim(std::int64_t k, std::size_t c) const noexcept {
+    std::uint64_t seen = claim(k, c).load(std::memory_order_acquire);
+    if ((seen >> rank_bits) >= static_cast<std::uint64_t>(k) + 1 || !slot_free(k)) return false;
+    const std::uint64_t mine = (static_cast<std::uint64_t>(k) + 1) << rank_bits | static_cast<std::uint64_t>(window_.rank() + 1);
+    return claim(k, c).compare_exchange_strong(seen, mine, std::memory_order_acq_rel, std::memory_order_acquire);
+  }
+  // The claimer has made piece c of step k in its slot.
+  void mark_made(std::int64_t k, std::size_t c) const noexcept {
+    made(k, c).store(static_cast<std::uint64_t>(k) + 1, std::memory_order_release);
+  }
+  bool is_made(std::int64_t k, std::size_t c) const noexcept {
+    return made(k, c).load(std::memory_order_acquire) >= static_cast<std::uint64_t>(k) + 1;
+  }
+
+  // Reader: done with steps [0, k]; their slots may be refilled.
+  void release(std::int64_t k) const noexcept { release_all(static_cast<std::uint64_t>(k) + 1); }
+  // Reader that leaves the stream: nobody waits for it again.
+  void leave() const noexcept { release_all(std::numeric_limits<std::uint64_t>::max()); }
+
+  // Why piece c of step k is not made yet, for a timeout: its maker, or the readers that hold
+  // its slot.
+  std::string holder(std::int64_t k, std::size_t c) const {
+    const std::uint64_t seen = claim(k, c).load(std::memory_order_acquire);
+    if ((seen >> rank_bits) >= static_cast<std::uint64_t>(k) + 1) {
+      const auto r = static_cast<std::size_t>(seen & ((std::uint64_t{1} << rank_bits) - 1)) - 1;
+      return cat("world rank ", world_ranks_[r], "\n  (in shared memory on this host: it claimed piece ", c,
+                 " of step ", k, " and has not made it)");
+    }
+    std::string late;
+    late_readers(k, &late);
+    return cat(late.empty() ? std::string("nobody (the slot came free just now)") : late,
+               "\n  (in shared memory on this host: step ", k - static_cast<std::int64_t>(slots_),
+               " not released, so nobody can make step ", k, " in its slot)");
+  }
+
+ private:
+  std::atomic<std::uint64_t>& counter(std::size_t index) const noexcept {
+    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + index * line));
+  }
+  std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(static_cast<std::size_t>(r)); }
+  std::size_t control(std::int64_t k, std::size_t c) const noexcept {
+    return world_ranks_.size() + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
+  }
+  std::atomic<std::uint64_t>& claim(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c)); }
+  std::atomic<std::uint64_t>& made(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c) + 1); }
+
+  // How many readers still hold the step before k in its slot; their world ranks into `names`.
+  int late_readers(std::int64_t k, std::string* names) const {
+    const std::int64_t before = k - static_cast<std::int64_t>(slots_);
+    if (before < 0) return 0;
+    int late = 0;
+    for (std::size_t r = 0; r < world_ranks_.size(); ++r)
+      if (released(static_cast<int>(r)).load(std::memory_order_acquire) <= static_cast<std::uint64_t>(before)) {
+        ++late;
+        if (names) *names += cat(names->empty() ? "world rank " : ", ", world_ranks_[r]);
+      }
+    return late;
+  }
+  void release_all(std::uint64_t done) const noexcept {
+    auto& mine = released(window_.rank());
+    if (mine.load(std::memory_order_relaxed) < done) mine.store(done, std::memory_order_release);
+  }
+
+  typename B::host_window window_;
+  std::byte* base_ = nullptr;
+  std::byte* data_ = nullptr;
+  std::size_t slots_ = 0, pieces_ = 0, slot_bytes_ = 0;
+  std::vector<std::size_t> offsets_;  // [piece] within a slot
+  std::vector<int> world_ranks_;      // [group rank]
+};
+
+}  // namespace flexcomm::detail
