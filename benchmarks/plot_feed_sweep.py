@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tempfile
 
-FEEDS = ['local_feed', 'one_to_many_1p', 'one_to_many_2p', 'all_shared', 'adaptive']
+FEEDS = ['local_feed', 'one_to_many_1p', 'one_to_many_2p', 'all_shared', 'adaptive_1p', 'adaptive_2p']
+FIXED = FEEDS[:4]
 
 
 def load(paths):
@@ -24,33 +25,25 @@ def load(paths):
 
 
 def table(runs):
-    out = ['| K | train ms | pre ms | steps | ' + ' | '.join(f'{f} wall (s) / best' for f in FEEDS) +
-           ' | adaptive cpu / lowest | made by trainers |',
-           '| --- | --- | --- | --- | ' + ' | '.join('---' for _ in FEEDS) + ' | --- | --- |']
-    worst_wall = worst_cpu = 0.0
-    # How far each fixed feed is from the best, at its worst point.
-    fixed_worst = {f: 0.0 for f in FEEDS[:-1]}
+    """One row per point: the best fixed feed's wall time, then each feed's wall / best and CPU /
+    lowest (both against the fixed feeds only); the worst of each feed over the sweep last."""
+    out = ['| K | train ms | pre ms | steps | best fixed wall (s) | ' +
+           ' | '.join(f'{f}: wall / best, cpu / lowest' for f in FEEDS) + ' |',
+           '| --- | --- | --- | --- | --- | ' + ' | '.join('---' for _ in FEEDS) + ' |']
+    worst = {f: [0.0, 0.0] for f in FEEDS}
     for run in runs:
         for p in run['points']:
             by = {f['feed']: f for f in p['feeds']}
             cells = []
             for name in FEEDS:
                 f = by[name]
-                cell = f"{f['wall_s']:.3f} / {f['wall_over_best']:.2f}"
-                if f['wall_over_best'] <= 1.0 + 1e-9 and name != 'adaptive':
-                    cell = f'**{cell}**'
-                cells.append(cell)
-                if name in fixed_worst:
-                    fixed_worst[name] = max(fixed_worst[name], f['wall_over_best'])
-            a = by['adaptive']
-            worst_wall = max(worst_wall, a['wall_over_best'])
-            worst_cpu = max(worst_cpu, a['cpu_over_lowest'])
-            out.append(f"| {run['members']} | {p['train_ms']:g} | {p['pre_ms']:g} | {p['steps']} | " + ' | '.join(cells) +
-                       f" | {a['cpu_over_lowest']:.2f} | {a['made_by_trainers']} |")
-    out.append('')
-    out.append(f'adaptive: worst wall / best fixed {worst_wall:.2f}, worst cpu / lowest fixed {worst_cpu:.2f}; '
-               'each fixed feed at its worst point: ' +
-               ', '.join(f'{f} {w:.2f}' for f, w in fixed_worst.items()))
+                cell = f"{f['wall_over_best']:.2f} / {f['cpu_over_lowest']:.2f}"
+                cells.append(f'**{cell}**' if name in FIXED and f['wall_over_best'] <= 1.0 + 1e-9 else cell)
+                worst[name][0] = max(worst[name][0], f['wall_over_best'])
+                worst[name][1] = max(worst[name][1], f['cpu_over_lowest'])
+            out.append(f"| {run['members']} | {p['train_ms']:g} | {p['pre_ms']:g} | {p['steps']} | "
+                       f"{p['best_fixed_wall_s']:.3f} | " + ' | '.join(cells) + ' |')
+    out.append('| worst | | | | | ' + ' | '.join(f'{w:.2f} / {c:.2f}' for w, c in worst.values()) + ' |')
     return '\n'.join(out)
 
 
@@ -69,7 +62,7 @@ def plot(runs, png):
                 path = os.path.join(tmp, f"k{run['members']}_{name}.dat")
                 with open(path, 'w') as f:
                     f.writelines(f'{x} {y}\n' for x, y in rows)
-                width = 3 if name == 'adaptive' else 1
+                width = 3 if name.startswith('adaptive') else 1
                 series.append(f"'{path}' using 1:2 with linespoints lw {width} title '{name}'")
             script.append(f"set title 'K = {run['members']} members'")
             script.append('plot ' + ', '.join(series))

@@ -13,10 +13,11 @@ flexcomm_install() {
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
+# gnuplot-nox: the plots in docs/ (benchmarks/plot_feed_sweep.py, benchmarks/scaling_model.gp).
 # libtorch-dev: flexcomm/interop/torch.hpp's test and examples/torch_ensemble (large: it pulls
 # OpenCV and FFmpeg libraries in; without it those are left out, torch=auto).
 flexcomm_install mpich libmpich-dev libboost-test-dev libboost-program-options-dev meson ninja-build \
                  pkg-config g++ zlib1g-dev libeigen3-dev nlohmann-json3-dev dataset-fashion-mnist \
-                 iproute2 gdb cmake make libtorch-dev
+                 iproute2 gdb cmake make gnuplot-nox libtorch-dev
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 true

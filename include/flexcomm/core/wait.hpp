@@ -60,11 +60,14 @@ struct wait_policy {
   // the engine's thread may drive too): beside the engine it yields instead of backing off,
   // since sleeping would only delay the work.
   bool drives = false;
+  // backoff: the first sleep, for a waiter that knows it has long to wait (a feed's producer a
+  // whole board ahead): it skips the yields and the microsecond sleeps, each a wake-up for nothing.
+  std::chrono::microseconds first_sleep{1};
 
-  static wait_policy spin() { return {wait_kind::spin, {}}; }
-  static wait_policy yield() { return {wait_kind::yield, {}}; }
+  static wait_policy spin() { return {wait_kind::spin, {}, false}; }
+  static wait_policy yield() { return {wait_kind::yield, {}, false}; }
   static wait_policy backoff(std::chrono::microseconds max = std::chrono::microseconds{100}) {
-    return {wait_kind::backoff, max};
+    return {wait_kind::backoff, max, false};
   }
   // This policy for a thread that drives what it waits for.
   wait_policy driving() const {
@@ -95,7 +98,8 @@ struct wait_policy {
       case wait_kind::spin: return;
       case wait_kind::yield: std::this_thread::yield(); return;
       case wait_kind::backoff: {
-        constexpr unsigned yield_rounds = 16;
+        const bool patient = kind == wait_kind::backoff && first_sleep.count() > 1;
+        const unsigned yield_rounds = patient ? 0 : 16;
         if (round < yield_rounds) {
           std::this_thread::yield();
           return;
@@ -103,7 +107,7 @@ struct wait_policy {
         detail::tighten_timer_slack();
         const unsigned shift = round - yield_rounds < 16 ? round - yield_rounds : 16;
         const auto bound = kind == wait_kind::backoff ? max_sleep : std::chrono::microseconds{100};
-        auto sleep = std::chrono::microseconds{1u << shift};
+        const auto sleep = (patient ? first_sleep : std::chrono::microseconds{1}) * (1u << shift);
         std::this_thread::sleep_for(sleep < bound ? sleep : bound);
         return;
       }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "../../core/error.hpp"
 #include "../../core/layout.hpp"
 #include "../../core/trace.hpp"
+#include "../../core/wait.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
 #include "agreement.hpp"
@@ -28,12 +30,16 @@
 
 namespace flexcomm {
 
-// The ranks of a host share a claim board (claim_board.hpp): the slots of the next 2 x depth
+// The ranks of a host share a claim board (claim_board.hpp): the slots of the next 4 x depth
 // steps, cut into pieces as one_to_many cuts them. Producers claim and make the pieces in step
 // order, as far ahead as the slots allow, so while they keep ahead the trainers only read. A
 // trainer whose next step is not made yet claims the first piece nobody has (of that step, else
-// of a later one in the board) and makes it itself, rather than wait; with no producer in the
-// layout the trainers make everything that way, which is all_shared balanced by who is free.
+// of one of the 2 x depth after it) and makes it itself, rather than wait; with no producer in
+// the layout the trainers make everything that way, which is all_shared balanced by who is free.
+// The board is twice a trainer's window so that while trainers are slow (busy making a piece, or
+// training) the producers prefetch deeper than the trainers reach: on 2 cores, a board of
+// 2 x depth left the producers waiting for slots and the job 1.14-1.28x slower than two fixed
+// producers where preprocessing dominates; 4 x depth, 0.88-0.99x (benchmarks/feed_sweep).
 // Every piece is made exactly once, by the loader, from the step and the shard alone, so the
 // members get the same bytes as from one_to_many whoever made them. A trainer releases a step at
 // its next next(), and a slot is refilled only once every trainer here released it (lockstep).
@@ -86,6 +92,11 @@ class adaptive : private detail::agreed_feed {
   // if there is none.
   bool make_one(std::int64_t k);
   bool can_make(std::int64_t k) const;
+  // How many steps from its own a waiting trainer makes pieces of: its own step only while the
+  // producers keep pace with its training (a piece of a later step would hold it up for a whole
+  // piece's making, when its own step is about to come), else half the board, so that a trainer
+  // busy making one still leaves the producers slots to fill.
+  std::int64_t reach() const;
   void make(std::int64_t k, std::size_t c);
 
   std::unique_ptr<one_to_many<B>> by_producers_;  // where the feed does not balance
@@ -98,6 +109,9 @@ class adaptive : private detail::agreed_feed {
   std::vector<span<const std::byte>> taken_;
   std::vector<std::byte> failure_;  // producer: the first failed piece it made
   std::int64_t next_step_ = 0, lent_ = -1, made_ = 0;
+  int producers_here_ = 0;                            // producers on this host's board
+  std::chrono::steady_clock::time_point handed_out_;  // when next() last returned a batch
+  double train_ns_ = 0;                               // the trainer's time between next() calls, smoothed
   bool produced_ = false;
 };
 
@@ -149,8 +163,11 @@ bool adaptive<B>::set_up_board(const communicator& world) {
           break;
         }
     std::vector<int> ranks(static_cast<std::size_t>(group.size()));
-    for (int r = 0; r < group.size(); ++r) ranks[static_cast<std::size_t>(r)] = group.world_rank_of(r);
-    const auto slots = static_cast<std::size_t>(2 * options_.depth);
+    for (int r = 0; r < group.size(); ++r) {
+      ranks[static_cast<std::size_t>(r)] = group.world_rank_of(r);
+      producers_here_ += layout_.role_of(group.world_rank_of(r)).kind == role::producer ? 1 : 0;
+    }
+    const auto slots = static_cast<std::size_t>(4 * options_.depth);
     board_ = detail::claim_board<B>(group, role_.kind == role::trainer, slots, bytes, std::move(ranks),
                                     cat("adaptive host ", host));
     return true;
@@ -172,7 +189,10 @@ template <class B>
 void adaptive<B>::make(std::int64_t k, std::size_t c) {
   const detail::piece& piece = pieces_[c];
   const span<std::byte> slot(board_.piece(k, c), detail::piece_bytes(piece.shards, options_.shard_capacity) + detail::guard_bytes);
+  const auto start = std::chrono::steady_clock::now();
   detail::fill_piece(load_, k, piece.first_shard, piece.shards, options_.shard_capacity, slot);
+  board_.note_make_time(static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count()));
   if (role_.kind == role::producer && failure_.empty() &&
       reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
     failure_.assign(slot.begin(), slot.end());
@@ -187,11 +207,33 @@ void adaptive<B>::produce() {
   produced_ = true;
   if (by_producers_) return by_producers_->produce();
   if (!board_) return;  // all_shared, or a host without trainers
+  // A producer that waits for a slot is ahead of the trainers by the whole board, so it may wake
+  // late: it sleeps up to a quarter of its last wait (the trainers' pace), at least 1 ms, not the
+  // policy's bound, and starts at an eighth of that, which a wait of a whole training step would
+  // otherwise pay in wake-ups (on 2 cores, 1.4x the CPU of all_shared where training dominates).
+  wait_policy ahead = default_wait();
+  const auto bound = std::max(ahead.max_sleep, std::chrono::microseconds(1000));
+  ahead.max_sleep = bound;
+  // Producers take turns as in one_to_many, but only in waiting: each waits for the slots of its
+  // own steps and makes any other step whose slot is free and nobody took, so that while they are
+  // ahead they do not all wake for the same slot.
+  const std::int64_t turns = layout_.per_host() ? 1 : layout_.producers();
   for (std::int64_t k = 0; k < options_.steps; ++k)
     for (std::size_t c : here_) {
-      if (board_.claimed(k, c)) continue;  // an idle trainer took it
+      if (board_.claimed(k, c)) continue;  // an idle trainer or producer took it
+      if (k % turns != role_.producer % turns) {
+        if (board_.try_claim(k, c)) make(k, c);
+        continue;
+      }
+      const auto start = std::chrono::steady_clock::now();
       detail::wait_in_shared_memory([&] { return board_.claimed(k, c) || board_.slot_free(k); },
-                                    cat("adaptive: slot of step ", k), [&] { return board_.holder(k, c); });
+                                    cat("adaptive: slot of step ", k), [&] { return board_.holder(k, c); }, ahead);
+      if (ahead.kind == wait_kind::backoff) {
+        ahead.max_sleep = std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(
+                                         std::chrono::steady_clock::now() - start) / 4,
+                                     bound, std::max(bound, std::chrono::microseconds(20000)));
+        ahead.first_sleep = ahead.max_sleep / 8;
+      }
       if (board_.try_claim(k, c)) make(k, c);
     }
   if (!failure_.empty())
@@ -208,7 +250,7 @@ bool adaptive<B>::ready(std::int64_t k) const {
 // The steps a trainer at step k may make: those whose slots it does not itself still hold.
 template <class B>
 bool adaptive<B>::can_make(std::int64_t k) const {
-  const std::int64_t end = std::min<std::int64_t>(options_.steps, k + static_cast<std::int64_t>(board_.slots()));
+  const std::int64_t end = std::min<std::int64_t>(options_.steps, k + reach());
   for (std::int64_t j = k; j < end; ++j)
     for (std::size_t c : here_)
       if (!board_.claimed(j, c) && board_.slot_free(j)) return true;
@@ -217,7 +259,7 @@ bool adaptive<B>::can_make(std::int64_t k) const {
 
 template <class B>
 bool adaptive<B>::make_one(std::int64_t k) {
-  const std::int64_t end = std::min<std::int64_t>(options_.steps, k + static_cast<std::int64_t>(board_.slots()));
+  const std::int64_t end = std::min<std::int64_t>(options_.steps, k + reach());
   for (std::int64_t j = k; j < end; ++j)
     for (std::size_t c : here_)
       if (board_.try_claim(j, c)) {
@@ -225,6 +267,17 @@ bool adaptive<B>::make_one(std::int64_t k) {
         return true;
       }
   return false;
+}
+
+template <class B>
+std::int64_t adaptive<B>::reach() const {
+  const std::int64_t window = 2 * options_.depth;
+  if (producers_here_ == 0) return window;
+  // A step's making, spread over the producers, against the trainer's time per step; unknown
+  // (the first steps): the producers' work.
+  const double step_ns = static_cast<double>(board_.make_time().count()) * static_cast<double>(here_.size());
+  if (step_ns == 0 || train_ns_ == 0) return 1;
+  return step_ns / producers_here_ > train_ns_ ? window : 1;
 }
 
 template <class B>
@@ -237,8 +290,18 @@ void adaptive<B>::make_until_ready(std::int64_t k) {
         waiting_for = static_cast<std::size_t>(c);
         break;
       }
+    // Its pieces are being made (or their slots held): they take about a piece's time, so the
+    // trainer need not poll at the policy's pace, which on a crowded host takes the cores from
+    // the makers (at 10 ranks on 2 cores, 1.15x all_shared's CPU); it wakes at most 1/16 of a
+    // piece's time late.
+    wait_policy patient = default_wait();
+    const auto per_piece = std::chrono::duration_cast<std::chrono::microseconds>(board_.make_time());
+    if (patient.kind == wait_kind::backoff && per_piece / 16 > patient.max_sleep) {
+      patient.max_sleep = per_piece / 16;
+      patient.first_sleep = patient.max_sleep / 8;
+    }
     detail::wait_in_shared_memory([&] { return ready(k) || can_make(k); }, cat("adaptive: step ", k),
-                                  [&] { return board_.holder(k, waiting_for); });
+                                  [&] { return board_.holder(k, waiting_for); }, patient);
   }
 }
 
@@ -247,7 +310,12 @@ std::optional<batch> adaptive<B>::next() {
   check(role_.kind == role::trainer, "adaptive", "next() is for trainer ranks; this rank is a producer");
   if (by_producers_) return by_producers_->next();
   if (by_turns_) return by_turns_->next();
-  if (lent_ >= 0) board_.release(lent_);
+  if (lent_ >= 0) {
+    board_.release(lent_);
+    const double ns = static_cast<double>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - handed_out_).count());
+    train_ns_ = train_ns_ == 0 ? ns : 0.875 * train_ns_ + 0.125 * ns;
+  }
   lent_ = -1;
   if (next_step_ >= options_.steps) return std::nullopt;
   const std::int64_t k = next_step_;
@@ -260,6 +328,7 @@ std::optional<batch> adaptive<B>::next() {
     taken_[i] = {board_.piece(k, static_cast<std::size_t>(mine[i])), assembly_.bytes(i)};
   const batch out = assembly_.assemble("adaptive", k, taken_);
   lent_ = k;
+  handed_out_ = std::chrono::steady_clock::now();
   ++next_step_;
   return out;
 }

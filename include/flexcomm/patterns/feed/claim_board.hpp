@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -26,6 +27,7 @@ namespace flexcomm::detail {
 // region, each counter on a cache line of its own:
 //   released[r]        per rank: steps [0, released) read by rank r (readers only; the others
 //                      never hold a slot, and mark themselves done with every step)
+//   pace               how long making a piece takes, in ns (smoothed over every maker)
 //   claim[slot][piece] (step + 1) << 16 | (group rank + 1) of the last claim; 0 before any
 //   made[slot][piece]  step + 1 once that step's piece is in the slot
 //   data[slot]         the pieces of a step side by side, each piece_bytes + guard_bytes long
@@ -52,7 +54,7 @@ class claim_board {
       at += b == 0 ? 0 : host_slots<B>::round_up(b + guard_bytes);
     }
     slot_bytes_ = at;
-    const std::size_t control = (static_cast<std::size_t>(group.size()) + 2 * slots_ * pieces_) * line;
+    const std::size_t control = (static_cast<std::size_t>(group.size()) + 1 + 2 * slots_ * pieces_) * line;
     window_ = typename B::host_window(group, group.rank() == 0 ? control + slots_ * slot_bytes_ : 0, who);
     base_ = window_.region(0);
     data_ = base_ + control;
@@ -96,6 +98,17 @@ class claim_board {
     return made(k, c).load(std::memory_order_acquire) >= static_cast<std::uint64_t>(k) + 1;
   }
 
+  // A rank made a piece in `ns`; every rank learns how long a piece takes (a race between two
+  // makers only blurs the estimate).
+  void note_make_time(std::uint64_t ns) const noexcept {
+    auto& pace = counter(world_ranks_.size());
+    const std::uint64_t old = pace.load(std::memory_order_relaxed);
+    pace.store(old == 0 ? ns : (7 * old + ns) / 8, std::memory_order_relaxed);
+  }
+  std::chrono::nanoseconds make_time() const noexcept {
+    return std::chrono::nanoseconds(counter(world_ranks_.size()).load(std::memory_order_relaxed));
+  }
+
   // Reader: done with steps [0, k]; their slots may be refilled.
   void release(std::int64_t k) const noexcept { release_all(static_cast<std::uint64_t>(k) + 1); }
   // Reader that leaves the stream: nobody waits for it again.
@@ -123,7 +136,7 @@ class claim_board {
   }
   std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(static_cast<std::size_t>(r)); }
   std::size_t control(std::int64_t k, std::size_t c) const noexcept {
-    return world_ranks_.size() + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
+    return world_ranks_.size() + 1 + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
   }
   std::atomic<std::uint64_t>& claim(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c)); }
   std::atomic<std::uint64_t>& made(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c) + 1); }

@@ -27,10 +27,10 @@ namespace flexcomm::detail {
 // queries; past FLEXCOMM_TIMEOUT, `what` fails naming who has not moved (`late()`), in the words
 // a wait on messages uses (steps_in_flight.hpp).
 template <class Done, class Late>
-void wait_in_shared_memory(Done&& done, const std::string& what, Late&& late) {
+void wait_in_shared_memory(Done&& done, const std::string& what, Late&& late, const wait_policy& policy = default_wait()) {
   if (done()) return;
   const auto limit = default_timeout();
-  if (!wait_answering(default_wait(), limit, done, [] { watchdog::instance().answer_queries(); }))
+  if (!wait_answering(policy, limit, done, [] { watchdog::instance().answer_queries(); }))
     fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
 }
 
