@@ -101,6 +101,8 @@ struct feed_run {
   int producers;  // -1: no layout producers
 };
 
+bool per_rank = false;  // --per-rank: each rank's CPU and pieces on stderr
+
 template <class Feed>
 result run(const fc::mpi::communicator& world, const feed_run& f, int members, const point& p, std::size_t bytes,
            int depth) {
@@ -146,7 +148,9 @@ result run(const fc::mpi::communicator& world, const feed_run& f, int members, c
     // CPU up to the end of this rank's own part: a rank done early idles in the barrier, which
     // is the benchmark's, not the feed's.
     const double cpu = cpu_seconds() - cpu0;
-    if (std::getenv("SWEEP_VERBOSE")) std::fprintf(stderr, "%s rank %d (%s): cpu %.4f made %lld\n", f.name, comm.rank(), role.kind == fc::role::producer ? "producer" : "trainer", cpu, static_cast<long long>(made));
+    if (per_rank)
+      std::fprintf(stderr, "# %s rank %d (%s): cpu %.4f s, pieces made %lld\n", f.name, comm.rank(),
+                   role.kind == fc::role::producer ? "producer" : "trainer", cpu, static_cast<long long>(made));
     barrier(comm);
     const double wall = now() - t0;
     r.wall = reduce(comm, wall, fc::op::max);
@@ -186,6 +190,7 @@ int main(int argc, char** argv) {
       ("depth,d", counts::at_least<1>(&depth), "feed depth (the same for every feed and point)")
       ("seconds", po::value(&target_s)->default_value(target_s), "aim of each run's length; sets the steps per point")
       ("wait", po::value(&wait_text), "wait policy (spin, yield, backoff, backoff:<us>); default: flexcomm's")
+      ("per-rank", po::bool_switch(&per_rank), "print each rank's CPU and the pieces it made (adaptive) on stderr")
       ("json,J", po::value(&json_path)->default_value(json_path), "JSON output file (rank 0)");
   po::variables_map vm;
   try {

@@ -17,6 +17,8 @@ import tempfile
 
 FEEDS = ['local_feed', 'one_to_many_1p', 'one_to_many_2p', 'all_shared', 'adaptive_1p', 'adaptive_2p']
 FIXED = FEEDS[:4]
+COLORS = {'local_feed': '#9467bd', 'one_to_many_1p': '#2ca02c', 'one_to_many_2p': '#17becf',
+          'all_shared': '#ff7f0e', 'adaptive_1p': '#d62728', 'adaptive_2p': '#1f3fbf'}
 
 
 def load(paths):
@@ -51,7 +53,8 @@ def plot(runs, png):
     with tempfile.TemporaryDirectory() as tmp:
         script = [f"set terminal pngcairo size {420 * len(runs)},420 font ',9'" if has_cairo() else
                   f"set terminal png size {420 * len(runs)},420",
-                  f"set output '{png}'", f'set multiplot layout 1,{len(runs)}', 'set logscale x',
+                  'set termoption noenhanced', f"set output '{png}'", f'set multiplot layout 1,{len(runs)}',
+                  'set logscale x',
                   'set xlabel "preprocessing / training time per step"', 'set ylabel "wall / best fixed feed"',
                   'set key top left', 'set grid', 'set yrange [0.8:*]']
         for run in runs:
@@ -63,7 +66,8 @@ def plot(runs, png):
                 with open(path, 'w') as f:
                     f.writelines(f'{x} {y}\n' for x, y in rows)
                 width = 3 if name.startswith('adaptive') else 1
-                series.append(f"'{path}' using 1:2 with linespoints lw {width} title '{name}'")
+                series.append(f"'{path}' using 1:2 with linespoints lw {width} lc rgb '{COLORS[name]}' "
+                              f"title '{name.replace('_', ' ')}'")
             script.append(f"set title 'K = {run['members']} members'")
             script.append('plot ' + ', '.join(series))
         script.append('unset multiplot')

@@ -9,9 +9,9 @@ shift 2
 # Each preset spreads the 3 members over the ranks after its producers (2,1,1 at the rank counts
 # below); a FLEXCOMM_LAYOUT of the caller's would change that.
 unset FLEXCOMM_LAYOUT
-declare -A ranks=([baseline]=4 [single_broadcast]=5 [multi_broadcast]=6 [all_shared]=4)
+declare -A ranks=([baseline]=4 [single_broadcast]=5 [multi_broadcast]=6 [all_shared]=4 [adaptive]=4)
 reference="" status=0
-for preset in baseline single_broadcast multi_broadcast all_shared; do
+for preset in baseline single_broadcast multi_broadcast all_shared adaptive; do
   start=$(date +%s%N)
   out=$("$mpiexec" -n "${ranks[$preset]}" "$example" --preset "$preset" \
         "$@" 2>&1) || { echo "$out"; echo "$preset: failed"; exit 1; }

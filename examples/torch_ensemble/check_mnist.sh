@@ -21,11 +21,12 @@ out=$("$original" --data "$data" "$@" 2>&1) || { echo "$out"; echo "original: fa
 echo "$out" | grep -oE 'Test set: .*' | sed "s/^/original: /"
 echo "original: $(( ($(date +%s%N) - start) / 1000000 )) ms"
 
-declare -A ranks=([baseline]=4 [single_broadcast]=5 [multi_broadcast]=6 [all_shared]=4)
+declare -A ranks=([baseline]=4 [single_broadcast]=5 [multi_broadcast]=6 [all_shared]=4 [adaptive]=5)
 declare -A layouts=([baseline]="members=2,1,1" [single_broadcast]="producers=1 members=2,1,1 aggregator=1"
-                    [multi_broadcast]="producers=2 members=2,1,1 aggregator=2" [all_shared]="members=2,1,1")
+                    [multi_broadcast]="producers=2 members=2,1,1 aggregator=2" [all_shared]="members=2,1,1"
+                    [adaptive]="producers=1 members=2,1,1 aggregator=1")
 reference="" status=0
-for preset in baseline single_broadcast multi_broadcast all_shared; do
+for preset in baseline single_broadcast multi_broadcast all_shared adaptive; do
   start=$(date +%s%N)
   out=$("$mpiexec" -n "${ranks[$preset]}" "$port" --data "$data" --preset "$preset" --layout "${layouts[$preset]}" \
         "$@" 2>&1) || { echo "$out"; echo "$preset: failed"; exit 1; }
