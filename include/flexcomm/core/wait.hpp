@@ -64,10 +64,16 @@ struct wait_policy {
   // whole board ahead): it skips the yields and the microsecond sleeps, each a wake-up for nothing.
   std::chrono::microseconds first_sleep{1};
 
-  static wait_policy spin() { return {wait_kind::spin, {}, false}; }
-  static wait_policy yield() { return {wait_kind::yield, {}, false}; }
+  static wait_policy spin() { return of(wait_kind::spin, {}); }
+  static wait_policy yield() { return of(wait_kind::yield, {}); }
   static wait_policy backoff(std::chrono::microseconds max = std::chrono::microseconds{100}) {
-    return {wait_kind::backoff, max, false};
+    return of(wait_kind::backoff, max);
+  }
+  static wait_policy of(wait_kind kind, std::chrono::microseconds max_sleep) {
+    wait_policy p;
+    p.kind = kind;
+    p.max_sleep = max_sleep;
+    return p;
   }
   // This policy for a thread that drives what it waits for.
   wait_policy driving() const {
