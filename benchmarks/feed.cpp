@@ -38,6 +38,7 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "job_clock.hpp"
 #include "../examples/common/fashion_mnist.hpp"
 
 namespace fc = flexcomm;
@@ -46,25 +47,8 @@ namespace po = boost::program_options;
 
 namespace {
 
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
+using namespace job_clock;  // cpu_seconds, now, barrier, reduce
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// A barrier through the wait policy (MPI_Barrier would busy-poll the shared cores).
-void barrier(const fc::mpi::communicator& world) {
-  int x = 0;
-  fc::mpi::iallreduce(world, fc::span<int>(&x, 1), fc::op::sum).wait();
-}
-
-double reduce(const fc::mpi::communicator& world, double v, fc::op o) {
-  fc::mpi::iallreduce(world, fc::span<double>(&v, 1), o).wait();
-  return v;
-}
 
 // The light training step: one SGD step of a linear softmax classifier on the first few
 // samples of the batch (the model of a member whose real compute would run on a GPU).

@@ -40,33 +40,19 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "job_clock.hpp"
 
 namespace fc = flexcomm;
 namespace po = boost::program_options;
 
 namespace {
 
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
+using namespace job_clock;  // cpu_seconds, now, barrier, reduce
+
 double thread_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// A barrier through the wait policy (MPI_Barrier would busy-poll the shared cores).
-void barrier(const fc::mpi::communicator& comm) {
-  int x = 0;
-  fc::mpi::iallreduce(comm, fc::span<int>(&x, 1), fc::op::sum).wait();
-}
-double reduce(const fc::mpi::communicator& comm, double v, fc::op o) {
-  fc::mpi::iallreduce(comm, fc::span<double>(&v, 1), o).wait();
-  return v;
 }
 
 // Preprocessing as CPU work: this thread computes until it has used `seconds` of CPU, however
