@@ -64,10 +64,11 @@ struct wait_policy {
   // whole board ahead): it skips the yields and the microsecond sleeps, each a wake-up for nothing.
   std::chrono::microseconds first_sleep{1};
 
-  static wait_policy spin() { return {wait_kind::spin, {}, false}; }
-  static wait_policy yield() { return {wait_kind::yield, {}, false}; }
+  // Member by member, not braced: nvcc's front end drops the empty `{}` of a braced list here.
+  static wait_policy spin() { return of(wait_kind::spin, std::chrono::microseconds{0}); }
+  static wait_policy yield() { return of(wait_kind::yield, std::chrono::microseconds{0}); }
   static wait_policy backoff(std::chrono::microseconds max = std::chrono::microseconds{100}) {
-    return {wait_kind::backoff, max, false};
+    return of(wait_kind::backoff, max);
   }
   // This policy for a thread that drives what it waits for.
   wait_policy driving() const {
@@ -129,6 +130,13 @@ struct wait_policy {
       if (work && work()) continue;
       pause(round);
     }
+  }
+ private:
+  static wait_policy of(wait_kind k, std::chrono::microseconds max) {
+    wait_policy p;
+    p.kind = k;
+    p.max_sleep = max;
+    return p;
   }
 };
 
