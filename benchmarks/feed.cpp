@@ -47,6 +47,13 @@ namespace po = boost::program_options;
 
 namespace {
 
+// A ratio as the tables print it: two decimals.
+std::string two_places(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", x);
+  return text;
+}
+
 using namespace job_clock;  // cpu_seconds, now, barrier, reduce
 
 
@@ -322,7 +329,7 @@ int main(int argc, char** argv) {
         std::printf("  %10.0f %8zu %6s %6s %5d %16s %6s %10.3f %11.3f %11.3f %9.3f %14.3f %9.3f %10.1f %9.2f %10.2f %8s %7lld\n",
                     bytes, images, "float", "none", r.root, r.name, shm.c_str(), per_step * 1e3, algbw, algbw, r.m.cpu,
                     r.m.trainer_cpu, r.m.wall, rate(r.m), base.cpu / r.m.cpu, base.wall / r.m.wall,
-                    ratio ? fc::cat(std::fixed, std::setprecision(2), r.m.cpu / off_row->cpu).c_str() : "",
+                    ratio ? two_places(r.m.cpu / off_row->cpu).c_str() : "",
                     static_cast<long long>(r.m.wrong));
       json << (first_row ? "" : ",") << "{\"feed\":\"" << r.name << "\",\"size\":" << bytes << ",\"count\":" << images
            << ",\"preprocess_ms\":" << pre * 1e3 << ",\"train_ms\":" << train * 1e3 << ",\"cpu_s\":" << r.m.cpu

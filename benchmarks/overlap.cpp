@@ -41,6 +41,13 @@ using fc::mpi;
 
 namespace {
 
+// A ratio as the tables print it: two decimals.
+std::string two_places(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", x);
+  return text;
+}
+
 // torchvision's resnet50: every parameter tensor (conv weights, batch-norm weight and bias, fc),
 // in forward order. 25,557,032 parameters.
 std::vector<std::size_t> resnet50() {
@@ -255,7 +262,7 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < rows.size(); ++i) {
         const auto& r = rows[i];
         const char* shm = !r.shm ? "off" : r.shm_used ? "used" : "unused";
-        const std::string ratio = r.shm ? fc::cat(std::fixed, std::setprecision(2), shm_over_off(i)) : "";
+        const std::string ratio = r.shm ? two_places(shm_over_off(i)) : "";
         std::printf("  %-44s %8s %8zu %12.0f %12.0f %13.0f %11.1f %10.1f %8.2f %8s\n", r.name.c_str(), shm, r.buckets,
                     r.overall, compute, r.comm, overlap_percent(r.overall, compute, r.comm), hidden(i),
                     rows[0].overall / r.overall, ratio.c_str());

@@ -26,16 +26,16 @@ inline std::string describe_operation(const char* backend, const char* name, con
 
 // `role` is "root" or "peer".
 inline void check_rank_of(int r, int comm_size, const char* role, const std::string& what) {
-  check(r >= 0 && r < comm_size, what, cat(role, " ", r, " is not a rank of ", comm_size));
+  check(r >= 0 && r < comm_size, what, role, " ", r, " is not a rank of ", comm_size);
 }
 
 inline void check_same_size(std::size_t send, std::size_t recv, const std::string& what) {
-  check(send == recv, what, cat("send holds ", send, " elements, receive holds ", recv));
+  check(send == recv, what, "send holds ", send, " elements, receive holds ", recv);
 }
 
 // A reduce's receive is significant at the root only.
 inline void check_root_receive(bool at_root, std::size_t send, std::size_t recv, const std::string& what) {
-  check(!at_root || recv == send, what, cat("send holds ", send, " elements, the root's receive holds ", recv));
+  check(!at_root || recv == send, what, "send holds ", send, " elements, the root's receive holds ", recv);
 }
 
 // Where each rank's block starts when counts[r] elements of rank r lie one after the other.
@@ -48,18 +48,18 @@ struct blocks {
 // and to no more than one int-counted call carries (MPI's and NCCL's counts are ints).
 inline blocks block_layout(span<const int> counts, int comm_size, std::size_t capacity, const std::string& what) {
   check(counts.size() == static_cast<std::size_t>(comm_size), what,
-        cat("needs one count per rank (", comm_size, "), got ", counts.size()));
+        "needs one count per rank (", comm_size, "), got ", counts.size());
   blocks out;
   out.offsets.resize(counts.size());
   long long total = 0;
   for (std::size_t r = 0; r < counts.size(); ++r) {
-    check(counts[r] >= 0, what, cat("count for rank ", r, " is negative (", counts[r], ")"));
+    check(counts[r] >= 0, what, "count for rank ", r, " is negative (", counts[r], ")");
     out.offsets[r] = static_cast<int>(total);
     total += counts[r];
     check(total <= INT_MAX, what, "counts add up past what one call carries (INT_MAX elements)");
   }
   check(static_cast<std::size_t>(total) <= capacity, what,
-        cat("counts add up to ", total, " elements but the receive buffer holds ", capacity));
+        "counts add up to ", total, " elements but the receive buffer holds ", capacity);
   out.total = static_cast<std::size_t>(total);
   return out;
 }
@@ -68,14 +68,14 @@ inline blocks block_layout(span<const int> counts, int comm_size, std::size_t ca
 inline void check_own_count(span<const int> counts, int rank, std::size_t send, const char* who,
                             const std::string& what) {
   const int mine = counts[static_cast<std::size_t>(rank)];
-  check(static_cast<std::size_t>(mine) == send, what, cat(who, " sends ", send, " elements but counts say ", mine));
+  check(static_cast<std::size_t>(mine) == send, what, who, " sends ", send, " elements but counts say ", mine);
 }
 
 // gatherv at the root: one count per rank, the root's own matching its send, room for all.
 inline blocks gather_layout(span<const int> counts, int comm_size, int root, std::size_t send, std::size_t capacity,
                             const std::string& what) {
   check(counts.size() == static_cast<std::size_t>(comm_size), what,
-        cat("root needs one count per rank (", comm_size, "), got ", counts.size()));
+        "root needs one count per rank (", comm_size, "), got ", counts.size());
   check_own_count(counts, root, send, "root", what);
   return block_layout(counts, comm_size, capacity, what);
 }
@@ -83,14 +83,14 @@ inline blocks gather_layout(span<const int> counts, int comm_size, int root, std
 inline blocks allgatherv_layout(span<const int> counts, int comm_size, int rank, std::size_t send,
                                 std::size_t capacity, const std::string& what) {
   check(counts.size() == static_cast<std::size_t>(comm_size), what,
-        cat("needs one count per rank (", comm_size, "), got ", counts.size()));
+        "needs one count per rank (", comm_size, "), got ", counts.size());
   check_own_count(counts, rank, send, "this rank", what);
   return block_layout(counts, comm_size, capacity, what);
 }
 
 inline void check_allgather_sizes(std::size_t send, std::size_t recv, int comm_size, const std::string& what) {
   check(recv == send * static_cast<std::size_t>(comm_size), what,
-        cat("receive holds ", recv, " elements, needs ", send, " x ", comm_size, " ranks"));
+        "receive holds ", recv, " elements, needs ", send, " x ", comm_size, " ranks");
 }
 
 // reduce_scatter: the counts split the send buffer, and this rank's receive holds its block.
@@ -98,7 +98,7 @@ inline blocks reduce_scatter_layout(span<const int> counts, int comm_size, int r
                                     std::size_t recv, const std::string& what) {
   auto layout = block_layout(counts, comm_size, send, what);
   const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
-  check(recv >= mine, what, cat("receive holds ", recv, " elements, this rank gets ", mine));
+  check(recv >= mine, what, "receive holds ", recv, " elements, this rank gets ", mine);
   return layout;
 }
 

@@ -38,8 +38,8 @@ class operation_record {
                    const std::string& extra, std::uint64_t unrecorded_sequence)
       : state_(std::move(state)) {
     if (state_) {
-      check(!state_->poisoned(), cat(backend, " ", name, " on ", comm),
-            cat("communicator '", comm, "' is unusable: ", state_->poison_reason()));
+      if (state_->poisoned())
+        fail(cat(backend, " ", name, " on ", comm), cat("communicator '", comm, "' is unusable: ", state_->poison_reason()));
       seq_ = state_->recorder().enqueue(op_record::posting(name, count, type, redop, peer, tag));
     } else {
       seq_ = unrecorded_sequence;

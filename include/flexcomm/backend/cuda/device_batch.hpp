@@ -41,7 +41,7 @@ class device_feed {
     copy_ = stream_handle::create("device_feed", true);
     for (auto& s : slots_) {
       void* raw = nullptr;
-      check_cuda(device::malloc_device(&raw, capacity_ ? capacity_ : 1), cat("device_feed: cudaMalloc(", capacity_, " bytes)"));
+      check_cuda(device::malloc_device(&raw, capacity_ ? capacity_ : 1), "device_feed: cudaMalloc(", capacity_, " bytes)");
       s.device = static_cast<std::byte*>(raw);
       s.copied = event::create("device_feed");
       s.consumed = event::create("device_feed");
@@ -72,13 +72,13 @@ class device_feed {
     const auto host = batch->bytes();
     const auto what = cat("device_feed: step ", batch->step());
     check(host.size() <= capacity_, what,
-          cat("batch holds ", host.size(), " bytes, the device slot ", capacity_));
-    if (slot.used) check_cuda(device::stream_wait(copy_.get(), slot.consumed.get()), cat(what, ": wait for slot"));
+          "batch holds ", host.size(), " bytes, the device slot ", capacity_);
+    if (slot.used) check_cuda(device::stream_wait(copy_.get(), slot.consumed.get()), what, ": wait for slot");
     if (!host.empty())
       check_cuda(device::copy_async(slot.device, host.data(), host.size(), copy_.get()),
-                 cat(what, ": cudaMemcpyAsync"));
+                 what, ": cudaMemcpyAsync");
     slot.copied.record(copy_.get(), what);
-    check_cuda(device::stream_wait(compute_, slot.copied.get()), cat(what, ": order the trainer's stream"));
+    check_cuda(device::stream_wait(compute_, slot.copied.get()), what, ": order the trainer's stream");
     slot.used = true;
     current_ = k;
     return device_batch(batch->step(), span<const std::byte>(slot.device, host.size()));

@@ -35,7 +35,7 @@ class device_buffer {
     if (n > capacity_) {
       T* fresh = nullptr;
       void* raw = nullptr;
-      check_cuda(device::malloc_device(&raw, n * sizeof(T)), cat("device_buffer: cudaMalloc(", n * sizeof(T), " bytes)"));
+      check_cuda(device::malloc_device(&raw, n * sizeof(T)), "device_buffer: cudaMalloc(", n * sizeof(T), " bytes)");
       fresh = static_cast<T*>(raw);
       if (data_) device::free_device(data_);
       data_ = fresh;

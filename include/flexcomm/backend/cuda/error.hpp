@@ -17,9 +17,12 @@
 
 namespace flexcomm {
 
-// Turns a CUDA runtime return code into a flexcomm::error naming the operation.
-inline void check_cuda(device::error_t code, const std::string& operation) {
-  if (code != device::success) fail(operation, cat(device::error_name(code), ": ", device::error_string(code)));
+// Turns a CUDA runtime return code into a flexcomm::error naming the operation, given as one
+// piece or several that are joined (cat) only on failure: the calls of every operation check
+// their codes, and a name formatted for each of them would cost more than the call.
+template <class... Operation>
+void check_cuda(device::error_t code, const Operation&... operation) {
+  if (code != device::success) fail(cat(operation...), cat(device::error_name(code), ": ", device::error_string(code)));
 }
 
 // True when this process sees at least one CUDA device (false without a driver, too).
@@ -39,8 +42,8 @@ namespace cuda {
 class device_guard {
  public:
   device_guard(int device, const std::string& what) {
-    check_cuda(device::get_device(&previous_), cat(what, ": cudaGetDevice"));
-    if (previous_ != device) check_cuda(device::set_device(device), cat(what, ": cudaSetDevice(", device, ")"));
+    check_cuda(device::get_device(&previous_), what, ": cudaGetDevice");
+    if (previous_ != device) check_cuda(device::set_device(device), what, ": cudaSetDevice(", device, ")");
     else previous_ = -1;
   }
   device_guard(const device_guard&) = delete;
@@ -80,18 +83,18 @@ class event : public owned_handle<device::event_t, &device::event_destroy> {
  public:
   static event create(const std::string& what) {
     event e;
-    check_cuda(device::event_create(&e.handle_), cat(what, ": cudaEventCreate"));
+    check_cuda(device::event_create(&e.handle_), what, ": cudaEventCreate");
     return e;
   }
 
   void record(device::stream_t stream, const std::string& what) {
-    check_cuda(device::event_record(handle_, stream), cat(what, ": cudaEventRecord"));
+    check_cuda(device::event_record(handle_, stream), what, ": cudaEventRecord");
   }
   // True once reached; a failure of the work before it is an error.
   bool done(const std::string& what) const {
     const device::error_t rc = device::event_query(handle_);
     if (rc == device::not_ready) return false;
-    check_cuda(rc, cat(what, ": cudaEventQuery"));
+    check_cuda(rc, what, ": cudaEventQuery");
     return true;
   }
 };
@@ -103,7 +106,7 @@ class stream_handle : public owned_handle<device::stream_t, &device::stream_dest
   // non_blocking: not ordered with the legacy default stream (cudaStreamNonBlocking).
   static stream_handle create(const std::string& what, bool non_blocking = false) {
     stream_handle s;
-    check_cuda(device::stream_create(&s.handle_, non_blocking), cat(what, ": cudaStreamCreate"));
+    check_cuda(device::stream_create(&s.handle_, non_blocking), what, ": cudaStreamCreate");
     return s;
   }
 };
@@ -164,7 +167,7 @@ class pinned_pool {
       }
     }
     void* p = nullptr;
-    check_cuda(device::malloc_pinned(&p, size), cat(what, ": cudaMallocHost(", size, " bytes)"));
+    check_cuda(device::malloc_pinned(&p, size), what, ": cudaMallocHost(", size, " bytes)");
     return block(static_cast<std::byte*>(p), release{size});
   }
 

@@ -15,14 +15,14 @@ namespace flexcomm::cuda {
 template <class T>
 void combine(op o, T* inout, const T* in, std::size_t n, device::stream_t stream) {
   static_assert(is_element_v<T>, "combine: not a flexcomm element type");
-  check_cuda(device::combine(o, inout, in, n, stream), cat("cuda combine (", n, " x ", name_of(dtype_of<T>), ", ", name_of(o), ")"));
+  check_cuda(device::combine(o, inout, in, n, stream), "cuda combine (", n, " x ", name_of(dtype_of<T>), ", ", name_of(o), ")");
 }
 
 // Turns a sum over `ranks` contributions into their average, as divide_by() does on the host.
 template <class T>
 void divide(T* buf, std::size_t n, int ranks, device::stream_t stream) {
   static_assert(is_element_v<T>, "divide: not a flexcomm element type");
-  check_cuda(device::divide(buf, n, ranks, stream), cat("cuda divide (", n, " x ", name_of(dtype_of<T>), " by ", ranks, ")"));
+  check_cuda(device::divide(buf, n, ranks, stream), "cuda divide (", n, " x ", name_of(dtype_of<T>), " by ", ranks, ")");
 }
 
 // Stream-ordered copy between any two buffers (device or host; the runtime knows which).

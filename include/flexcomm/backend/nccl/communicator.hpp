@@ -58,7 +58,7 @@ class nccl_communicator {
 
     auto state = std::make_shared<detail::nccl_state>();
     state->name = name;
-    check_cuda(device::get_device(&state->device), cat(what, ": cudaGetDevice"));
+    check_cuda(device::get_device(&state->device), what, ": cudaGetDevice");
     device::nccl_comm_t handle = nullptr;
     check_nccl(device::nccl_comm_init(&handle, comm.size(), id, comm.rank(), comm.native()), what);
     adopt(*state, handle, what);
@@ -146,7 +146,7 @@ class nccl_communicator {
 
   // For the backend's operations.
   detail::nccl_state& state(const std::string& what) const {
-    check(state_ != nullptr, what, cat("operation on an empty nccl communicator '", name_, "'"));
+    check(state_ != nullptr, what, "operation on an empty nccl communicator '", name_, "'");
     return *state_;
   }
   const std::shared_ptr<detail::nccl_state>& shared_state() const noexcept { return state_; }
@@ -168,8 +168,8 @@ class nccl_communicator {
                      "create it, in the same order; two ranks on one GPU need distinct NCCL_HOSTID"));
     }
     state.comm = handle;
-    check_nccl(device::nccl_comm_count(handle, &state.size), cat(what, ": ncclCommCount"));
-    check_nccl(device::nccl_comm_user_rank(handle, &state.rank), cat(what, ": ncclCommUserRank"));
+    check_nccl(device::nccl_comm_count(handle, &state.size), what, ": ncclCommCount");
+    check_nccl(device::nccl_comm_user_rank(handle, &state.rank), what, ": ncclCommUserRank");
   }
 
   std::shared_ptr<detail::nccl_state> state_;

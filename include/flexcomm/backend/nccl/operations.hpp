@@ -125,7 +125,7 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
   // (a cache of pointer attributes, as MVAPICH2-GDR keeps).
   static void check_buffer(const void* p, std::size_t bytes, const std::string& what, const char* which) {
     if (bytes == 0 || p == nullptr) {
-      check(bytes == 0, what, cat(which, " buffer is null"));
+      check(bytes == 0, what, which, " buffer is null");
       return;
     }
     thread_local const void* known[16] = {};
@@ -133,10 +133,10 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
     for (const void* k : known)
       if (k == p) return;
     bool on_device = false;
-    check_cuda(device::is_device_memory(p, &on_device), cat(what, ": cudaPointerGetAttributes"));
+    check_cuda(device::is_device_memory(p, &on_device), what, ": cudaPointerGetAttributes");
     if (on_device) known[next++ % 16] = p;
     check(on_device, what,
-          cat(which, " buffer is host memory; the nccl backend needs device (or managed) buffers"));
+          which, " buffer is host memory; the nccl backend needs device (or managed) buffers");
   }
 
   template <class T>
@@ -208,7 +208,7 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
               T* at = recv.data() + layout.offsets[static_cast<std::size_t>(r)];
               if (n == 0) continue;
               if (r == root) cuda::copy(at, send.data(), n * sizeof(T), stream);
-              else check_nccl(device::nccl_recv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
+              else check_nccl(device::nccl_recv(at, n, type, r, c, stream), st.what(), ": receive from ", r);
             }
           }
           return group.end();
@@ -245,8 +245,8 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
               continue;
             }
             if (!send.empty())
-              check_nccl(device::nccl_send(send.data(), send.size(), type, r, c, stream), cat(st.what(), ": send to ", r));
-            if (n > 0) check_nccl(device::nccl_recv(at, n, type, r, c, stream), cat(st.what(), ": receive from ", r));
+              check_nccl(device::nccl_send(send.data(), send.size(), type, r, c, stream), st.what(), ": send to ", r);
+            if (n > 0) check_nccl(device::nccl_recv(at, n, type, r, c, stream), st.what(), ": receive from ", r);
           }
           return group.end();
         },
@@ -276,7 +276,7 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
             if (n == 0) continue;
             check_nccl(device::nccl_reduce(send.data() + layout.offsets[static_cast<std::size_t>(r)],
                                   r == comm.rank() ? recv.data() : nullptr, n, type, reduction, r, c, stream),
-                       cat(st.what(), ": block of rank ", r));
+                       st.what(), ": block of rank ", r);
           }
           return group.end();
         },

@@ -76,7 +76,7 @@ class nccl_request : public basic_request<nccl_request> {
     device::nccl_result_t async = device::nccl_success;
     {
       std::lock_guard<std::mutex> lock(st.mutex);
-      if (st.comm) check_nccl(device::nccl_comm_get_async_error(st.comm, &async), cat(what_, ": ncclCommGetAsyncError"));
+      if (st.comm) check_nccl(device::nccl_comm_get_async_error(st.comm, &async), what_, ": ncclCommGetAsyncError");
       if (async != device::nccl_success && async != device::nccl_in_progress) {
         const auto place = st.where();
         st.abort_locked(cat(what_, ": ", device::nccl_error_string(async)));

@@ -28,12 +28,12 @@ using cuda::device_guard;
 // Holds an NCCL group open; ends it even when a call inside throws.
 class nccl_group {
  public:
-  explicit nccl_group(const std::string& what) : what_(what) { check_nccl(device::nccl_group_start(), cat(what, ": ncclGroupStart")); }
+  explicit nccl_group(const std::string& what) : what_(what) { check_nccl(device::nccl_group_start(), what, ": ncclGroupStart"); }
   nccl_group(const nccl_group&) = delete;
   nccl_group& operator=(const nccl_group&) = delete;
   device::nccl_result_t end() {
     open_ = false;
-    return checked_nccl(device::nccl_group_end(), cat(what_, ": ncclGroupEnd"));
+    return checked_nccl(device::nccl_group_end(), what_, ": ncclGroupEnd");
   }
   ~nccl_group() {
     if (open_) device::nccl_group_end();
@@ -50,7 +50,7 @@ inline bool nccl_settle(device::nccl_comm_t comm, const std::string& what, std::
   device::nccl_result_t state = device::nccl_in_progress;
   const bool settled = default_wait().until(
       [&] {
-        check_nccl(device::nccl_comm_get_async_error(comm, &state), cat(what, ": ncclCommGetAsyncError"));
+        check_nccl(device::nccl_comm_get_async_error(comm, &state), what, ": ncclCommGetAsyncError");
         return state != device::nccl_in_progress;
       },
       timeout);
@@ -133,7 +133,7 @@ struct nccl_state {
 
   // Called with the mutex held.
   void require_usable(const std::string& what) const {
-    check(!aborted, what, cat(where(), " was aborted: ", abort_reason));
+    check(!aborted, what, where(), " was aborted: ", abort_reason);
   }
 
   // Called with the mutex held: ends the communicator so that kernels stuck in it return.
@@ -176,10 +176,10 @@ struct nccl_state {
       device::stream_t s = p.stream ? p.stream : stream.get();
       if (p.count == 0) continue;  // both sides know the count: an empty message is no message
       if (p.send)
-        check_nccl(device::nccl_send(p.buf, p.count, p.type, p.peer, comm, s), cat(what, ": ncclSend to ", p.peer));
+        check_nccl(device::nccl_send(p.buf, p.count, p.type, p.peer, comm, s), what, ": ncclSend to ", p.peer);
       else
         check_nccl(device::nccl_recv(const_cast<void*>(p.buf), p.count, p.type, p.peer, comm, s),
-                   cat(what, ": ncclRecv from ", p.peer));
+                   what, ": ncclRecv from ", p.peer);
     }
     settle_locked(what, group.end());
     for (const auto& p : batch) {

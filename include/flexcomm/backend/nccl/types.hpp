@@ -11,17 +11,20 @@
 namespace flexcomm {
 
 // Turns an NCCL return code into a flexcomm::error; device::nccl_in_progress is not a failure (nonblocking
-// communicators return it while work is still being enqueued).
-inline void check_nccl(device::nccl_result_t code, const std::string& operation) {
+// communicators return it while work is still being enqueued). The operation's name is one piece
+// or several, joined only on failure (see check_cuda).
+template <class... Operation>
+void check_nccl(device::nccl_result_t code, const Operation&... operation) {
   if (code == device::nccl_success || code == device::nccl_in_progress) return;
   const char* last = device::nccl_last_error();
-  fail(operation, cat(device::nccl_error_string(code), last && *last ? cat(" (", last, ")") : std::string()));
+  fail(cat(operation...), cat(device::nccl_error_string(code), last && *last ? cat(" (", last, ")") : std::string()));
 }
 
 // check_nccl, giving the code back: ncclInProgress tells a nonblocking communicator's caller to
 // wait until the work is enqueued (nccl_state::settle_locked).
-inline device::nccl_result_t checked_nccl(device::nccl_result_t code, const std::string& operation) {
-  check_nccl(code, operation);
+template <class... Operation>
+device::nccl_result_t checked_nccl(device::nccl_result_t code, const Operation&... operation) {
+  check_nccl(code, operation...);
   return code;
 }
 

@@ -79,7 +79,7 @@ class staged_communicator {
   const flight_recorder* recorder() const noexcept { return lane_ ? lane_->transport.recorder() : nullptr; }
 
   detail::staged_lane& lane(const std::string& what) const {
-    check(lane_ != nullptr, what, cat("operation on an empty staged communicator '", name_, "'"));
+    check(lane_ != nullptr, what, "operation on an empty staged communicator '", name_, "'");
     return *lane_;
   }
   const std::shared_ptr<detail::staged_lane>& shared_lane() const noexcept { return lane_; }
@@ -92,7 +92,7 @@ class staged_communicator {
       check(mpi_is_cuda_aware(), what,
             "this MPI library is not CUDA-aware (MPIX_GPU_query_support says no); use flexcomm::staged");
     auto lane = std::make_shared<detail::staged_lane>();
-    check_cuda(device::get_device(&lane->device), cat(what, ": cudaGetDevice"));
+    check_cuda(device::get_device(&lane->device), what, ": cudaGetDevice");
     lane->own = cuda::stream_handle::create(what);
     lane->back = cuda::stream_handle::create(what, true);
     lane->chunk_bytes = detail::stage_chunk_bytes();

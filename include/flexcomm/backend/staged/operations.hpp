@@ -40,7 +40,7 @@ class staged_builder : public unchecked_calls {
   staged_builder(const staged_communicator<Direct>& comm, device::stream_t s, const char* name, std::size_t count, dtype,
                  const char*, int, int, const std::string& extra)
       : comm_(comm),
-        lane_(comm.lane(cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name()))),
+        lane_(lane_of(comm, name)),
         guard_(lane_.device, comm.name()) {
     op_ = std::make_shared<staged_op>();
     op_->what = describe_operation(Direct ? "cuda_aware_mpi" : "staged", name, comm.name(),
@@ -101,7 +101,7 @@ class staged_builder : public unchecked_calls {
     device::event_t issued = op_->issued.get();
     const std::string what = op_->what;
     op_->finish = [finish = std::move(finish), issued, what](staged_chunk& c, device::stream_t back) {
-      check_cuda(device::stream_wait(back, issued), cat(what, ": cudaStreamWaitEvent"));
+      check_cuda(device::stream_wait(back, issued), what, ": cudaStreamWaitEvent");
       return finish(c, back);
     };
     auto shared = comm_.shared_lane();
@@ -117,6 +117,13 @@ class staged_builder : public unchecked_calls {
   void mark(staged_chunk& c) {
     c.staged = lane_.events.take(op_->what);
     c.staged.record(stream_, op_->what);
+  }
+
+  // The communicator's lane; an empty communicator is an error naming the operation (formatted
+  // only then: a name made for every operation would cost more than the rest of the call).
+  static staged_lane& lane_of(const staged_communicator<Direct>& comm, const char* name) {
+    if (!comm) comm.lane(cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name()));
+    return *comm.shared_lane();
   }
 
   const staged_communicator<Direct>& comm_;
