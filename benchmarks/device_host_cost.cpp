@@ -143,8 +143,13 @@ int main(int argc, char** argv) {
       "warmup_iters,w", counts::at_least<0>(&warmup), "warmup operations per row")(
       "json,J", po::value(&json)->default_value("device_host_cost.json"), "JSON output (rank 0)");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, opts), vm);
-  po::notify(vm);
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    if (world.rank() == 0) std::cerr << e.what() << "\n" << opts;
+    return 2;
+  }
   if (vm.count("help")) {
     if (world.rank() == 0) std::cout << opts << "\n";
     return 0;
