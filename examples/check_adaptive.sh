@@ -4,6 +4,7 @@
 # trainer (--slow-rank sleeps before every step, so the others make its share of the steps).
 # Every member's and the ensemble's test accuracy must agree to the last digit printed.
 #   check_adaptive.sh MPIEXEC EXAMPLE [example arguments...]
+# MPIEXEC_FLAGS (environment): what the launcher takes before -n (Open MPI: --oversubscribe ...).
 set -uo pipefail
 mpiexec=$1 example=$2
 shift 2
@@ -25,7 +26,8 @@ for c in "${cases[@]}"; do
   [ "$slow" -ge 0 ] && slow_args=(--slow-rank "$slow" --slow-ms 3)
   declare -A got=()
   for preset in "$fixed" adaptive; do
-    out=$("$mpiexec" -n "$n" "$example" --layout "$layout" --preset "$preset" --compare-baseline 0 \
+    # shellcheck disable=SC2086  # the flags are words
+    out=$("$mpiexec" ${MPIEXEC_FLAGS:-} -n "$n" "$example" --layout "$layout" --preset "$preset" --compare-baseline 0 \
           "${slow_args[@]}" "$@" 2>&1) || { echo "$out"; echo "$n ranks, $preset: failed"; exit 1; }
     got[$preset]=$(scores "$out")
     [ -n "${got[$preset]}" ] || { echo "$out"; echo "$n ranks, $preset: no accuracies printed"; exit 1; }
