@@ -20,22 +20,6 @@ namespace fc = flexcomm;
 namespace po = boost::program_options;
 
 namespace {
-// nccl-tests' size syntax: 8, 1K, 64M, 1G.
-std::size_t parse_size(const std::string& text) {
-  std::size_t pos = 0;
-  const double v = std::stod(text, &pos);
-  double scale = 1;
-  if (pos < text.size()) {
-    switch (text[pos]) {
-      case 'K': case 'k': scale = 1024.0; break;
-      case 'M': case 'm': scale = 1024.0 * 1024; break;
-      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
-      default: fc::fail("allreduce_nccl", "cannot parse size '" + text + "' (expected e.g. 8, 1K, 64M, 1G)");
-    }
-  }
-  return static_cast<std::size_t>(v * scale);
-}
-
 __global__ void fill(float* x, std::size_t n, float v) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
     x[i] = v;
@@ -127,7 +111,7 @@ int main(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   fc::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
-  const std::size_t min_bytes = std::max<std::size_t>(parse_size(min_text), 4), max_bytes = parse_size(max_text);
+  const std::size_t min_bytes = std::max<std::size_t>(fc::parse_bytes(min_text, "-b"), 4), max_bytes = fc::parse_bytes(max_text, "-e");
   float *send = nullptr, *recv = nullptr;
   fc::check_cuda(cudaMalloc(&send, max_bytes + 4), "cudaMalloc");
   fc::check_cuda(cudaMalloc(&recv, max_bytes + 4), "cudaMalloc");

@@ -45,20 +45,6 @@ namespace po = boost::program_options;
 namespace {
 using clock_type = std::chrono::steady_clock;
 
-std::size_t parse_size(const std::string& text) {
-  std::size_t pos = 0;
-  const double v = std::stod(text, &pos);
-  double scale = 1;
-  if (pos < text.size()) {
-    switch (text[pos]) {
-      case 'K': case 'k': scale = 1024.0; break;
-      case 'M': case 'm': scale = 1024.0 * 1024; break;
-      default: fc::fail("device_host_cost", "cannot parse size '" + text + "' (expected e.g. 8, 1K, 64K)");
-    }
-  }
-  return static_cast<std::size_t>(v * scale);
-}
-
 void sync(dv::stream_t s) { fc::check_cuda(dv::stream_synchronize(s), "device_host_cost: stream synchronize"); }
 
 // One way of doing an operation: post() enqueues one (host time measured), settle() finishes
@@ -164,7 +150,7 @@ int main(int argc, char** argv) {
     fc::check_cuda(dv::device_count(&devices), "cudaGetDeviceCount");
     fc::check_cuda(dv::set_device(rank % devices), "cudaSetDevice");
   }
-  const std::size_t min_bytes = std::max<std::size_t>(parse_size(min_text), 4), max_bytes = parse_size(max_text);
+  const std::size_t min_bytes = std::max<std::size_t>(fc::parse_bytes(min_text, "-b"), 4), max_bytes = fc::parse_bytes(max_text, "-e");
   const int to = (rank + 1) % ranks, from = (rank + ranks - 1) % ranks;
 
   fc::nccl::communicator comm(world, "bench");

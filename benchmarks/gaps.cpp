@@ -37,15 +37,6 @@ struct settings {
   std::string json = "gaps.json", trace_dir = "gaps-trace";
 };
 
-std::size_t parse_size(const std::string& text) {
-  std::size_t pos = 0;
-  const double v = std::stod(text, &pos);
-  const std::string unit = text.substr(pos);
-  const double scale = unit.empty() ? 1 : unit == "K" ? 1 << 10 : unit == "M" ? 1 << 20 : unit == "G" ? 1 << 30 : -1;
-  fc::check(scale > 0 && v > 0, "gaps", "size '" + text + "': expected a number with an optional K, M or G");
-  return static_cast<std::size_t>(v * scale);
-}
-
 // Busy compute for `us` microseconds: stands in for forward/backward kernels on the CPU.
 void compute(double us) {
   const auto until = clock_type::now() + std::chrono::nanoseconds(static_cast<long long>(us * 1000));
@@ -150,8 +141,8 @@ int main(int argc, char** argv) {
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
     po::notify(vm);
-    s.min_bytes = parse_size(min_text);
-    s.max_bytes = parse_size(max_text);
+    s.min_bytes = fc::parse_bytes(min_text, "-b");
+    s.max_bytes = fc::parse_bytes(max_text, "-e");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gaps: %s\n%s", e.what(), vm.count("help") ? "" : "try --help\n");
     return 2;
