@@ -21,6 +21,9 @@
 #     --exit-times          measure each run's exit: from the last rank's shutdown barrier (stamped
 #                           through FLEXCOMM_TEST_EXIT_STAMP by flexcomm's environment, or by
 #                           plain_finalize) to the launcher's end; prints the distribution
+# Environment (Open MPI only, for experiments): CLUSTER_OMPI_BTL replaces the BTL list
+# (self,vader,tcp), CLUSTER_MPIEXEC_ARGS adds arguments to mpiexec.openmpi. CLUSTER_AUTOGROUP=keep
+# leaves the kernel's autogroups as they are (see below).
 # Exit: 0 when every run ended with the expected status, 1 otherwise, 77 without namespaces.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -62,7 +65,20 @@ n=0; hostfile=$(mktemp); for ((i = 0; i < ${#counts[@]}; i++)); do
     *) echo "10.213.$id.$((i + 1)):${counts[$i]}" >>"$hostfile" ;;
   esac
   n=$((n + counts[i])); done
-cleanup() { "$here/hosts.sh" down "$id"; rm -f "$hostfile"; }
+# Every simulated host shares this machine's two cores and one scheduler, which a real cluster
+# never does. With the kernel's autogroups on (one scheduling group per session: the launcher's
+# ranks in one, each remote daemon's ranks in another), this kernel (6.18) now and then gives no
+# CPU at all to any thread that sleeps, anywhere on the machine, for as long as ranks of the other
+# groups compute without sleeping: the progress threads, and this script's own watch loop, stood
+# still for exactly the 20 s that a test's ranks spun (docs/reliability.md, "On Open MPI"; 2-4 runs
+# in 100 of mpi_progress's compute-while-MPI-progresses case, 0 of 350 with autogroups off). So the
+# runs go with autogroups off, and the setting is put back when this script ends.
+autogroup=/proc/sys/kernel/sched_autogroup_enabled autogroup_was=""
+if [ "${CLUSTER_AUTOGROUP:-off}" != keep ] && [ -w "$autogroup" ] && [ "$(cat "$autogroup")" = 1 ]; then autogroup_was=1; echo 0 >"$autogroup"; fi
+cleanup() {
+  "$here/hosts.sh" down "$id"; rm -f "$hostfile"
+  [ -n "$autogroup_was" ] && echo "$autogroup_was" >"$autogroup"
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 "$here/hosts.sh" up "$id" "${#counts[@]}" "$rate" || { echo "cluster: could not make the hosts" >&2; exit 1; }
@@ -97,8 +113,8 @@ for ((run = 1; run <= repeat; run++)); do
       forward=(); for v in $(compgen -e | grep -E '^(FLEXCOMM_|UCX_|PLAIN_)'); do forward+=(-x "$v"); done
       { ip netns exec "fc${id}h0" mpiexec.openmpi --hostfile "$hostfile" -n "$n" --oversubscribe \
           --mca plm_rsh_agent "$here/launch.sh --own-hostname" --mca plm_rsh_no_tree_spawn 1 \
-          --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 --mca pml ob1 --mca btl self,vader,tcp \
-          "${forward[@]}" "$prog" "$@" "${extra[@]}" >"$log" 2>&1
+          --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 --mca pml ob1 --mca btl "${CLUSTER_OMPI_BTL:-self,vader,tcp}" \
+          ${CLUSTER_MPIEXEC_ARGS:-} "${forward[@]}" "$prog" "$@" "${extra[@]}" >"$log" 2>&1
         rc=$?; date +%s%N >"$log.end"; exit $rc; } &
       ;;
     *)
@@ -115,12 +131,17 @@ for ((run = 1; run <= repeat; run++)); do
   while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 0.2; done
   if kill -0 "$pid" 2>/dev/null; then
     hung=$((hung + 1)); failed=$((failed + 1))
-    echo "run $run: HUNG after ${limit}s; stacks of the ranks still alive:"
+    echo "run $run: HUNG after ${limit}s (at $(date +%s.%N)); stacks of the ranks still alive:"
     for p in $( [ "$stacks" = 1 ] && ranks); do
       echo "--- pid $p ($(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null | cut -c1-80))"
       timeout 20 gdb -p "$p" -batch -ex "thread apply all bt 15" 2>/dev/null | grep -E '^#|^Thread' | head -40
     done
-    [ "$stacks" = 1 ] && tail -20 "$log"
+    tail -20 "$log"
+    # The TCP connections between hosts as the hang left them (which pair never connected, or
+    # holds two sockets or unsent bytes).
+    for ((i = 0; i < ${#counts[@]}; i++)); do
+      echo "--- host $i: TCP on eth0"; ip netns exec "fc${id}h$i" ss -tnpo state all 2>/dev/null | grep -v "127.0.0.1\|LISTEN"
+    done
     pkill -9 -P "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
     for p in $(ranks); do kill -9 "$p" 2>/dev/null; done
     wait "$pid" 2>/dev/null

@@ -276,9 +276,9 @@ class environment {
   // seconds; 0 waits forever. By default 0.5 on MPICH: the shutdown barrier has proved every rank
   // done, and a finalize that works takes 12-40 ms across the simulated hosts, so half a second
   // bounds what MPICH 4.0.2's finalize hang over UCX costs a job (docs/reliability.md; it was
-  // 10 s, and most 3-host jobs ended 10 s after their work). 10 on Open MPI, where that hang has
-  // not been seen and where a rank's finalize may still owe a slower peer its last messages of
-  // the barrier: cut at 0.5 s, 2-3 runs in 100 left such a peer waiting.
+  // 10 s, and most 3-host jobs ended 10 s after their work). 10 on Open MPI, whose finalize has
+  // not hung here (60-190 ms across the simulated hosts) and whose mpirun reports a rank that
+  // leaves without it as failed: there the guard is a backstop that no run has needed.
   static std::chrono::milliseconds finalize_timeout() {
     const char* text = setting("FLEXCOMM_FINALIZE_TIMEOUT");
     if (!text) return mpi_implementation::default_finalize_timeout;
