@@ -70,9 +70,9 @@ n=0; hostfile=$(mktemp); for ((i = 0; i < ${#counts[@]}; i++)); do
 # ranks in one, each remote daemon's ranks in another), this kernel (6.18) now and then gives no
 # CPU at all to any thread that sleeps, anywhere on the machine, for as long as ranks of the other
 # groups compute without sleeping: the progress threads, and this script's own watch loop, stood
-# still for exactly the 20 s that a test's ranks spun (docs/reliability.md, "On Open MPI"; 2-4 runs
-# in 100 of mpi_progress's compute-while-MPI-progresses case, 0 of 350 with autogroups off). So the
-# runs go with autogroups off, and the setting is put back when this script ends.
+# still for exactly the 20 s that a test's ranks spun (docs/reliability.md, the Open MPI "hang";
+# 2-4 runs in 100 of mpi_progress's compute-while-MPI-progresses case, 0 of 350 with autogroups
+# off). So the runs go with autogroups off, and the setting is put back when this script ends.
 autogroup=/proc/sys/kernel/sched_autogroup_enabled autogroup_was=""
 if [ "${CLUSTER_AUTOGROUP:-off}" != keep ] && [ -w "$autogroup" ] && [ "$(cat "$autogroup")" = 1 ]; then autogroup_was=1; echo 0 >"$autogroup"; fi
 cleanup() {
