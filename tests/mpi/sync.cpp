@@ -102,10 +102,14 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(both_adapters_equal_the_reference_for_every_op, T,
     options.bucket_bytes = capacities[std::uniform_int_distribution<std::size_t>(0, 4)(rng)];
     options.segment_bytes = segments[std::uniform_int_distribution<std::size_t>(0, 3)(rng)];
     options.segments_in_flight = std::uniform_int_distribution<int>(1, 3)(rng);
+    // No last bucket of its own, or one of a gradient or a few, or the default.
+    const std::size_t lasts[] = {0, 8, 256, std::size_t{64} << 10};
+    options.last_bucket_bytes = lasts[std::uniform_int_distribution<std::size_t>(0, 3)(rng)];
     for (fc::op o : all_ops) {
       options.op = o;
       std::string detail;
-      const auto where = fc::cat("op ", fc::name_of(o), " buckets of ", options.bucket_bytes, " bytes, segments of ",
+      const auto where = fc::cat("op ", fc::name_of(o), " buckets of ", options.bucket_bytes, " bytes, the last of at most ",
+                                 options.last_bucket_bytes, ", segments of ",
                                  options.segment_bytes, " bytes x", options.segments_in_flight);
       options.launch_when_full = false;
       BOOST_TEST(fc::testing::all_ranks(run_steps<fc::subgroup_allreduce<mpi>, T>(world(), everyone, m, options, detail)),

@@ -32,6 +32,7 @@ inline constexpr const char* backward = "backward";
 inline constexpr const char* update = "update";  // the optimizer step
 inline constexpr const char* bucket_ready = "bucket ready";
 inline constexpr const char* bucket_reduce = "bucket reduce";
+inline constexpr const char* bucket_landing = "bucket landing";  // a fused bucket's copy back
 inline constexpr const char* segment = "segment";
 inline constexpr const char* finish = "finish";
 inline constexpr const char* collect = "collect";

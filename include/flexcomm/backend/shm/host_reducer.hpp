@@ -24,6 +24,9 @@
 //     c + 1 in while its peers still copy chunk c out, and waits only for chunk c - 1 to be out of
 //     the slot it reuses (with one slot, every chunk was three full stops, and a rank that lost
 //     its core for a moment held all).
+// An allreduce may carry a landing: what to do with its result (a fused bucket's copy back into
+// its gradients), run by the thread that finishes it, right then, so that a bucket the engine
+// reduces during backward is also copied out during backward, not in finish().
 // An allreduce is a task (host_allreduce): poll() does what it can without waiting and returns,
 // so the progress engine can drive it during backward; allreduce() drives one on the caller's
 // thread. Tasks run in the order they were started, and polling any task drives the segment:
@@ -41,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -51,6 +55,7 @@
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/reduce.hpp"
+#include "../../core/trace.hpp"
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "host_group.hpp"
@@ -235,12 +240,19 @@ class host_allreduce final : public segment_task {
     slot_writer::kind stores;  // how the large path writes its slots
   };
 
-  host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p)
-      : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p) {
+  // `landing`, when set, runs once the result is in data (on the thread that finishes the task).
+  host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p,
+                 std::function<void()> landing = {})
+      : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p), landing_(std::move(landing)) {
     if (n == 0) {  // took no steps, and is not queued
       stage_ = stage::done;
+      land();
       finished();
+      return;
     }
+    // From when this rank posts it to when its result is in place (steps are the same on every
+    // rank, so the first one names the same allreduce everywhere).
+    traced_ = trace::collective_begin(trace::names::bucket_reduce, seg_->group->name(), plan_.first);
   }
 
   // Built when asked (an error, the engine's list of pending tasks), not per allreduce.
@@ -277,6 +289,7 @@ class host_allreduce final : public segment_task {
           if (!ready(plan_.first + 1, "peers to copy their data in")) return false;
           reduce_small();
           advance(stage::done, 2);
+          land();
           return true;
         case stage::large_write:
           // This slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
@@ -301,6 +314,7 @@ class host_allreduce final : public segment_task {
             const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
             const std::size_t bytes = n_ * sizeof(T);
             seg_->writer.learn(slot_writer::size_class(bytes), plan_.stores, took.count() / static_cast<double>(bytes));
+            land();
             return true;
           }
           stage_ = stage::large_write;
@@ -316,6 +330,13 @@ class host_allreduce final : public segment_task {
   static constexpr std::size_t align = host_segment::line / sizeof(T) ? host_segment::line / sizeof(T) : 1;
 
   std::string who() const { return cat(what(), ", rank ", seg_->rank, " (world ", seg_->world_rank(seg_->rank), ")"); }
+  void land() {
+    trace::collective_end(trace::names::bucket_reduce, std::exchange(traced_, 0));
+    if (!landing_) return;
+    const std::int64_t from = trace::enabled() ? trace::now() : 0;
+    std::exchange(landing_, nullptr)();
+    if (from) trace::complete(trace::names::bucket_landing, "sync", from, trace::now());
+  }
   std::size_t per_chunk() const noexcept { return seg_->large_bytes / sizeof(T); }
   // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last.
   std::uint64_t step(int k) const noexcept { return plan_.first + 3 * chunk_ + static_cast<std::uint64_t>(k); }
@@ -389,6 +410,8 @@ class host_allreduce final : public segment_task {
   std::size_t n_;
   op op_;
   plan plan_;
+  std::function<void()> landing_;
+  std::uint64_t traced_ = 0;
   stage stage_ = stage::queued;
   std::uint64_t chunk_ = 0;
   stall_clock stalled_;
@@ -515,13 +538,15 @@ class host_reducer {
   // Starts an allreduce of data[0, n) in place: every rank starts the same n, T and o, in the
   // same order. Avg is the sum divided by the rank count (integers truncate, as divide_by does).
   // The task does nothing until polled; tasks run in the order they were started. `data` must
-  // stay valid until the task is done.
+  // stay valid until the task is done. `landing`, when set, runs once the result is in data, on
+  // the thread that finishes the task, before the task reports done.
   template <class T>
-  std::shared_ptr<task<T>> start(T* data, std::size_t n, op o) {
+  std::shared_ptr<task<T>> start(T* data, std::size_t n, op o, std::function<void()> landing = {}) {
     static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
     auto& seg = usable("shared-memory allreduce");
     if (n == 0)
-      return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, {0, 0}, -1, detail::slot_writer::cached});
+      return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, {0, 0}, -1, detail::slot_writer::cached},
+                                       std::move(landing));
     typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
     if (n * sizeof(T) <= seg.small_bytes) {
       p.small_slot = static_cast<int>(smalls_++ % 2);
@@ -533,7 +558,7 @@ class host_reducer {
       const int cls = detail::slot_writer::size_class(n * sizeof(T));
       p.stores = seg.writer.choose(cls, timed_[cls]++);
     }
-    auto t = std::make_shared<task<T>>(segment_, data, n, o, p);
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing));
     seg.enqueue(t);
     return t;
   }

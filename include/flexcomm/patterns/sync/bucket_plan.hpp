@@ -35,6 +35,11 @@ class bucket_plan {
 
   // Appends a gradient; a new bucket starts when this one would overflow or change type.
   void add(int index, dtype type, std::size_t count);
+  // Ends the plan: the gradients handed over last (the first layers', ready as backward ends) move
+  // into a bucket of their own of at most `last_bytes` (the longest such run at the end, or the
+  // last gradient alone), unless the last bucket is already that small; 0 leaves it. What only
+  // starts when backward ends cannot be hidden behind it, so it should be short.
+  void seal(std::size_t last_bytes);
 
   const gradient* find(int index) const {
     auto it = position_.find(index);
@@ -71,6 +76,25 @@ inline void bucket_plan::add(int index, dtype type, std::size_t count) {
   gradients_.push_back({index, type, count, static_cast<int>(buckets_.size() - 1), b.count});
   b.count += count;
   b.last = gradients_.size();
+}
+
+inline void bucket_plan::seal(std::size_t last_bytes) {
+  if (last_bytes == 0 || buckets_.empty()) return;
+  bucket& last = buckets_.back();
+  const std::size_t width = size_of(last.type);
+  if (last.count * width <= last_bytes || last.last - last.first < 2) return;
+  std::size_t split = last.last - 1, bytes = gradients_[split].count * width;
+  while (split > last.first + 1 && bytes + gradients_[split - 1].count * width <= last_bytes)
+    bytes += gradients_[--split].count * width;
+  const std::size_t base = gradients_[split].offset;
+  bucket tail{last.type, last.count - base, split, last.last};
+  last.count = base;
+  last.last = split;
+  buckets_.push_back(tail);
+  for (std::size_t i = split; i < gradients_.size(); ++i) {
+    gradients_[i].bucket = static_cast<int>(buckets_.size() - 1);
+    gradients_[i].offset -= base;
+  }
 }
 
 inline std::uint64_t bucket_plan::signature() const {

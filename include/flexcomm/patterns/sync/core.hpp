@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <unordered_set>
@@ -86,13 +87,15 @@ class sync_core {
   }
 
   // Before the optimizer step: every bucket reduced, averages in place; mismatches across the
-  // member's ranks (order, sizes) are a flexcomm::error on every rank.
+  // member's ranks (order, sizes) are a flexcomm::error on every rank (the gradients then hold
+  // what the buckets reduced, or what was handed over: nothing to step with).
   void finish() {
     trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
     signature_check<typename control_channel<B>::backend> step_check;
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
+      plan_.seal(options_.last_bucket_bytes);
       start_check(step_check, fingerprint(step_hash_).add(plan_.signature()));
       verdict = step_check.verdict(misuse_, sequence_);
       if (!verdict.empty()) {
@@ -151,18 +154,22 @@ class sync_core {
   // memory directly), or the flat route the adapter names.
   enum class route { flat, shared_memory, hierarchical };
   // Starts one bucket of T on the route; each bucket's is picked once, when the plan is formed.
-  using launcher = flight<B> (sync_core::*)(void* data, std::size_t count);
+  // Bucket b's average lands in its gradients in copy_out(), after every bucket is reduced, except
+  // on the shared-memory route, which lands each bucket where it finishes (route_shared_memory.hpp).
+  using launcher = flight<B> (sync_core::*)(void* data, std::size_t count, std::size_t b);
 
   template <class T>
-  flight<B> through_flat(void* data, std::size_t count) {
+  flight<B> through_flat(void* data, std::size_t count, std::size_t) {
     return flat_.launch(comm_, static_cast<T*>(data), count, options_.op, launch_early_);
   }
   template <class T>
-  flight<B> through_shared_memory(void* data, std::size_t count) {
-    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_);
+  flight<B> through_shared_memory(void* data, std::size_t count, std::size_t b) {
+    std::function<void()> landing;
+    if (staged(b)) landing = [this, b] { land(b); };
+    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, std::move(landing));
   }
   template <class T>
-  flight<B> through_tiers(void* data, std::size_t count) {
+  flight<B> through_tiers(void* data, std::size_t count, std::size_t) {
     // The flat route runs across the host leaders only, as a sum: the tiers average once, after it.
     T* d = static_cast<T*>(data);
     const bool crosses = tiers_.leader() && tiers_.leaders().size() > 1 && count > 0;
@@ -205,7 +212,7 @@ class sync_core {
     const auto& spec = plan_.buckets()[b];
     const std::size_t width = size_of(spec.type);
     void* data = nullptr;
-    if (spec.last - spec.first == 1 && pointers_[spec.first]) {
+    if (!staged(b)) {
       data = pointers_[spec.first];  // a bucket of one gradient is reduced where it lies
     } else {
       auto& stage = staging_[b];
@@ -216,20 +223,29 @@ class sync_core {
       }
       data = stage.data();
     }
-    flights_[b] = (this->*launchers_[b])(data, spec.count);
+    flights_[b] = (this->*launchers_[b])(data, spec.count, b);
   }
 
-  void copy_out() {
-    const auto& buckets = plan_.buckets();
-    for (std::size_t b = 0; b < buckets.size(); ++b) {
-      const auto& spec = buckets[b];
-      if (spec.last - spec.first == 1 && pointers_[spec.first]) continue;  // reduced in place
-      const std::size_t width = size_of(spec.type);
-      for (std::size_t i = spec.first; i < spec.last; ++i) {
-        const auto& g = plan_.gradients()[i];
-        if (pointers_[i]) B::copy(pointers_[i], staging_[b].data() + g.offset * width, g.count * width);
-      }
+  // Whether bucket b goes through staging this step (else: one gradient, reduced where it lies).
+  bool staged(std::size_t b) const {
+    const auto& spec = plan_.buckets()[b];
+    return !(spec.last - spec.first == 1 && pointers_[spec.first]);
+  }
+  // Copies staged bucket b's average back into its gradients. Touches only bucket b's entries of
+  // pointers_ and staging_, which stay put until finish() has waited for every bucket: a route may
+  // call it on the thread that finishes the bucket while the trainer hands over later gradients.
+  void land(std::size_t b) {
+    const auto& spec = plan_.buckets()[b];
+    const std::size_t width = size_of(spec.type);
+    for (std::size_t i = spec.first; i < spec.last; ++i) {
+      const auto& g = plan_.gradients()[i];
+      if (pointers_[i]) B::copy(pointers_[i], staging_[b].data() + g.offset * width, g.count * width);
     }
+  }
+  void copy_out() {
+    if (route_ == route::shared_memory) return;  // landed as each bucket finished
+    for (std::size_t b = 0; b < plan_.buckets().size(); ++b)
+      if (staged(b)) land(b);
   }
 
   void end_step() {

@@ -27,6 +27,10 @@ struct sync_options {
   // Gradients are fused into buckets of at most this many bytes (a larger gradient gets a
   // bucket of its own).
   std::size_t bucket_bytes = bucket_bytes_from_env();
+  // The gradients handed over last in a step (the first layers', ready only as backward ends)
+  // get a bucket of their own of at most this many bytes (bucket_plan::seal): only it is left to
+  // reduce once backward ends. 0: the last bucket is whatever remains of bucket_bytes.
+  std::size_t last_bucket_bytes = std::size_t{64} << 10;
   // The reduction left in the gradients; avg divides the sum by the member's rank count.
   ::flexcomm::op op = ::flexcomm::op::avg;
   // overlapped_ring: a bucket travels the ring in segments of this size, `segments_in_flight`

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,21 +57,24 @@ class host_shared {
   static constexpr std::size_t latency_bytes = std::size_t{64} << 10;
 
   // Reduces one bucket: here, on the trainer's thread, before returning (`on_engine` false), or
-  // in the background. A background bucket of at most latency_bytes is only started: whoever
+  // in the background. `landing` (may be empty) runs once the bucket's average is in data, on
+  // the thread that finished it: a fused bucket reduced during backward is copied back into its
+  // gradients during backward too, not after it in finish(). A background bucket of at most latency_bytes is only started: whoever
   // drives the segment next finishes it (the engine with a later bucket, or the trainer in
   // finish(), whose step check goes through the same segment), as the flight's `driven`. The hop
   // to the engine's thread and back would cost more than the reduction (2 ranks, 64 KiB: 20-25 us
   // on the engine, 10-14 us without), and unlike a blocking reduction here it never holds the
   // trainer until its peers reach the bucket.
   template <class T>
-  flight<B> launch(T* data, std::size_t count, op o, bool on_engine) {
+  flight<B> launch(T* data, std::size_t count, op o, bool on_engine, std::function<void()> landing) {
     flight<B> f;
     if (!on_engine) {
       reducer_->allreduce(data, count, o);
+      if (landing) landing();
       return f;
     }
     // Not polled here: that would drive the buckets before it too, on the trainer's time.
-    auto task = reducer_->start(data, count, o);
+    auto task = reducer_->start(data, count, o, std::move(landing));
     if (count * sizeof(T) <= latency_bytes)
       f.driven = [task] { return task->poll(); };
     else
@@ -89,7 +93,7 @@ class host_shared<B, false> {
   explicit operator bool() const noexcept { return false; }
   void agree(span<std::int64_t>) {}
   template <class T>
-  flight<B> launch(T*, std::size_t, op, bool) {
+  flight<B> launch(T*, std::size_t, op, bool, std::function<void()>) {
     fail("shared-memory allreduce", "this backend has no shared-memory path");
   }
 };
