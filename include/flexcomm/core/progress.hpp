@@ -202,11 +202,7 @@ class progress_engine {
       }
       idle_rounds = progressed ? 0 : idle_rounds + 1;
       // The engine itself must not busy-poll a shared core away from the trainer.
-      if (!active.empty()) {
-        wait_policy p = default_wait();
-        if (p.kind == wait_kind::spin) p = wait_policy::yield();
-        p.pause(idle_rounds);
-      }
+      if (!active.empty()) default_wait().pause_engine(idle_rounds);
     }
   }
 
