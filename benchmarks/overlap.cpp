@@ -14,8 +14,15 @@
 // FLEXCOMM_SHM is overridden for both. An shm row's Hidden(%) is against the shm sync after
 // backward (what that path exposes); its speedup against sync after backward with shm off (what
 // a user had without it); shm/off is its Overall over the same adapter's with shm off.
+// Overall - Compute is a small difference of two large, separately timed means (idle backward:
+// sleeps whose wake-ups jitter), so each row also times what backward leaves: Tail(us), the mean
+// time the trainer spends in finish() once its last gradient is handed over, on the same steps;
+// Tail-hidden(%) = 100 (1 - Tail / the same path's sync-after-backward Tail). The idle
+// backward sleeps with a 1 us timer slack (see main).
 // With --trace-dir, overlapped_ring's row (shm off) runs again with tracing on, between two runs
-// with it off, and the ratio says what FLEXCOMM_TRACE costs a step.
+// with it off, and the ratio says what FLEXCOMM_TRACE costs a step; with the host idle,
+// overlapped_ring shm is traced too, into <dir>/<model>_ring_shm_idle (each bucket's reduction
+// from post to result, its copy back, finish()).
 #include <boost/program_options.hpp>
 
 #include <flexcomm/flexcomm.hpp>
@@ -31,6 +38,7 @@
 #include <iomanip>
 #include <iostream>
 #include <numeric>
+#include <sys/prctl.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -134,7 +142,7 @@ double overlap_percent(double overall, double compute, double comm) {
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string models, json, bucket_text, trace_dir;
+  std::string models, json, bucket_text, last_bucket_text, trace_dir;
   double scale;
   int iters = 10, warmup = 3, work = 16;
   po::options_description opts("overlap");
@@ -142,6 +150,8 @@ int main(int argc, char** argv) {
       ("models,m", po::value(&models)->default_value("resnet50,vgg16"), "resnet50, vgg16 or both")
       ("scale", po::value(&scale)->default_value(64), "divide every layer's parameter count by this")
       ("bucket,b", po::value(&bucket_text)->default_value(""), "bucket bytes (default: 25 MiB / scale)")
+      ("last-bucket", po::value(&last_bucket_text)->default_value(""),
+       "bytes of the bucket that fills last (sync_options::last_bucket_bytes; default: the library's; 0: none)")
       ("work,k", counts::at_least<1>(&work), "multiply-adds per parameter in backward")
       ("iters,n", counts::at_least<1>(&iters), "timed steps")
       ("warmup_iters,w", counts::at_least<0>(&warmup), "warmup steps (the first plans the buckets)")
@@ -160,6 +170,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool root = world.rank() == 0;
+  // The idle backward's sleeps end within a microsecond of their deadline, as a host woken by an
+  // accelerator's completion would, not up to the default 50 us timer slack later.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   if (root)
     std::printf("# flexcomm overlap: %d ranks, %d per node, %u cores, wait %s, scale 1/%g, %d multiply-adds/param\n",
                 world.size(), env.ranks_on_node(), std::thread::hardware_concurrency(),
@@ -178,10 +191,14 @@ int main(int argc, char** argv) {
     fc::sync_options options;
     options.bucket_bytes = bucket_text.empty() ? std::max<std::size_t>(4096, static_cast<std::size_t>(fc::default_bucket_bytes / scale))
                                                : fc::parse_bytes(bucket_text, "--bucket");
+    if (!last_bucket_text.empty())
+      options.last_bucket_bytes = last_bucket_text == "0" ? 0 : fc::parse_bytes(last_bucket_text, "--last-bucket");
     const int layers = static_cast<int>(grads.size());
     // Backprop runs from the last layer to the first. `idle` > 0: the host waits out that many
     // microseconds instead of computing (an accelerator's backward), spread over the layers.
     double idle = 0;
+    // Time in finish() over the timed steps (step >= warmup) of the current measurement.
+    double tail_us = 0;
     auto backward = [&](int step, auto* sync) {
       const auto start = std::chrono::steady_clock::now();
       std::size_t done = 0;
@@ -195,7 +212,10 @@ int main(int argc, char** argv) {
           compute_gradient(g, work, step);
         if (sync) sync->ready(l, fc::span<float>(g));
       }
-      if (sync) sync->finish();
+      if (!sync) return;
+      const auto handed = std::chrono::steady_clock::now();
+      sync->finish();
+      if (step >= warmup) tail_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - handed).count();
     };
     auto comm_only = [&](auto* sync) {
       for (int l = layers - 1; l >= 0; --l) sync->ready(l, fc::span<float>(grads[static_cast<std::size_t>(l)]));
@@ -222,12 +242,14 @@ int main(int argc, char** argv) {
       std::string name;
       bool shm;       // shared memory allowed (automatic)
       bool shm_used;  // and the adapter took it (the member is on one host)
-      double overall, comm;
+      double overall, comm, tail;
       std::size_t buckets;
     };
     auto measure = [&](std::string name, auto& sync, bool shm) {
-      row r{std::move(name), shm, sync.shared_memory(), 0, 0, 0};
+      row r{std::move(name), shm, sync.shared_memory(), 0, 0, 0, 0};
+      tail_us = 0;
       r.overall = time_steps(world, warmup, iters, [&](int s) { backward(s, &sync); });
+      r.tail = max_over_ranks(world, tail_us / iters);
       r.comm = time_steps(world, warmup, iters, [&](int) { comm_only(&sync); });
       r.buckets = sync.plan().buckets().size();  // planned at the first step
       return r;
@@ -247,6 +269,10 @@ int main(int argc, char** argv) {
     const auto hidden = [&](std::size_t i) {
       return overlap_percent(rows[i].overall, compute, rows[rows[i].shm ? 1 : 0].overall - compute);
     };
+    const auto tail_hidden = [&](std::size_t i) {
+      const double after = rows[rows[i].shm ? 1 : 0].tail;
+      return after > 0 ? std::clamp(100.0 * (1.0 - rows[i].tail / after), 0.0, 100.0) : 0.0;
+    };
     // shm rows: Overall over that of the off row just before (the same adapter).
     const auto shm_over_off = [&](std::size_t i) { return rows[i].overall / rows[i - 1].overall; };
     for (const auto& r : rows) shm_rows_used = shm_rows_used && (!r.shm || r.shm_used);
@@ -257,21 +283,25 @@ int main(int argc, char** argv) {
                   options.bucket_bytes);
       std::printf("# backward: %s\n", idle > 0 ? "host idle for as long as the CPU backward took (an accelerator computes)"
                                               : "CPU multiply-adds on the trainer thread");
-      std::printf("# %-44s %8s %8s %12s %12s %13s %11s %10s %8s %8s\n", "adapter", "shm", "buckets", "Overall(us)",
-                  "Compute(us)", "Pure-Comm(us)", "Overlap(%)", "Hidden(%)", "speedup", "shm/off");
+      std::printf("# %-44s %8s %8s %12s %12s %13s %11s %10s %8s %8s %9s %15s %13s\n", "adapter", "shm", "buckets",
+                  "Overall(us)", "Compute(us)", "Pure-Comm(us)", "Overlap(%)", "Hidden(%)", "speedup", "shm/off",
+                  "Tail(us)", "Tail-hidden(%)", "Overall/Comp");
       for (std::size_t i = 0; i < rows.size(); ++i) {
         const auto& r = rows[i];
         const char* shm = !r.shm ? "off" : r.shm_used ? "used" : "unused";
         const std::string ratio = r.shm ? two_places(shm_over_off(i)) : "";
-        std::printf("  %-44s %8s %8zu %12.0f %12.0f %13.0f %11.1f %10.1f %8.2f %8s\n", r.name.c_str(), shm, r.buckets,
-                    r.overall, compute, r.comm, overlap_percent(r.overall, compute, r.comm), hidden(i),
-                    rows[0].overall / r.overall, ratio.c_str());
+        std::printf("  %-44s %8s %8zu %12.0f %12.0f %13.0f %11.1f %10.1f %8.2f %8s %9.1f %15.1f %13.3f\n",
+                    r.name.c_str(), shm, r.buckets, r.overall, compute, r.comm,
+                    overlap_percent(r.overall, compute, r.comm), hidden(i), rows[0].overall / r.overall, ratio.c_str(),
+                    r.tail, tail_hidden(i), r.overall / compute);
         records += fc::cat(records.empty() ? "" : ",\n", "  {\"model\": \"", model, "\", \"backward\": \"", mode,
                            "\", \"adapter\": \"", r.name, "\", \"shared_memory\": \"", r.shm ? "auto" : "off",
                            "\", \"shared_memory_used\": ", r.shm_used ? "true" : "false",
                            ", \"ranks\": ", world.size(), ", \"scale\": ", scale, ", \"parameters\": ", scaled,
                            ", \"buckets\": ", r.buckets, ", \"overall_us\": ", r.overall, ", \"compute_us\": ", compute,
-                           ", \"pure_comm_us\": ", r.comm, ", \"overlap_percent\": ",
+                           ", \"pure_comm_us\": ", r.comm, ", \"tail_us\": ", r.tail,
+                           ", \"tail_hidden_percent\": ", tail_hidden(i), ", \"overall_over_compute\": ", r.overall / compute,
+                           ", \"overlap_percent\": ",
                            overlap_percent(r.overall, compute, r.comm), ", \"hidden_vs_after_backward_percent\": ",
                            hidden(i), ", \"hidden_baseline\": \"", rows[r.shm ? 1 : 0].name,
                            "\", \"speedup_vs_after_backward_shm_off\": ", rows[0].overall / r.overall,
@@ -282,6 +312,8 @@ int main(int argc, char** argv) {
       std::printf("# shm off -> on: hidden %.1f%% -> %.1f%% (launch when full), %.1f%% -> %.1f%% (overlapped_ring); "
                   "Overall shm/off %.2f, %.2f, %.2f (sync after backward, launch when full, overlapped_ring)\n",
                   hidden(2), hidden(3), hidden(4), hidden(5), shm_over_off(1), shm_over_off(3), shm_over_off(5));
+      std::printf("# tail hidden shm off -> on: %.1f%% -> %.1f%% (launch when full), %.1f%% -> %.1f%% (overlapped_ring)\n",
+                  tail_hidden(2), tail_hidden(3), tail_hidden(4), tail_hidden(5));
       std::fflush(stdout);
     }
     if (!trace_dir.empty()) {
@@ -292,6 +324,11 @@ int main(int argc, char** argv) {
       const double on = time_steps(world, warmup, iters, ring_step);
       fc::trace::stop();
       const double off_after = time_steps(world, warmup, iters, ring_step);
+      if (idle > 0) {
+        fc::trace::start(world, fc::cat(trace_dir, "/", model, "_ring_shm_idle"));
+        time_steps(world, warmup, iters, [&](int s) { backward(s, &ring_shm); });
+        fc::trace::stop();
+      }
       const double off = (off_before + off_after) / 2;
       if (root) {
         std::printf("  %-44s %8s %8zu %12.0f %12s %13s %11s %10s %8s\n", "overlapped_ring, tracing off (mean of 2)",
@@ -300,6 +337,7 @@ int main(int argc, char** argv) {
                     ring.plan().buckets().size(), on, "", "", "", "", on / off);
         std::printf("# tracing on/off: %.3f (off %.0f and %.0f us around on %.0f us)\n", on / off, off_before,
                     off_after, on);
+        if (idle > 0) std::printf("# overlapped_ring shm traced into %s/%s_ring_shm_idle\n", trace_dir.c_str(), model.c_str());
         records += fc::cat(",\n  {\"model\": \"", model, "\", \"backward\": \"", mode,
                            "\", \"adapter\": \"overlapped_ring\", \"tracing\": true, \"ranks\": ", world.size(),
                            ", \"overall_off_before_us\": ", off_before, ", \"overall_on_us\": ", on,
