@@ -59,12 +59,12 @@ class host_shared {
   // Reduces one bucket: here, on the trainer's thread, before returning (`on_engine` false), or
   // in the background. `landing` (may be empty) runs once the bucket's average is in data, on
   // the thread that finished it: a fused bucket reduced during backward is copied back into its
-  // gradients during backward too, not after it in finish(). A background bucket of at most latency_bytes is only started: whoever
-  // drives the segment next finishes it (the engine with a later bucket, or the trainer in
-  // finish(), whose step check goes through the same segment), as the flight's `driven`. The hop
-  // to the engine's thread and back would cost more than the reduction (2 ranks, 64 KiB: 20-25 us
-  // on the engine, 10-14 us without), and unlike a blocking reduction here it never holds the
-  // trainer until its peers reach the bucket.
+  // gradients during backward too, not after it in finish(). A background bucket of at most
+  // latency_bytes is only started: whoever drives the segment next finishes it (the engine with
+  // a later bucket, or the trainer in finish(), whose step check goes through the same segment),
+  // as the flight's `driven`. The hop to the engine's thread and back would cost more than the
+  // reduction (2 ranks, 64 KiB: 20-25 us on the engine, 10-14 us without), and unlike a blocking
+  // reduction here it never holds the trainer until its peers reach the bucket.
   template <class T>
   flight<B> launch(T* data, std::size_t count, op o, bool on_engine, std::function<void()> landing) {
     flight<B> f;
