@@ -38,7 +38,6 @@
 #include <iomanip>
 #include <iostream>
 #include <numeric>
-#include <sys/prctl.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -172,7 +171,7 @@ int main(int argc, char** argv) {
   const bool root = world.rank() == 0;
   // The idle backward's sleeps end within a microsecond of their deadline, as a host woken by an
   // accelerator's completion would, not up to the default 50 us timer slack later.
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  fc::detail::tighten_timer_slack();
   if (root)
     std::printf("# flexcomm overlap: %d ranks, %d per node, %u cores, wait %s, scale 1/%g, %d multiply-adds/param\n",
                 world.size(), env.ranks_on_node(), std::thread::hardware_concurrency(),
@@ -269,10 +268,8 @@ int main(int argc, char** argv) {
     const auto hidden = [&](std::size_t i) {
       return overlap_percent(rows[i].overall, compute, rows[rows[i].shm ? 1 : 0].overall - compute);
     };
-    const auto tail_hidden = [&](std::size_t i) {
-      const double after = rows[rows[i].shm ? 1 : 0].tail;
-      return after > 0 ? std::clamp(100.0 * (1.0 - rows[i].tail / after), 0.0, 100.0) : 0.0;
-    };
+    // The share of the same path's sync-after-backward tail that this row's tail does not leave.
+    const auto tail_hidden = [&](std::size_t i) { return overlap_percent(rows[i].tail, 0, rows[rows[i].shm ? 1 : 0].tail); };
     // shm rows: Overall over that of the off row just before (the same adapter).
     const auto shm_over_off = [&](std::size_t i) { return rows[i].overall / rows[i - 1].overall; };
     for (const auto& r : rows) shm_rows_used = shm_rows_used && (!r.shm || r.shm_used);
