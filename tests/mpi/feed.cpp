@@ -791,6 +791,58 @@ BOOST_AUTO_TEST_CASE(adaptive_leaves_the_work_to_producers_that_keep_ahead) {
   }
 }
 
+// A trainer that holds its batch far past FLEXCOMM_TIMEOUT while a producer is a whole board
+// ahead: the producer, asleep on the board's doorbell under backoff, still wakes to fail naming
+// that trainer's world rank, and so does every other trainer waiting for the slot; the slow
+// trainer, once back, makes the rest of the stream itself. On each real host's ranks by
+// themselves, as the one_to_many case above.
+BOOST_AUTO_TEST_CASE(adaptive_a_trainer_that_never_releases_its_batch_is_named_by_the_producer_asleep) {
+  const auto host = world().split(real_hosts().host_of(world().rank()), world().rank(), "this host");
+  const int n = host.size();
+  bool ok = true;
+  std::string what;
+  if (n >= 2) {
+    const auto layout = fc::ensemble_layout::parse(fc::cat("producers=1 members=", n - 1, "x1"));
+    const auto role = layout.role_of(host.rank());
+    const int slow = host.world_rank_of(layout.trainer_rank(0, 0));
+    fc::feed_options options;
+    options.steps = 8;
+    options.shard_capacity = 16;
+    options.depth = 1;  // a board of 4 steps: the producer waits for the slot of step 4
+    options.shared_memory = fc::shared_memory_use::on;
+    const auto limit = fc::default_timeout();
+    const auto policy = fc::default_wait();
+    fc::set_default_timeout(std::chrono::milliseconds(400));
+    fc::set_default_wait(fc::wait_policy::backoff());  // the doorbell is backoff's
+    std::int64_t steps = 0;
+    {
+      fc::adaptive<fc::mpi> feed(host, layout, test_loader(options.shard_capacity), options);
+      ok = feed.balancing();
+      if (role.kind == fc::role::producer) {
+        what = error_of([&] { feed.produce(); });
+      } else {
+        what = error_of([&] {
+          while (auto b = feed.next()) {
+            ok = ok && b->step() == steps++;
+            if (role.member == 0 && b->step() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          }
+        });
+      }
+    }
+    fc::set_default_wait(policy);
+    fc::set_default_timeout(limit);
+    const std::string named = fc::cat("timed out after 400 ms (FLEXCOMM_TIMEOUT); not answered by world rank ", slow, "\n");
+    if (role.kind == fc::role::producer)
+      ok = ok && contains(what, fc::cat("adaptive: slot of step 4: ", named)) &&
+           contains(what, "step 0 not released, so nobody can make step 4 in its slot");
+    else if (role.member == 0)
+      ok = ok && what.empty() && steps == options.steps;
+    else
+      ok = ok && contains(what, fc::cat("adaptive: step 4: ", named));
+  }
+  BOOST_TEST(all_ranks(ok), what);
+}
+
 BOOST_AUTO_TEST_CASE(adaptive_refuses_skip_ahead_on_every_rank) {
   fc::feed_options options;
   options.steps = 4;

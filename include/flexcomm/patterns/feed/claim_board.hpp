@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../../backend/contract.hpp"
+#include "../../core/doorbell.hpp"
 #include "../../core/error.hpp"
 #include "host_slots.hpp"
 
@@ -28,6 +29,7 @@ namespace flexcomm::detail {
 //   released[r]        per rank: steps [0, released) read by rank r (readers only; the others
 //                      never hold a slot, and mark themselves done with every step)
 //   pace               how long making a piece takes, in ns (smoothed over every maker)
+//   freed              a doorbell, rung by a release that frees a slot (producers sleep on it)
 //   claim[slot][piece] (step + 1) << 16 | (group rank + 1) of the last claim; 0 before any
 //   made[slot][piece]  step + 1 once that step's piece is in the slot
 //   data[slot]         the pieces of a step side by side, each piece_bytes + guard_bytes long
@@ -54,17 +56,19 @@ class claim_board {
       at += b == 0 ? 0 : host_slots<B>::round_up(b + guard_bytes);
     }
     slot_bytes_ = at;
-    const std::size_t control = (static_cast<std::size_t>(group.size()) + 1 + 2 * slots_ * pieces_) * line;
+    const std::size_t control = (static_cast<std::size_t>(group.size()) + 2 + 2 * slots_ * pieces_) * line;
     window_ = typename B::host_window(group, group.rank() == 0 ? control + slots_ * slot_bytes_ : 0, who);
     base_ = window_.region(0);
     data_ = base_ + control;
     static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
-    // Rank 0's pages start zeroed, which every claim and made counter reads as "nothing yet"
-    // (nobody places those: a claim may land before rank 0 would). Each rank places its own
-    // released counter; one that reads nothing is done with every step. A peer that reads it
-    // before then reads 0, and only waits a little longer for a slot.
+    // Rank 0's pages start zeroed, which every claim and made counter reads as "nothing yet",
+    // and the doorbell as never rung (nobody places those: a claim may land before rank 0
+    // would). Each rank places its own released counter; one that reads nothing is done with
+    // every step. A peer that reads it before then reads 0, and only waits a little longer for a
+    // slot: the placement rings for it.
     new (base_ + static_cast<std::size_t>(group.rank()) * line)
         std::atomic<std::uint64_t>(reads ? 0 : std::numeric_limits<std::uint64_t>::max());
+    freed().ring();
   }
 
   explicit operator bool() const noexcept { return static_cast<bool>(window_); }
@@ -109,6 +113,11 @@ class claim_board {
     return std::chrono::nanoseconds(counter(world_ranks_.size()).load(std::memory_order_relaxed));
   }
 
+  // Rung whenever a slot may have come free; a producer waiting for one sleeps on it.
+  doorbell& freed() const noexcept {
+    return *std::launder(reinterpret_cast<doorbell*>(base_ + (world_ranks_.size() + 1) * line));
+  }
+
   // Reader: done with steps [0, k]; their slots may be refilled.
   void release(std::int64_t k) const noexcept { release_all(static_cast<std::uint64_t>(k) + 1); }
   // Reader that leaves the stream: nobody waits for it again.
@@ -136,7 +145,7 @@ class claim_board {
   }
   std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(static_cast<std::size_t>(r)); }
   std::size_t control(std::int64_t k, std::size_t c) const noexcept {
-    return world_ranks_.size() + 1 + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
+    return world_ranks_.size() + 2 + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
   }
   std::atomic<std::uint64_t>& claim(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c)); }
   std::atomic<std::uint64_t>& made(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c) + 1); }
@@ -153,9 +162,19 @@ class claim_board {
       }
     return late;
   }
+  // The reader that moves the slowest reader on frees a slot, and rings for the producers that
+  // sleep on it. Of two readers that release the same step at once, at least one sees the
+  // other's store (both are sequentially consistent, as are the loads after them), so a slot
+  // never comes free unrung.
   void release_all(std::uint64_t done) const noexcept {
     auto& mine = released(window_.rank());
-    if (mine.load(std::memory_order_relaxed) < done) mine.store(done, std::memory_order_release);
+    const std::uint64_t before = mine.load(std::memory_order_relaxed);
+    if (before >= done) return;
+    mine.store(done, std::memory_order_seq_cst);
+    std::uint64_t slowest = std::numeric_limits<std::uint64_t>::max();
+    for (std::size_t r = 0; r < world_ranks_.size(); ++r)
+      slowest = std::min(slowest, released(static_cast<int>(r)).load(std::memory_order_seq_cst));
+    if (slowest > before) freed().ring();
   }
 
   typename B::host_window window_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../../backend/contract.hpp"
+#include "../../core/doorbell.hpp"
 #include "../../core/error.hpp"
 #include "../../core/span.hpp"
 #include "../../core/wait.hpp"
@@ -32,6 +33,33 @@ void wait_in_shared_memory(Done&& done, const std::string& what, Late&& late, co
   const auto limit = default_timeout();
   if (!wait_answering(policy, limit, done, [] { watchdog::instance().answer_queries(); }))
     fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
+}
+
+// The same wait for a change that whoever makes it announces on `bell`: where the policy backs
+// off (the ranks outnumber the cores) the waiter sleeps until a ring rather than waking on a
+// timer to look, and looks at least every watchdog::answer_after to answer the watchdog and
+// keep the timeout. Where the policy spins or yields, or work waits for this rank's gaps, it is
+// the wait above.
+template <class Done, class Late>
+void wait_on_doorbell(doorbell& bell, Done&& done, const std::string& what, Late&& late,
+                      const wait_policy& policy = default_wait()) {
+  if (policy.kind != wait_kind::backoff || gap_work().load(std::memory_order_acquire))
+    return wait_in_shared_memory(done, what, late, policy);
+  if (done()) return;
+  const auto limit = default_timeout();
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const auto waited = std::chrono::steady_clock::now() - start;
+    auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(watchdog::answer_after);
+    if (limit.count() > 0) {
+      if (waited >= limit) break;
+      slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(limit - waited));
+    }
+    if (waited >= watchdog::answer_after) watchdog::instance().answer_queries();
+    bell.sleep_unless(done, slice);
+    if (done()) return;
+  }
+  if (!done()) fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
 }
 
 // Over a group of one host's ranks: the publishers (a producer and, in all_shared, every owner of
