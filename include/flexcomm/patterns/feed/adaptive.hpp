@@ -223,7 +223,8 @@ void adaptive<B>::produce() {
         if (board_.try_claim(k, c)) make(k, c);
         continue;
       }
-      detail::wait_on_doorbell(board_.freed(), [&] { return board_.claimed(k, c) || board_.slot_free(k); },
+      detail::wait_on_doorbell(board_.freed(), board_.freed_channel(k),
+                               [&] { return board_.claimed(k, c) || board_.slot_free(k); },
                                cat("adaptive: slot of step ", k), [&] { return board_.holder(k, c); });
       if (board_.try_claim(k, c)) make(k, c);
     }

@@ -113,7 +113,12 @@ class claim_board {
     return std::chrono::nanoseconds(counter(world_ranks_.size()).load(std::memory_order_relaxed));
   }
 
-  // Rung whenever a slot may have come free; a producer waiting for one sleeps on it.
+  // Rung whenever a slot may have come free, on the channel of the step that may now use it; a
+  // producer waiting for step k's slot sleeps on channel freed_channel(k).
+  static std::uint32_t freed_channel(std::int64_t k, std::size_t slots) noexcept {
+    return doorbell::channel(static_cast<std::uint64_t>(k) % slots);
+  }
+  std::uint32_t freed_channel(std::int64_t k) const noexcept { return freed_channel(k, slots_); }
   doorbell& freed() const noexcept {
     return *std::launder(reinterpret_cast<doorbell*>(base_ + (world_ranks_.size() + 1) * line));
   }
@@ -162,8 +167,8 @@ class claim_board {
       }
     return late;
   }
-  // The reader that moves the slowest reader on frees a slot, and rings for the producers that
-  // sleep on it. Of two readers that release the same step at once, at least one sees the
+  // The reader that moves the slowest reader on frees a slot, and rings for the producer that
+  // sleeps on it. Of two readers that release the same step at once, at least one sees the
   // other's store (both are sequentially consistent, as are the loads after them), so a slot
   // never comes free unrung.
   void release_all(std::uint64_t done) const noexcept {
@@ -174,7 +179,13 @@ class claim_board {
     std::uint64_t slowest = std::numeric_limits<std::uint64_t>::max();
     for (std::size_t r = 0; r < world_ranks_.size(); ++r)
       slowest = std::min(slowest, released(static_cast<int>(r)).load(std::memory_order_seq_cst));
-    if (slowest > before) freed().ring();
+    if (slowest <= before) return;
+    // Steps [before, slowest) are released by everyone: steps [before, slowest) + slots may use
+    // their slots.
+    std::uint32_t channels = 0;
+    for (std::uint64_t j = before; j < slowest && j < before + 32; ++j)
+      channels |= freed_channel(static_cast<std::int64_t>(j), slots_);
+    freed().ring(slowest - before >= 32 ? doorbell::every_channel : channels);
   }
 
   typename B::host_window window_;

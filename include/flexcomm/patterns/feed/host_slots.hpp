@@ -35,13 +35,13 @@ void wait_in_shared_memory(Done&& done, const std::string& what, Late&& late, co
     fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
 }
 
-// The same wait for a change that whoever makes it announces on `bell`: where the policy backs
+// The same wait for a change that whoever makes it announces on `bell` (on one of `channels`): where the policy backs
 // off (the ranks outnumber the cores) the waiter sleeps until a ring rather than waking on a
 // timer to look, and looks at least every watchdog::answer_after to answer the watchdog and
 // keep the timeout. Where the policy spins or yields, or work waits for this rank's gaps, it is
 // the wait above.
 template <class Done, class Late>
-void wait_on_doorbell(doorbell& bell, Done&& done, const std::string& what, Late&& late,
+void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, const std::string& what, Late&& late,
                       const wait_policy& policy = default_wait()) {
   if (policy.kind != wait_kind::backoff || gap_work().load(std::memory_order_acquire))
     return wait_in_shared_memory(done, what, late, policy);
@@ -56,7 +56,7 @@ void wait_on_doorbell(doorbell& bell, Done&& done, const std::string& what, Late
       slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(limit - waited));
     }
     if (waited >= watchdog::answer_after) watchdog::instance().answer_queries();
-    bell.sleep_unless(done, slice);
+    bell.sleep_unless(done, slice, channels);
     if (done()) return;
   }
   if (!done()) fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
