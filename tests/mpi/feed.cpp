@@ -615,42 +615,64 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(on_one_host_trainers_read_the_loaders_bytes_in_pla
 // wait for the producer's next step fail naming the producer; nobody hangs. Run on each real
 // host's ranks by themselves (the cluster suite has several), so that every step of the stream
 // is in shared memory and no message is left waiting for a producer that gave up.
-BOOST_AUTO_TEST_CASE(a_trainer_that_never_releases_its_batch_is_named_by_its_producer) {
-  const auto host = world().split(real_hosts().host_of(world().rank()), world().rank(), "this host");
-  const int n = host.size();
-  bool ok = true;
-  std::string what;
-  if (n >= 2) {
-    const auto layout = fc::ensemble_layout::parse(fc::cat("producers=1 members=", n - 1, "x1"));
-    const auto role = layout.role_of(host.rank());
-    fc::feed_options options;
-    options.steps = 6;
+namespace {
+
+// One real host's ranks by themselves (the cluster suite has several) as one producer and n - 1
+// one-rank members, depth 1, every step in shared memory: a stream where a trainer can hold a
+// slot past the timeout.
+struct host_stream {
+  explicit host_stream(std::int64_t steps) {
+    options.steps = steps;
     options.shard_capacity = 16;
     options.depth = 1;
     options.shared_memory = fc::shared_memory_use::on;
-    const auto limit = fc::default_timeout();
-    fc::set_default_timeout(std::chrono::milliseconds(400));
+  }
+
+  const fc::mpi::communicator host = world().split(real_hosts().host_of(world().rank()), world().rank(), "this host");
+  const int n = host.size();
+  const fc::ensemble_layout layout =
+      fc::ensemble_layout::parse(fc::cat("producers=1 members=", std::max(n - 1, 1), "x1"));
+  const fc::rank_role role = layout.role_of(host.rank());
+  fc::feed_options options;
+};
+
+// FLEXCOMM_TIMEOUT at 400 ms while it lives (the checks after it run at the usual limit).
+struct short_timeout {
+  short_timeout() { fc::set_default_timeout(std::chrono::milliseconds(400)); }
+  ~short_timeout() { fc::set_default_timeout(limit); }
+  short_timeout(const short_timeout&) = delete;
+  short_timeout& operator=(const short_timeout&) = delete;
+  const std::chrono::milliseconds limit = fc::default_timeout();
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_trainer_that_never_releases_its_batch_is_named_by_its_producer) {
+  host_stream s(6);
+  bool ok = true;
+  std::string what;
+  if (s.n >= 2) {
     {
-      fc::one_to_many<fc::mpi> feed(host, layout, test_loader(options.shard_capacity), options);
-      if (role.kind == fc::role::producer) {
+      const short_timeout limited;
+      fc::one_to_many<fc::mpi> feed(s.host, s.layout, test_loader(s.options.shard_capacity), s.options);
+      if (s.role.kind == fc::role::producer) {
         what = error_of([&] { feed.produce(); });
       } else {
         what = error_of([&] {
           while (auto b = feed.next())
-            if (role.member == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            if (s.role.member == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         });
       }
     }
-    fc::set_default_timeout(limit);
     // In the words a wait on messages uses, the shared memory's account on a line of its own.
-    ok = role.kind == fc::role::producer
+    ok = s.role.kind == fc::role::producer
              ? contains(what, fc::cat("one_to_many: credits of step 1: timed out after 400 ms (FLEXCOMM_TIMEOUT); not "
                                       "answered by world rank ",
-                                      host.world_rank_of(1), "\n")) &&
+                                      s.host.world_rank_of(1), "\n")) &&
                    contains(what, "step 0 of world rank") && contains(what, "slots not released")
              : contains(what, fc::cat("one_to_many: receive of step 1: timed out after 400 ms (FLEXCOMM_TIMEOUT); not "
                                       "answered by world rank ",
-                                      host.world_rank_of(0), "\n")) &&
+                                      s.host.world_rank_of(0), "\n")) &&
                    contains(what, "it published 1 steps, not step 1");
   }
   BOOST_TEST(all_ranks(ok), what);
@@ -797,46 +819,36 @@ BOOST_AUTO_TEST_CASE(adaptive_leaves_the_work_to_producers_that_keep_ahead) {
 // trainer, once back, makes the rest of the stream itself. On each real host's ranks by
 // themselves, as the one_to_many case above.
 BOOST_AUTO_TEST_CASE(adaptive_a_trainer_that_never_releases_its_batch_is_named_by_the_producer_asleep) {
-  const auto host = world().split(real_hosts().host_of(world().rank()), world().rank(), "this host");
-  const int n = host.size();
+  host_stream s(8);  // depth 1, a board of 4 steps: the producer waits for the slot of step 4
   bool ok = true;
   std::string what;
-  if (n >= 2) {
-    const auto layout = fc::ensemble_layout::parse(fc::cat("producers=1 members=", n - 1, "x1"));
-    const auto role = layout.role_of(host.rank());
-    const int slow = host.world_rank_of(layout.trainer_rank(0, 0));
-    fc::feed_options options;
-    options.steps = 8;
-    options.shard_capacity = 16;
-    options.depth = 1;  // a board of 4 steps: the producer waits for the slot of step 4
-    options.shared_memory = fc::shared_memory_use::on;
-    const auto limit = fc::default_timeout();
+  if (s.n >= 2) {
+    const int slow = s.host.world_rank_of(s.layout.trainer_rank(0, 0));
     const auto policy = fc::default_wait();
-    fc::set_default_timeout(std::chrono::milliseconds(400));
     fc::set_default_wait(fc::wait_policy::backoff());  // the doorbell is backoff's
     std::int64_t steps = 0;
     {
-      fc::adaptive<fc::mpi> feed(host, layout, test_loader(options.shard_capacity), options);
+      const short_timeout limited;
+      fc::adaptive<fc::mpi> feed(s.host, s.layout, test_loader(s.options.shard_capacity), s.options);
       ok = feed.balancing();
-      if (role.kind == fc::role::producer) {
+      if (s.role.kind == fc::role::producer) {
         what = error_of([&] { feed.produce(); });
       } else {
         what = error_of([&] {
           while (auto b = feed.next()) {
             ok = ok && b->step() == steps++;
-            if (role.member == 0 && b->step() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            if (s.role.member == 0 && b->step() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
           }
         });
       }
     }
     fc::set_default_wait(policy);
-    fc::set_default_timeout(limit);
     const std::string named = fc::cat("timed out after 400 ms (FLEXCOMM_TIMEOUT); not answered by world rank ", slow, "\n");
-    if (role.kind == fc::role::producer)
+    if (s.role.kind == fc::role::producer)
       ok = ok && contains(what, fc::cat("adaptive: slot of step 4: ", named)) &&
            contains(what, "step 0 not released, so nobody can make step 4 in its slot");
-    else if (role.member == 0)
-      ok = ok && what.empty() && steps == options.steps;
+    else if (s.role.member == 0)
+      ok = ok && what.empty() && steps == s.options.steps;
     else
       ok = ok && contains(what, fc::cat("adaptive: step 4: ", named));
   }
