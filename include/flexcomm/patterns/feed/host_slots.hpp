@@ -24,22 +24,28 @@
 
 namespace flexcomm::detail {
 
+// Past FLEXCOMM_TIMEOUT, `what` fails naming who has not moved (`late`), in the words a wait on
+// messages uses (steps_in_flight.hpp).
+[[noreturn]] inline void shared_memory_timeout(const std::string& what, std::chrono::milliseconds limit,
+                                               const std::string& late) {
+  fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late));
+}
+
 // A wait on peers' counters in shared memory: through the wait policy, answering the watchdog's
-// queries; past FLEXCOMM_TIMEOUT, `what` fails naming who has not moved (`late()`), in the words
-// a wait on messages uses (steps_in_flight.hpp).
+// queries; past FLEXCOMM_TIMEOUT it fails naming `late()`.
 template <class Done, class Late>
 void wait_in_shared_memory(Done&& done, const std::string& what, Late&& late, const wait_policy& policy = default_wait()) {
   if (done()) return;
   const auto limit = default_timeout();
   if (!wait_answering(policy, limit, done, [] { watchdog::instance().answer_queries(); }))
-    fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
+    shared_memory_timeout(what, limit, late());
 }
 
-// The same wait for a change that whoever makes it announces on `bell` (on one of `channels`): where the policy backs
-// off (the ranks outnumber the cores) the waiter sleeps until a ring rather than waking on a
-// timer to look, and looks at least every watchdog::answer_after to answer the watchdog and
-// keep the timeout. Where the policy spins or yields, or work waits for this rank's gaps, it is
-// the wait above.
+// The same wait for a change that whoever makes it announces on `bell` (on one of `channels`):
+// where the policy backs off (the ranks outnumber the cores) the waiter sleeps until a ring
+// rather than waking on a timer to look, and looks at least every watchdog::answer_after to
+// answer the watchdog and keep the timeout. Where the policy spins or yields, or work waits for
+// this rank's gaps, it is the wait above.
 template <class Done, class Late>
 void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, const std::string& what, Late&& late,
                       const wait_policy& policy = default_wait()) {
@@ -59,7 +65,7 @@ void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, const
     bell.sleep_unless(done, slice, channels);
     if (done()) return;
   }
-  if (!done()) fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late()));
+  if (!done()) shared_memory_timeout(what, limit, late());
 }
 
 // Over a group of one host's ranks: the publishers (a producer and, in all_shared, every owner of
