@@ -855,6 +855,32 @@ BOOST_AUTO_TEST_CASE(adaptive_a_trainer_that_never_releases_its_batch_is_named_b
   BOOST_TEST(all_ranks(ok), what);
 }
 
+// The layout counts the ranks of the communicator the feed is built on, which need not be the
+// world: here all but world rank 0, with a producer, every step made once and delivered whole.
+BOOST_AUTO_TEST_CASE(adaptive_runs_on_a_communicator_that_is_not_the_world) {
+  const auto part = world().split(world().rank() == 0 ? 0 : 1, world().rank(), "all but rank 0");
+  bool ok = true;
+  if (world().rank() != 0 && part.size() >= 2) {
+    const auto layout = fc::ensemble_layout::parse(fc::cat("producers=1 members=", part.size() - 1, "x1"));
+    const auto role = layout.role_of(part.rank());
+    fc::feed_options options;
+    options.steps = 12;
+    options.shard_capacity = 24;
+    fc::adaptive<fc::mpi> feed(part, layout, test_loader(options.shard_capacity), options);
+    if (role.kind == fc::role::producer) {
+      feed.produce();
+    } else {
+      outcome o;
+      while (auto b = feed.next()) {
+        o.ok = o.ok && batch_is_exact(*b, layout.shards_of(role.member, role.rank_in_member), options.shard_capacity);
+        o.steps.push_back(b->step());
+      }
+      ok = o.ok && every_step_once_in_order(o, options.steps);
+    }
+  }
+  BOOST_TEST(all_ranks(ok));
+}
+
 BOOST_AUTO_TEST_CASE(adaptive_refuses_skip_ahead_on_every_rank) {
   fc::feed_options options;
   options.steps = 4;

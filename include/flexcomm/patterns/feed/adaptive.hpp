@@ -162,11 +162,12 @@ bool adaptive<B>::set_up_board(const communicator& world) {
           here_.push_back(c);
           break;
         }
+    // The layout counts ranks of `world`, which need not be MPI's world: group ranks are world
+    // ranks only in the names a timeout gives.
     std::vector<int> ranks(static_cast<std::size_t>(group.size()));
-    for (int r = 0; r < group.size(); ++r) {
-      ranks[static_cast<std::size_t>(r)] = group.world_rank_of(r);
-      producers_here_ += layout_.role_of(group.world_rank_of(r)).kind == role::producer ? 1 : 0;
-    }
+    for (int r = 0; r < group.size(); ++r) ranks[static_cast<std::size_t>(r)] = group.world_rank_of(r);
+    for (int r = 0; r < world.size(); ++r)
+      producers_here_ += hosts.host_of(r) == host && layout_.role_of(r).kind == role::producer ? 1 : 0;
     const auto slots = static_cast<std::size_t>(4 * options_.depth);
     board_ = detail::claim_board<B>(group, role_.kind == role::trainer, slots, bytes, std::move(ranks),
                                     cat("adaptive host ", host));
