@@ -79,6 +79,14 @@ class operation_record {
 
   // The operation reached the library: its request owns the record and the check from here.
   std::uint64_t take_sequence() noexcept { return std::exchange(seq_, 0); }
+  std::uint64_t sequence() const noexcept { return seq_; }
+  // The library call itself timed out (an NCCL enqueue waiting for a rank that never came): the
+  // record says so, and the check is left to MPI as a timed-out request's is
+  // (riding_check::abandon) rather than poisoning the communicator, which the backend aborts.
+  void timed_out() noexcept {
+    if (state_ && seq_) state_->recorder().finish(std::exchange(seq_, 0), op_state::timed_out);
+    if (check_) static_cast<void>(check_.release());
+  }
   std::unique_ptr<mpi_signature_check> take_check() noexcept { return std::move(check_); }
   const std::shared_ptr<mpi_comm_state>& state() const noexcept { return state_; }
 

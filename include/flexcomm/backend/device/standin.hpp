@@ -449,11 +449,35 @@ namespace standin {
 // One NCCL communicator: `ops` carries its operations, `control` its splits (a collective of the
 // calling thread, which must not interleave with operations a stream posts on `ops`).
 struct nccl_state {
-  MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL;
+  MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL, connect = MPI_COMM_NULL;
   int rank = 0, size = 1;
   std::uint64_t issued = 0, posted = 0;  // under the engine's mutex
   std::atomic<bool> aborted{false};
   std::atomic<int> active{0};  // operations handed to MPI and not yet complete
+
+  // NCCL connects a communicator's ranks lazily, at its first collective (NCCL_RUNTIME_CONNECT):
+  // on a nonblocking communicator that call returns ncclInProgress and the communicator stays in
+  // progress until every rank has issued its first collective too, so a rank missing there
+  // stalls the enqueue itself, not only the wait (the first GPU run's nccl np2-np4 failure).
+  // A barrier on `connect` is that handshake.
+  bool connecting() {
+    std::lock_guard<std::mutex> lock(handshake_mutex);
+    if (!handshake_started || handshake == MPI_REQUEST_NULL) return false;
+    int done = 0;
+    MPI_Test(&handshake, &done, MPI_STATUS_IGNORE);
+    return !done;
+  }
+  // At a collective: starts the handshake the first time; true while it is not complete.
+  bool connect_for_collective() {
+    {
+      std::lock_guard<std::mutex> lock(handshake_mutex);
+      if (!handshake_started) {
+        handshake_started = true;
+        MPI_Ibarrier(connect, &handshake);
+      }
+    }
+    return connecting();
+  }
 
   ~nccl_state() {
     int finalized = 0;
@@ -462,7 +486,13 @@ struct nccl_state {
     if (finalized || active.load() > 0) return;
     if (ops != MPI_COMM_NULL) MPI_Comm_free(&ops);
     if (control != MPI_COMM_NULL) MPI_Comm_free(&control);
+    if (connect != MPI_COMM_NULL && handshake == MPI_REQUEST_NULL) MPI_Comm_free(&connect);
   }
+
+ private:
+  std::mutex handshake_mutex;
+  MPI_Request handshake = MPI_REQUEST_NULL;
+  bool handshake_started = false;
 };
 
 inline std::mutex& nccl_registry_mutex() {
@@ -482,6 +512,7 @@ inline nccl_comm_t adopt(MPI_Comm ops, MPI_Comm control) {
   auto state = std::make_shared<nccl_state>();
   state->ops = ops;
   state->control = control;
+  MPI_Comm_dup(ops, &state->connect);
   MPI_Comm_rank(ops, &state->rank);
   MPI_Comm_size(ops, &state->size);
   std::lock_guard<std::mutex> lock(nccl_registry_mutex());
@@ -538,6 +569,7 @@ struct call {
 struct group_state {
   int depth = 0;
   std::vector<call> calls;
+  bool connecting = false;  // a call of the group waits for its communicator's first handshake
 };
 inline group_state& this_threads_group() {
   thread_local group_state g;
@@ -608,8 +640,10 @@ inline nccl_result_t launch(std::vector<call> calls) {
   return nccl_success;
 }
 
+enum class kind { collective, point_to_point };
+
 inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::function<void(MPI_Comm, std::vector<MPI_Request>&)> post,
-                            std::function<void()> after = {}) {
+                            std::function<void()> after = {}, kind what = kind::collective) {
   auto comm = find(c);
   if (!comm) return nccl_fail(nccl_invalid_argument, "invalid communicator");
   if (comm->aborted.load()) return nccl_fail(nccl_invalid_usage, "communicator was aborted");
@@ -620,15 +654,18 @@ inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::function<void(MPI_Co
     stream = e.resolve_locked(s);
   }
   if (!stream) return nccl_fail(nccl_invalid_argument, "invalid stream");
+  const bool connecting = what == kind::collective && comm->connect_for_collective();
   call one{std::move(comm), std::move(stream), std::move(post), std::move(after)};
   auto& group = this_threads_group();
   if (group.depth > 0) {
     group.calls.push_back(std::move(one));
+    group.connecting = group.connecting || connecting;
     return nccl_success;
   }
   std::vector<call> alone;
   alone.push_back(std::move(one));
-  return launch(std::move(alone));
+  const nccl_result_t rc = launch(std::move(alone));
+  return rc == nccl_success && connecting ? nccl_in_progress : rc;
 }
 
 // `r` by reference: read after the call that sets it (argument order is unspecified).
@@ -690,7 +727,9 @@ inline nccl_result_t nccl_comm_user_rank(nccl_comm_t comm, int* rank) {
   return standin::with_comm(comm, [&](standin::nccl_state& c) { *rank = c.rank; });
 }
 inline nccl_result_t nccl_comm_get_async_error(nccl_comm_t comm, nccl_result_t* state) {
-  return standin::with_comm(comm, [&](standin::nccl_state&) { *state = nccl_success; });
+  return standin::with_comm(comm, [&](standin::nccl_state& c) {
+    *state = c.connecting() ? nccl_in_progress : nccl_success;
+  });
 }
 inline nccl_result_t nccl_comm_finalize(nccl_comm_t comm) {
   return standin::with_comm(comm, [](standin::nccl_state&) {});
@@ -726,7 +765,9 @@ inline nccl_result_t nccl_group_end() {
   if (--group.depth > 0) return nccl_success;
   std::vector<standin::call> calls;
   calls.swap(group.calls);
-  return standin::launch(std::move(calls));
+  const bool connecting = std::exchange(group.connecting, false);
+  const nccl_result_t rc = standin::launch(std::move(calls));
+  return rc == nccl_success && connecting ? nccl_in_progress : rc;
 }
 
 inline nccl_result_t nccl_allreduce(const void* send, void* recv, std::size_t count, dtype t, op o, nccl_comm_t comm,
@@ -808,14 +849,14 @@ inline nccl_result_t nccl_send(const void* buf, std::size_t count, dtype t, int 
   return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
     MPI_Request q = MPI_REQUEST_NULL;
     standin::post_checked(MPI_Isend(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
-  });
+  }, {}, standin::kind::point_to_point);
 }
 inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, nccl_comm_t comm, stream_t s) {
   standin::the();
   return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
     MPI_Request q = MPI_REQUEST_NULL;
     standin::post_checked(MPI_Irecv(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
-  });
+  }, {}, standin::kind::point_to_point);
 }
 inline const char* nccl_error_string(nccl_result_t r) {
   switch (static_cast<int>(r)) {

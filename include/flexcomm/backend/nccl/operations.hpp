@@ -55,6 +55,29 @@ class nccl_op_start : public operation_record {
                          0) {}
 };
 
+// NCCL connects a communicator's ranks at its first collective, so on a nonblocking communicator
+// a rank missing there leaves the enqueue itself in progress. That is reported as a wait that
+// timed out is (nccl_request::timed_out): the ranks that did not arrive, asked over the side
+// channel, and the communicator aborted with the job free to go on. Failing it as a post instead
+// left the call's consistency check out with no operation behind it, which poisoned the control
+// communicator and ended the job (the first GPU run's gpu_nccl_backend at 2-4 ranks). Called with
+// the state's mutex held.
+[[noreturn]] inline void enqueue_timed_out(nccl_state& st, nccl_op_start& start) {
+  const auto limit = st.timeout();
+  std::string report;
+  if (st.watch) {
+    st.watch->announce();
+    report = cat("\n", st.watch->diagnose(start.sequence(), watchdog::grace(limit)));
+  }
+  const auto place = st.where();
+  start.timed_out();
+  st.abort_locked(cat(start.what(), ": its enqueue timed out after ", limit.count(), " ms"));
+  fail(start.what(), cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) in NCCL's enqueue, which connects ",
+                         "the ranks at a communicator's first collective; ", place,
+                         " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
+                         "different orders)", report));
+}
+
 // Issues one operation: deferred point-to-point first (call order is NCCL order), then the
 // enqueue, then local epilogue kernels (integer averages), then the completion event.
 template <class Enqueue, class Epilogue>
@@ -67,7 +90,8 @@ nccl_request nccl_launch_op(const nccl_communicator& comm, device::stream_t s, n
   st.require_usable(what);
   st.flush_locked(what);
   const device::stream_t stream = s ? s : st.stream.get();
-  st.settle_locked(what, enqueue(st.comm, stream));
+  if (enqueue(st.comm, stream) == device::nccl_in_progress && !nccl_settle(st.comm, what, st.timeout()))
+    enqueue_timed_out(st, start);
   epilogue(stream);
   auto launch = std::make_shared<nccl_launch>();
   launch->done = st.events.take(what);
