@@ -59,7 +59,8 @@ fi
 
 # Programs: every gpu test Meson knows and the CUDA example (into bin/), the device benchmarks
 # (into bench/; globbed, so that a new *device* or *kernels* benchmark travels without a change
-# here, and kept apart from the tests whose names match the same patterns).
+# here, and kept apart from the tests whose names match the same patterns). Stand-in builds of a
+# benchmark (*_standin) stay behind: they measure the host stand-in, not the GPU.
 programs=()
 benches=("$build/benchmarks/allreduce_nccl")
 missing=()
@@ -72,6 +73,7 @@ done <<< "$suite"
 programs+=("$build/examples/cuda_trainer")
 shopt -s nullglob
 for f in "$build"/benchmarks/*device* "$build"/benchmarks/*kernels*; do
+  case $f in *_standin) continue ;; esac
   [ -f "$f" ] && [ -x "$f" ] && benches+=("$f")
 done
 shopt -u nullglob
