@@ -77,7 +77,10 @@ for f in "$build"/benchmarks/*device* "$build"/benchmarks/*kernels*; do
   [ -f "$f" ] && [ -x "$f" ] && benches+=("$f")
 done
 shopt -u nullglob
-for f in "${programs[@]}" "${benches[@]}"; do
+# The host allreduce and overlap benchmarks (into host/): a GPU node has cores to spare where the
+# build machine has two, and run.sh measures the shared-memory path there too.
+hosts=("$build/benchmarks/allreduce" "$build/benchmarks/overlap")
+for f in "${programs[@]}" "${benches[@]}" "${hosts[@]}"; do
   [ -f "$f" ] && [ -x "$f" ] || missing+=("${f#"$build"/}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -106,10 +109,11 @@ elf_files() {  # the ELF files among the arguments
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 out=$stage/$top
-mkdir -p "$out/bin" "$out/bench" "$out/lib" "$out/fallback" "$out/data"
+mkdir -p "$out/bin" "$out/bench" "$out/host" "$out/lib" "$out/fallback" "$out/data"
 
 cp "${programs[@]}" "${hydra[@]}" "$out/bin/"
 cp "${benches[@]}" "$out/bench/"
+cp "${hosts[@]}" "$out/host/"
 # Wrappers (nccl_env.sh) by their name: run.sh finds them in bin/.
 while IFS=$'\t' read -r _ _ wrappers _; do
   [ "$wrappers" = - ] || for w in $wrappers; do cp "$(in_build "$w")" "$out/bin/"; done
@@ -151,7 +155,7 @@ copy_libs_of() {  # copy_libs_of ELF...: its libraries into lib/ or fallback/
       [ "$where" = skip ] || [ -e "$out/$where/$soname" ] || cp -L "$path" "$out/$where/$soname"
     done
 }
-mapfile -t elves < <(elf_files "$out"/bin/* "$out"/bench/*)
+mapfile -t elves < <(elf_files "$out"/bin/* "$out"/bench/* "$out"/host/*)
 copy_libs_of "${elves[@]}"
 # MPICH talks through UCX, and UCX loads its transports (cma, ib, rdmacm) as plugins from the
 # folder beside libucs (lib/ucx in the archive; run.sh also points UCX_MODULE_DIR there).
@@ -162,7 +166,8 @@ if [ -n "$ucs" ] && [ -d "$(dirname "$ucs")/ucx" ]; then
   copy_libs_of "$out"/lib/ucx/*
 fi
 # Unpacked here, the programs must find every library in the archive or the system.
-mapfile -t elves < <(elf_files "$out"/bin/* "$out"/bench/* "$out"/lib/*.so* "$out"/lib/ucx/* "$out"/fallback/*)
+mapfile -t elves < <(elf_files "$out"/bin/* "$out"/bench/* "$out"/host/* "$out"/lib/*.so* "$out"/lib/ucx/* \
+  "$out"/fallback/*)
 unresolved=$(LD_LIBRARY_PATH=$out/lib:$out/lib/ucx:$out/fallback ldd "${elves[@]}" 2>/dev/null | grep 'not found' | sort -u || true)
 [ -z "$unresolved" ] || die "some libraries are not found here:
 $unresolved"

@@ -54,7 +54,7 @@ elf_files() {
   done
   return 0
 }
-mapfile -t elves < <(elf_files "$bin"/* "$here"/bench/* "$here"/lib/ucx/*)
+mapfile -t elves < <(elf_files "$bin"/* "$here"/bench/* "$here"/host/* "$here"/lib/ucx/*)
 
 # Libraries: the archive's own first; then, for what is still missing (CUDA's runtime, NCCL,
 # cuBLAS), the folders where the node keeps them; libstdc++/libgcc_s from the archive last and
@@ -303,5 +303,21 @@ else
     "$sanitizer" --tool memcheck --error-exitcode 9 "$bin/gpu_reduce_kernels"
 fi
 
+# The host benchmarks on this node's cores, last and only while the budget lasts: the 2-rank
+# allreduce sweep three times in a row (issue 33 compares runs side by side), at 4 ranks, and the
+# overlap of ResNet-50's and VGG-16's buckets with backward. Bound to cores, as a node without
+# other work would run a job. The JSON lands in $OUT.
+if [ -d "$here/host" ]; then
+  for n in 2 2 2 4; do
+    step_json=$OUT/allreduce_np${n}_$((step + 1)).json
+    gpu_only_run "host allreduce np$n" 40 -- "$mpx" -bind-to core -n "$n" "$here/host/allreduce" \
+      -b 4 -e 64M -f 4 -n 20 -w 5 -c 1 -j "$step_json"
+  done
+  gpu_only_run "host overlap np2" 60 -- "$mpx" -bind-to core -n 2 "$here/host/overlap" --scale 64 -n 25 -w 5 \
+    -j "$OUT/overlap_np2.json"
+fi
+
 line "$passed passed, $failed failed, $skipped skipped"
+# Every log in one file too, for a transfer that brings back few files.
+tar -C "$OUT" --exclude=logs.tar.gz -czf "$OUT/logs.tar.gz" . 2> /dev/null || true
 [ "$failed" -eq 0 ]
