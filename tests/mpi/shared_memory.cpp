@@ -237,6 +237,40 @@ BOOST_AUTO_TEST_CASE(segment_reuse_under_many_calls) {
   BOOST_TEST(all_ranks(ok));
 }
 
+// A small allreduce carrying words (a step's last bucket and its check, in one round): the data
+// reduced as by allreduce(), the words max-reduced, at every size up to a full small slot, mixed
+// with plain small and large tasks that reuse the same slots; too much to carry is refused before
+// anything moves.
+BOOST_AUTO_TEST_CASE(a_small_allreduce_carries_words_max_reduced_in_its_round) {
+  const std::size_t small = 256;
+  mpi::host_reducer reducer(this_host(), 512, small);
+  const auto ranks = world_ranks_of(this_host());
+  const int me = this_host().rank(), size = this_host().size();
+  bool ok = true;
+  for (int step = 0; step < 40; ++step) {  // every step on every rank, whatever this one found
+    const std::size_t n = 1 + static_cast<std::size_t>(step * 7) % ((small - 16) / sizeof(std::int32_t));
+    auto mine = gradient<std::int32_t>(world().rank(), step, 1, n);
+    std::vector<std::int64_t> words{me == step % size ? 1000 + step : me, -me};
+    BOOST_TEST_INFO("step " << step << ", " << n << " elements");
+    reducer.allreduce_carrying(mine.data(), n, fc::op::sum, fc::span<std::int64_t>(words));
+    ok = ok && same(mine, reference<std::int32_t>(fc::op::sum, ranks, step, 1, n)) && words[0] == 1000 + step &&
+         words[1] == 0;
+    // A plain small task and a large one in between, on the slots the next carrier reuses.
+    auto other = gradient<std::int32_t>(world().rank(), step, 2, 200);
+    reducer.allreduce(other.data(), other.size(), fc::op::sum);
+    ok = ok && same(other, reference<std::int32_t>(fc::op::sum, ranks, step, 2, 200));
+  }
+  BOOST_TEST(all_ranks(ok));
+  BOOST_TEST(reducer.carries(small - 16, 2));
+  BOOST_TEST(!reducer.carries(small - 15, 2));
+  BOOST_TEST(!reducer.carries(0, 2));
+  std::vector<float> too_big((small - 8) / sizeof(float));
+  std::vector<std::int64_t> words(2);
+  const std::string e = error_of(
+      [&] { reducer.allreduce_carrying(too_big.data(), too_big.size(), fc::op::sum, fc::span<std::int64_t>(words)); });
+  BOOST_TEST(contains(e, "do not fit a small slot of 256 bytes"), e);
+}
+
 // subgroup_allreduce with the path on and off: the same bits, equal to the exact reference;
 // the path is taken exactly when the member has 2+ ranks. Two buckets fuse several gradients:
 // launched when full, each lands in its gradients on whichever thread finishes it. Launched when full for sum only (the

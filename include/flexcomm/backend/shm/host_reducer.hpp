@@ -55,6 +55,7 @@
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/reduce.hpp"
+#include "../../core/span.hpp"
 #include "../../core/trace.hpp"
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
@@ -241,9 +242,12 @@ class host_allreduce final : public segment_task {
   };
 
   // `landing`, when set, runs once the result is in data (on the thread that finishes the task).
+  // `carried` (small path only): a few more words, max-reduced in the same round, kept at the end
+  // of the small slot (host_reducer::allreduce_carrying).
   host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p,
-                 std::function<void()> landing = {})
-      : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p), landing_(std::move(landing)) {
+                 std::function<void()> landing = {}, span<std::int64_t> carried = {})
+      : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p), landing_(std::move(landing)),
+        carried_(carried) {
     if (n == 0) {  // took no steps, and is not queued
       stage_ = stage::done;
       land();
@@ -283,6 +287,8 @@ class host_allreduce final : public segment_task {
         case stage::small_write:
           if (!ready(plan_.free_after[0], "peers to finish reading the previous small allreduce")) return false;
           std::memcpy(seg_->small_slot(seg_->rank, plan_.small_slot), data_, n_ * sizeof(T));
+          if (!carried_.empty())
+            std::memcpy(carried_of(seg_->rank), carried_.data(), carried_.size() * sizeof(std::int64_t));
           advance(stage::small_reduce, 1);
           break;
         case stage::small_reduce:
@@ -360,10 +366,22 @@ class host_allreduce final : public segment_task {
   const T* small_of(int r) const {
     return reinterpret_cast<const T*>(seg_->small_slot(r, plan_.small_slot));
   }
+  // Where rank r's carried words lie: the end of its small slot, whatever the data's size.
+  std::byte* carried_of(int r) const {
+    return seg_->small_slot(r, plan_.small_slot) + seg_->small_bytes - carried_.size() * sizeof(std::int64_t);
+  }
   void reduce_small() {
     std::memcpy(data_, small_of(0), n_ * sizeof(T));
     for (int r = 1; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
     if (op_ == op::avg) divide_by(data_, n_, seg_->ranks);
+    for (int r = 0; r < seg_->ranks; ++r) {
+      if (r == seg_->rank) continue;
+      for (std::size_t i = 0; i < carried_.size(); ++i) {
+        std::int64_t theirs = 0;
+        std::memcpy(&theirs, carried_of(r) + i * sizeof(theirs), sizeof(theirs));
+        carried_[i] = std::max(carried_[i], theirs);
+      }
+    }
   }
 
   // This chunk's elements [lo, hi) of the data and rank r's share of them, relative to lo.
@@ -411,6 +429,7 @@ class host_allreduce final : public segment_task {
   op op_;
   plan plan_;
   std::function<void()> landing_;
+  span<std::int64_t> carried_;
   std::uint64_t traced_ = 0;
   stage stage_ = stage::queued;
   std::uint64_t chunk_ = 0;
@@ -542,6 +561,29 @@ class host_reducer {
   // the thread that finishes the task, before the task reports done.
   template <class T>
   std::shared_ptr<task<T>> start(T* data, std::size_t n, op o, std::function<void()> landing = {}) {
+    return start_carrying(data, n, o, std::move(landing), {});
+  }
+
+  // Whether an allreduce of `bytes` can carry `words` more int64 words in its one round.
+  bool carries(std::size_t bytes, std::size_t words) const noexcept {
+    return segment_ && bytes > 0 && bytes + words * sizeof(std::int64_t) <= segment_->small_bytes;
+  }
+
+  // Blocking allreduce that also max-reduces `carried` in the same round (where carries(): every
+  // rank must call it alike): a small step's last bucket and the step's check, in one
+  // synchronisation instead of two.
+  template <class T>
+  void allreduce_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried, std::function<void()> landing = {}) {
+    check(carries(n * sizeof(T), carried.size()), "shared-memory allreduce",
+          cat(n, " x ", name_of(dtype_of<T>), " and ", carried.size(), " carried words do not fit a small slot of ",
+              small_bytes(), " bytes"));
+    drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+  }
+
+ private:
+  template <class T>
+  std::shared_ptr<task<T>> start_carrying(T* data, std::size_t n, op o, std::function<void()> landing,
+                                          span<std::int64_t> carried) {
     static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
     auto& seg = usable("shared-memory allreduce");
     if (n == 0)
@@ -558,11 +600,17 @@ class host_reducer {
       const int cls = detail::slot_writer::size_class(n * sizeof(T));
       p.stores = seg.writer.choose(cls, timed_[cls]++);
     }
-    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing));
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing), carried);
     seg.enqueue(t);
     return t;
   }
+  template <class Task>
+  static void drive_until_done(const std::shared_ptr<Task>& t) {
+    wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
+                   [] { watchdog::instance().answer_queries(); });
+  }
 
+ public:
   // Starts a broadcast of root's data[0, n) to every rank's data: every rank starts the same n
   // and T with the same root, in the same order as its other tasks on this reducer.
   template <class T>
@@ -584,9 +632,7 @@ class host_reducer {
   // watchdog's queries while waiting.
   template <class T>
   void allreduce(T* data, std::size_t n, op o) {
-    auto t = start(data, n, o);
-    wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
-                   [] { watchdog::instance().answer_queries(); });
+    drive_until_done(start(data, n, o));
   }
 
  protected:

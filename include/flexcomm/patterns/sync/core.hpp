@@ -115,13 +115,20 @@ class sync_core {
       flights_.resize(buckets.size());
       choose_launchers();
       launch_full();
+      if (next_ == carrier_) launch_bucket(next_++);  // this step's check is behind it already
     } else {
       if (misuse_.empty() && sequence_.handed < plan_.gradients().size())
         misuse(cat("finish() after ", sequence_.handed, " of the plan's ", plan_.gradients().size(), " gradients"));
       // Every rank launches every bucket, in order, whatever was handed over: no peer waits
       // forever on a bucket this rank skipped.
-      while (next_ < plan_.buckets().size()) launch_bucket(next_++);
-      start_check(step_check, step_hash_);
+      while (next_ < plan_.buckets().size() && next_ != carrier_) launch_bucket(next_++);
+      if (next_ == carrier_) {
+        carrier_route ride{*this};
+        step_check.through(ride, control_, step_hash_, !misuse_.empty());
+        ++next_;
+      } else {
+        start_check(step_check, step_hash_);
+      }
       verdict = step_check.verdict(misuse_, sequence_);
     }
     std::exception_ptr failure;
@@ -168,6 +175,23 @@ class sync_core {
     if (staged(b)) landing = [this, b] { land(b); };
     return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, std::move(landing));
   }
+  // The last bucket with the step's check in its round (host_shared::carries), on the trainer's
+  // thread in finish(): every rank takes this route for the same bucket, fixed with the plan.
+  using carrier_launcher = void (sync_core::*)(void* data, std::size_t count, std::size_t b, span<std::int64_t> check);
+  template <class T>
+  void through_shared_memory_carrying(void* data, std::size_t count, std::size_t b, span<std::int64_t> check) {
+    std::function<void()> landing;
+    if (staged(b)) landing = [this, b] { land(b); };
+    shared_.reduce_carrying(static_cast<T*>(data), count, options_.op, check, std::move(landing));
+  }
+  // signature_check::through's route for it.
+  struct carrier_route {
+    sync_core& core;
+    void agree(span<std::int64_t> check) {
+      const std::size_t b = core.carrier_;
+      (core.*core.carry_)(core.stage(b), core.plan_.buckets()[b].count, b, check);
+    }
+  };
   template <class T>
   flight<B> through_tiers(void* data, std::size_t count, std::size_t) {
     // The flat route runs across the host leaders only, as a sum: the tiers average once, after it.
@@ -186,6 +210,14 @@ class sync_core {
                              : route_ == route::shared_memory ? &sync_core::through_shared_memory<T>
                                                               : &sync_core::through_flat<T>);
       });
+    carrier_ = no_carrier;
+    const auto& buckets = plan_.buckets();
+    if (route_ != route::shared_memory || buckets.empty()) return;
+    const auto& last = buckets.back();
+    if (!shared_.carries(last.count * size_of(last.type), signature_check<typename control_channel<B>::backend>::words))
+      return;
+    carrier_ = buckets.size() - 1;
+    visit_dtype(last.type, [&](auto element) { carry_ = &sync_core::through_shared_memory_carrying<decltype(element)>; });
   }
 
   // The step's check goes through the segment where buckets do, else on the control communicator.
@@ -201,29 +233,30 @@ class sync_core {
     if (misuse_.empty()) misuse_ = std::move(cause);
   }
 
+  // Launches the buckets that are full, in order; the carrier waits for finish() and the check.
   void launch_full() {
     const auto& buckets = plan_.buckets();
-    while (next_ < buckets.size() && arrived_[next_] == buckets[next_].last - buckets[next_].first)
+    while (next_ < buckets.size() && next_ != carrier_ && arrived_[next_] == buckets[next_].last - buckets[next_].first)
       launch_bucket(next_++);
   }
 
   void launch_bucket(std::size_t b) {
+    void* data = stage(b);
+    flights_[b] = (this->*launchers_[b])(data, plan_.buckets()[b].count, b);
+  }
+  // Bucket b is ready: where its data lies for the route (fused into staging, or its one gradient).
+  void* stage(std::size_t b) {
     trace::instant(trace::names::bucket_ready, "sync", static_cast<std::int64_t>(b), "bucket");
     const auto& spec = plan_.buckets()[b];
+    if (!staged(b)) return pointers_[spec.first];  // a bucket of one gradient is reduced where it lies
     const std::size_t width = size_of(spec.type);
-    void* data = nullptr;
-    if (!staged(b)) {
-      data = pointers_[spec.first];  // a bucket of one gradient is reduced where it lies
-    } else {
-      auto& stage = staging_[b];
-      stage.resize(spec.count * width);
-      for (std::size_t i = spec.first; i < spec.last; ++i) {
-        const auto& g = plan_.gradients()[i];
-        if (pointers_[i]) B::copy(stage.data() + g.offset * width, pointers_[i], g.count * width);
-      }
-      data = stage.data();
+    auto& fused = staging_[b];
+    fused.resize(spec.count * width);
+    for (std::size_t i = spec.first; i < spec.last; ++i) {
+      const auto& g = plan_.gradients()[i];
+      if (pointers_[i]) B::copy(fused.data() + g.offset * width, pointers_[i], g.count * width);
     }
-    flights_[b] = (this->*launchers_[b])(data, spec.count, b);
+    return fused.data();
   }
 
   // Whether bucket b goes through staging this step (else: one gradient, reduced where it lies).
@@ -283,6 +316,9 @@ class sync_core {
   host_shared<B> shared_;
   route route_ = route::flat;
   std::vector<launcher> launchers_;  // per bucket
+  static constexpr std::size_t no_carrier = static_cast<std::size_t>(-1);
+  std::size_t carrier_ = no_carrier;  // the bucket that carries the step's check, if one can
+  carrier_launcher carry_ = nullptr;
   bucket_plan plan_;
   bool planning_ = true;
   std::unordered_set<int> planned_;

@@ -53,6 +53,17 @@ class host_shared {
   // The sync core's per-step check through the same segment (signature_check::through).
   void agree(span<std::int64_t> v) { reducer_->allreduce(v.data(), v.size(), op::max); }
 
+  // Whether a bucket of `bytes` can carry the step's check (`words`) in its own round: one
+  // synchronisation for a small step instead of two (the bucket, then the check), which at 4 B
+  // left the adapter below MPI_Allreduce in some runs. The same answer on every rank.
+  bool carries(std::size_t bytes, std::size_t words) const noexcept { return reducer_ && reducer_->carries(bytes, words); }
+  // Reduces one bucket and max-reduces `check` with it, here, before returning; `landing` as in
+  // launch().
+  template <class T>
+  void reduce_carrying(T* data, std::size_t count, op o, span<std::int64_t> check, std::function<void()> landing) {
+    reducer_->allreduce_carrying(data, count, o, check, std::move(landing));
+  }
+
   // Buckets of at most this many bytes never go to the engine's thread (see launch).
   static constexpr std::size_t latency_bytes = std::size_t{64} << 10;
 
@@ -92,6 +103,11 @@ class host_shared<B, false> {
   void setup(const typename B::communicator&, const host_map&, bool, const sync_options&, const std::string&) {}
   explicit operator bool() const noexcept { return false; }
   void agree(span<std::int64_t>) {}
+  bool carries(std::size_t, std::size_t) const noexcept { return false; }
+  template <class T>
+  void reduce_carrying(T*, std::size_t, op, span<std::int64_t>, std::function<void()>) {
+    fail("shared-memory allreduce", "this backend has no shared-memory path");
+  }
   template <class T>
   flight<B> launch(T*, std::size_t, op, bool, std::function<void()>) {
     fail("shared-memory allreduce", "this backend has no shared-memory path");

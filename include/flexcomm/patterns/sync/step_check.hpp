@@ -44,6 +44,9 @@ struct first_handed {
 template <class B>
 class signature_check {
  public:
+  // The numbers exchanged: the fingerprint and the misuse mark.
+  static constexpr std::size_t words = 2;
+
   void start(const typename B::communicator& comm, const fingerprint& f, bool misused) {
     same_.emplace(std::vector<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
     request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
