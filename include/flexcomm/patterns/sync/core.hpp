@@ -171,25 +171,26 @@ class sync_core {
   }
   template <class T>
   flight<B> through_shared_memory(void* data, std::size_t count, std::size_t b) {
-    std::function<void()> landing;
-    if (staged(b)) landing = [this, b] { land(b); };
-    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, std::move(landing));
+    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, landing_of(b));
   }
-  // The last bucket with the step's check in its round (host_shared::carries), on the trainer's
-  // thread in finish(): every rank takes this route for the same bucket, fixed with the plan.
-  using carrier_launcher = void (sync_core::*)(void* data, std::size_t count, std::size_t b, span<std::int64_t> check);
-  template <class T>
-  void through_shared_memory_carrying(void* data, std::size_t count, std::size_t b, span<std::int64_t> check) {
-    std::function<void()> landing;
-    if (staged(b)) landing = [this, b] { land(b); };
-    shared_.reduce_carrying(static_cast<T*>(data), count, options_.op, check, std::move(landing));
+  // On the shared-memory route a staged bucket lands in its gradients where it finishes.
+  std::function<void()> landing_of(std::size_t b) {
+    if (!staged(b)) return {};
+    return [this, b] { land(b); };
   }
-  // signature_check::through's route for it.
+  // signature_check::through's route for the carrier: the last bucket with the step's check in its
+  // round (host_shared::carries), on the trainer's thread in finish(). Every rank takes it for the
+  // same bucket, fixed with the plan.
   struct carrier_route {
     sync_core& core;
     void agree(span<std::int64_t> check) {
       const std::size_t b = core.carrier_;
-      (core.*core.carry_)(core.stage(b), core.plan_.buckets()[b].count, b, check);
+      const auto& spec = core.plan_.buckets()[b];
+      void* data = core.stage(b);
+      visit_dtype(spec.type, [&](auto element) {
+        core.shared_.reduce_carrying(static_cast<decltype(element)*>(data), spec.count, core.options_.op, check,
+                                     core.landing_of(b));
+      });
     }
   };
   template <class T>
@@ -217,7 +218,6 @@ class sync_core {
     if (!shared_.carries(last.count * size_of(last.type), signature_check<typename control_channel<B>::backend>::words))
       return;
     carrier_ = buckets.size() - 1;
-    visit_dtype(last.type, [&](auto element) { carry_ = &sync_core::through_shared_memory_carrying<decltype(element)>; });
   }
 
   // The step's check goes through the segment where buckets do, else on the control communicator.
@@ -318,7 +318,6 @@ class sync_core {
   std::vector<launcher> launchers_;  // per bucket
   static constexpr std::size_t no_carrier = static_cast<std::size_t>(-1);
   std::size_t carrier_ = no_carrier;  // the bucket that carries the step's check, if one can
-  carrier_launcher carry_ = nullptr;
   bucket_plan plan_;
   bool planning_ = true;
   std::unordered_set<int> planned_;
