@@ -5,7 +5,8 @@
 //
 //   mpiexec -n N adapter_fault <fault>
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
-//           gradient-order sync-stall sync-stall-messages claim-stall claim-dies
+//           gradient-order sync-stall sync-stall-messages claim-stall claim-dies claim-stall-messages
+//           claim-dies-messages
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -37,15 +38,19 @@ void report(int rank, const std::string& text) {
 // The adaptive feed over "members=nx1", where every trainer makes steps: the last rank's loader,
 // from fault_step on, stalls (claim-stall) or ends the process (claim-dies) in the first piece it
 // claimed. The others' loaders are slow, so that the last rank, always idle, surely claims one.
+// The -messages faults: "producers=1 members=(n-1)x1" with shared memory off, where the trainers
+// claim pieces from the producer by message and the producer waits for the faulty one's piece.
 bool run_adaptive(const mpi::communicator& world, const std::string& fault,
                   std::chrono::steady_clock::time_point& start) {
   const int n = world.size();
   const bool faulty = world.rank() == n - 1;
+  const bool dies = fault.rfind("claim-dies", 0) == 0;
+  const bool by_message = fault.find("-messages") != std::string::npos;
   fc::loader load = [&](std::int64_t step, int, fc::span<std::byte> out) -> std::size_t {
     if (faulty && step >= fault_step) {
-      report(world.rank(), fc::cat("injected: ", fault == "claim-dies" ? "dies" : "stalls", " in the loader of step ",
+      report(world.rank(), fc::cat("injected: ", dies ? "dies" : "stalls", " in the loader of step ",
                                    step, ", holding its claim"));
-      if (fault == "claim-dies") std::_Exit(9);
+      if (dies) std::_Exit(9);
       std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
     }
     if (!faulty) std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -55,8 +60,16 @@ bool run_adaptive(const mpi::communicator& world, const std::string& fault,
   fc::feed_options options;
   options.steps = 40;
   options.shard_capacity = capacity;
-  fc::adaptive<mpi> feed(world, fc::ensemble_layout::parse(fc::cat("members=", n, "x1")), load, options);
+  if (by_message) options.shared_memory = fc::shared_memory_use::off;
+  const auto layout = fc::ensemble_layout::parse(by_message ? fc::cat("producers=1 members=", n - 1, "x1")
+                                                            : fc::cat("members=", n, "x1"));
+  fc::adaptive<mpi> feed(world, layout, load, options);
   bool ok = true;
+  if (!feed.is_trainer()) {
+    start = std::chrono::steady_clock::now();  // the producer's steps before the fault take 0.1 s
+    feed.produce();
+    return ok;
+  }
   while (auto b = feed.next()) {
     if (b->step() == fault_step - 1) start = std::chrono::steady_clock::now();
     for (auto byte : b->bytes()) ok = ok && byte == std::byte{static_cast<unsigned char>(b->step())};

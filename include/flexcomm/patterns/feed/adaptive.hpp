@@ -46,8 +46,10 @@ namespace flexcomm {
 //
 // The board needs the readers of every step on one host: a single host, or a producer per host
 // (each host then makes every step for its own trainers, as one_to_many does). Elsewhere (a
-// member across hosts fed by one producer, shared memory off) the feed is one_to_many, or
-// all_shared without producers, unchanged: balancing across hosts would need claims by message.
+// member across hosts fed by round-robin producers, shared memory off) claims go by message:
+// the feed is one_to_many whose producers grant pieces to trainers that wait (claims.hpp).
+// Without producers it is all_shared, whose turns already share the making; with per-host
+// producers and shared memory off, one_to_many.
 template <class B>
 class adaptive : private detail::agreed_feed {
   static_assert(holds_host_memory<B>,
@@ -77,11 +79,14 @@ class adaptive : private detail::agreed_feed {
   bool shared_memory() const noexcept {
     return balancing_ || (by_producers_ ? by_producers_->shared_memory() : by_turns_ && by_turns_->shared_memory());
   }
-  // Whether steps are made by whoever is idle (a claim board on every host); false where the
-  // feed runs as one_to_many or all_shared (see above). The same on every rank.
-  bool balancing() const noexcept { return balancing_; }
+  // Whether steps are made by whoever is idle (a claim board on every host, or claims by message
+  // to the producers); false where the feed runs as one_to_many or all_shared (see above). The
+  // same on every rank.
+  bool balancing() const noexcept { return balancing_ || by_message_; }
+  // Whether claims go by message to the step's producer (claims.hpp) rather than to a board.
+  bool claims_by_message() const noexcept { return by_message_; }
   // The pieces this rank made with its loader.
-  std::int64_t pieces_made() const noexcept { return made_; }
+  std::int64_t pieces_made() const noexcept { return by_message_ ? by_producers_->pieces_made() : made_; }
 
  private:
   bool set_up_board(const communicator& world);
@@ -102,6 +107,7 @@ class adaptive : private detail::agreed_feed {
   std::unique_ptr<one_to_many<B>> by_producers_;  // where the feed does not balance
   std::unique_ptr<all_shared<B>> by_turns_;
   bool balancing_ = false;
+  bool by_message_ = false;  // one_to_many with claims by message
 
   detail::claim_board<B> board_;  // this host's; empty on a host without trainers
   std::vector<std::size_t> here_;  // the pieces the board holds: those read on this host
@@ -123,9 +129,13 @@ adaptive<B>::adaptive(const communicator& world, const ensemble_layout& layout, 
         "flow_control::skip_ahead is one_to_many's: the adaptive feed delivers every step to every member");
   balancing_ = set_up_board(world);
   if (!balancing_) {
-    if (layout_.producers() > 0)
+    if (layout_.producers() > 0 && !layout_.per_host()) {
+      by_producers_ = std::make_unique<one_to_many<B>>(world, layout, std::move(load), options,
+                                                       detail::claims_by_message{});
+      by_message_ = true;
+    } else if (layout_.producers() > 0) {
       by_producers_ = std::make_unique<one_to_many<B>>(world, layout, std::move(load), options);
-    else
+    } else
       by_turns_ = std::make_unique<all_shared<B>>(world, layout, std::move(load), options);
     return;
   }

@@ -109,6 +109,13 @@ class host_slots {
     return regions_[static_cast<std::size_t>(r)] + 2 * line + static_cast<std::size_t>(k) % slots_ * slot_bytes_;
   }
 
+  // Publisher: whether every other rank is done with the step its slot k held before.
+  bool is_free(std::int64_t k) const noexcept {
+    const auto needed = static_cast<std::uint64_t>(std::max<std::int64_t>(k - static_cast<std::int64_t>(slots_) + 1, 0));
+    for (int r = 0; r < window_.size(); ++r)
+      if (r != window_.rank() && released(r).load(std::memory_order_acquire) < needed) return false;
+    return true;
+  }
   // Publisher: waits until every other rank is done with the step its slot k held before.
   void wait_free(std::int64_t k, const std::string& what) const {
     const auto needed = static_cast<std::uint64_t>(std::max<std::int64_t>(k - static_cast<std::int64_t>(slots_) + 1, 0));

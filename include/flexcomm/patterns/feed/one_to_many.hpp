@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
 #include "agreement.hpp"
+#include "claims.hpp"
 #include "host_slots.hpp"
 #include "step_source.hpp"
 #include "steps_in_flight.hpp"
@@ -58,6 +60,10 @@ class one_to_many : private detail::agreed_feed {
 
   // Collective over `world`; builds every (producer, piece) communicator in one fixed order.
   one_to_many(const communicator& world, const ensemble_layout& layout, loader load, feed_options options);
+  // adaptive's: the same feed, with trainers that make pieces for their producer while they
+  // wait (claims.hpp). Lockstep only.
+  one_to_many(const communicator& world, const ensemble_layout& layout, loader load, feed_options options,
+              detail::claims_by_message);
   ~one_to_many();
   one_to_many(const one_to_many&) = delete;
   one_to_many& operator=(const one_to_many&) = delete;
@@ -76,6 +82,8 @@ class one_to_many : private detail::agreed_feed {
   bool is_trainer() const noexcept { return role_.kind == role::trainer; }
   // Whether this rank hands over (producer) or reads (trainer) some steps in shared memory.
   bool shared_memory() const noexcept { return detail::any_shared(host_); }
+  // Under claims: the pieces this rank made with its loader (none otherwise: not counted).
+  std::int64_t pieces_made() const noexcept { return made_; }
 
  private:
   using request = typename B::request;
@@ -114,6 +122,18 @@ class one_to_many : private detail::agreed_feed {
   std::int64_t choose_step();
   void drain() noexcept;
 
+  // Claims (trainer side): asks step s's producer for work while s has not come, and makes
+  // what it grants; answers that came meanwhile are acted on first.
+  void claim_while_waiting(std::int64_t s);
+  void act_on_answers();
+  // Makes the piece an answer grants and sends it; false if it grants none.
+  bool make_granted(detail::claimant<B>& c);
+  // How many steps from the awaited one a claim may take (claims.hpp): the awaited step only
+  // while the producers keep pace with training, else the window of the steps in flight.
+  std::int64_t reach() const;
+  // Tells step s's producer that this trainer will claim no more, if s is its last step.
+  void finish_claims_after(std::int64_t s);
+
   std::vector<communicator> comms_;  // [producer][piece]; empty where this rank takes no part
   std::vector<bool> ships_;          // [producer][piece]: some trainer that producer feeds owns it
   std::vector<communicator> credit_comms_;  // [producer]
@@ -127,7 +147,32 @@ class one_to_many : private detail::agreed_feed {
   source source_;
   std::int64_t next_post_ = 0, next_step_ = 0, lent_ = -1, skipped_ = 0;
   bool produced_ = false;
+
+  bool claims_ = false;
+  std::vector<detail::claimant<B>> claimants_;  // [producer], trainer under claims
+  std::int64_t made_ = 0;
+  double train_ns_ = 0;                    // the trainer's time between next() calls, smoothed
+  std::int64_t step_make_ns_ = 0;          // a producer's time to make a step, as it last said
+  std::chrono::steady_clock::time_point handed_out_;
 };
+
+template <class B>
+one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& layout, loader load, feed_options options,
+                            detail::claims_by_message)
+    : one_to_many(world, layout, std::move(load), options) {
+  claims_ = true;
+  check(options_.flow.kind == flow_control::policy::lockstep && !layout_.per_host(), "one_to_many",
+        "claims by message are for lockstep feeds with round-robin producers");
+  if (role_.kind != role::trainer) return;
+  std::size_t largest = 0;
+  for (const auto& piece : pieces_) largest = std::max(largest, detail::piece_bytes(piece.shards, options_.shard_capacity));
+  for (const auto& credits : credit_comms_)
+    claimants_.emplace_back(credits ? detail::claimant<B>(credits, largest + detail::guard_bytes, "adaptive")
+                                    : detail::claimant<B>());
+  // A producer with no step for this trainer hears so at once.
+  for (int p = 0; p < layout_.producers(); ++p)
+    if (p >= options_.steps && claimants_[static_cast<std::size_t>(p)]) claimants_[static_cast<std::size_t>(p)].finish();
+}
 
 template <class B>
 one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& layout, loader load,
@@ -251,9 +296,18 @@ std::optional<batch> one_to_many<B>::next() {
     source_.release(lent_);
     lent_ = -1;
     post_free_slots();
+    if (claims_) {
+      const auto ns = static_cast<double>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - handed_out_).count());
+      train_ns_ = train_ns_ == 0 ? ns : 0.875 * train_ns_ + 0.125 * ns;
+    }
   }
   if (next_step_ >= options_.steps) return std::nullopt;
   const std::int64_t target = choose_step();
+  if (claims_) {
+    act_on_answers();
+    claim_while_waiting(target);
+  }
   for (; next_step_ < target; ++next_step_, ++skipped_) {
     // A skipped step is received all the same (broadcasts are collective) and then dropped.
     assembly_.skip("one_to_many", next_step_, source_.take(next_step_));
@@ -263,7 +317,68 @@ std::optional<batch> one_to_many<B>::next() {
   const batch out = assembly_.assemble("one_to_many", target, source_.take(target));
   lent_ = target;
   next_step_ = target + 1;
+  if (claims_) {
+    finish_claims_after(target);
+    handed_out_ = std::chrono::steady_clock::now();
+  }
   return out;
+}
+
+template <class B>
+void one_to_many<B>::claim_while_waiting(std::int64_t s) {
+  detail::claimant<B>& c = claimants_[static_cast<std::size_t>(producer_of(s))];
+  if (!c) return;
+  bool denied = false;
+  while (!source_.here(s)) {
+    if (!c.asking()) {
+      if (denied) return;  // nothing left to make: take() waits for the step
+      c.ask(s, s + reach());
+    }
+    if (!wait_answering(detail::engine_wait(), default_timeout(), [&] { return source_.here(s) || c.answered(); },
+                        [] { watchdog::instance().answer_queries(); }))
+      c.await_answer(s);  // names the producer
+    if (c.answered()) denied = !make_granted(c);
+  }
+}
+
+template <class B>
+void one_to_many<B>::act_on_answers() {
+  for (auto& c : claimants_)
+    if (c && c.answered()) make_granted(c);
+}
+
+template <class B>
+bool one_to_many<B>::make_granted(detail::claimant<B>& c) {
+  const detail::answer_message a = c.take_answer();
+  step_make_ns_ = a[2];
+  if (a[1] < 0) return false;
+  const detail::piece& piece = pieces_[static_cast<std::size_t>(a[1])];
+  const std::size_t bytes = detail::piece_bytes(piece.shards, options_.shard_capacity);
+  detail::fill_piece(load_, a[0], piece.first_shard, piece.shards, options_.shard_capacity, c.piece(bytes));
+  c.send(bytes);
+  ++made_;
+  return true;
+}
+
+template <class B>
+std::int64_t one_to_many<B>::reach() const {
+  const std::int64_t P = layout_.producers();
+  if (step_make_ns_ == 0 || train_ns_ == 0) return 1;  // the first steps: the producers' work
+  return static_cast<double>(step_make_ns_) / static_cast<double>(P) > train_ns_ ? 2 * options_.depth * P : 1;
+}
+
+template <class B>
+void one_to_many<B>::finish_claims_after(std::int64_t s) {
+  const int p = producer_of(s);
+  for (std::int64_t later = s + 1; later < options_.steps && later <= s + layout_.producers(); ++later)
+    if (producer_of(later) == p) return;
+  detail::claimant<B>& c = claimants_[static_cast<std::size_t>(p)];
+  if (!c || c.finished()) return;
+  if (c.asking()) {
+    c.await_answer(s);
+    make_granted(c);
+  }
+  c.finish();
 }
 
 template <class B>
@@ -323,6 +438,20 @@ void one_to_many<B>::produce() {
     ring.start(k, r.credits, cat("one_to_many: credits of step ", s));
   };
 
+  // Under claims every wait of this producer answers them (claims.hpp): a trainer's claim comes
+  // when its step has not, which is when the producer is making or waiting.
+  detail::claim_desk<B> desk;
+  if (claims_) {
+    std::vector<std::size_t> bytes;
+    for (int c : mine) bytes.push_back(piece_bytes(c));
+    desk = detail::claim_desk<B>(credits, mine, std::move(bytes), first, P, options_.steps,
+                                 std::max<std::int64_t>(2 * depth, credits.size() - 1), "adaptive");
+  }
+  auto await = [&](typename detail::in_flight<request>& part, const std::string& what) {
+    if (desk) desk.serve_until([&] { return ring.done(part); }, [&] { ring.fail_timed_out(part, what, default_timeout()); });
+    ring.await(part, what);
+  };
+
   if (messages)
     for (std::int64_t k = 0; k < depth && first + k * P < options_.steps; ++k) ask_credits(first + k * P, k);
   std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
@@ -330,21 +459,36 @@ void one_to_many<B>::produce() {
   for (std::int64_t s = first; s < options_.steps; s += P, ++k) {
     shipment& t = ring.at(k);
     // Its sends finished: the slot can be refilled.
-    if (t.sends.started) ring.await(t.sends, cat("one_to_many: send of step ", t.step));
-    if (here) here->wait_free(k, cat("one_to_many: credits of step ", s));  // and the trainers here let go of it
+    if (t.sends.started) await(t.sends, cat("one_to_many: send of step ", t.step));
+    if (desk) desk.begin(s);
+    if (here) {  // and the trainers here let go of it
+      const std::string what = cat("one_to_many: credits of step ", s);
+      if (desk) desk.serve_until([&] { return here->is_free(k); }, [&] { here->wait_free(k, what); });
+      here->wait_free(k, what);
+    }
     // A failed piece travels as that step's verdict; the other pieces and steps go on, so that
     // only its owners stop.
     for (std::size_t i = 0; i < mine.size(); ++i) {
+      if (desk && !desk.take(i)) continue;  // a trainer makes it
       const auto& piece = pieces_[static_cast<std::size_t>(mine[i])];
       const span<std::byte> slot = piece_memory(k, i);
+      const auto start = std::chrono::steady_clock::now();
       detail::fill_piece(load_, s, piece.first_shard, piece.shards, options_.shard_capacity, slot);
+      if (desk) {
+        desk.note_make_time(std::chrono::steady_clock::now() - start);
+        ++made_;
+      }
       if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
         failure.assign(slot.begin(), slot.end());
+    }
+    if (desk) {
+      desk.all_taken();
+      desk.collect(s, [&](std::size_t i) { return piece_memory(k, i); });
     }
     if (here) here->publish(k);
     t.sends.clear();
     if (!messages) continue;
-    ring.await(t.credits, cat("one_to_many: credits of step ", s));
+    await(t.credits, cat("one_to_many: credits of step ", s));
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const span<std::byte> slot = piece_memory(k, i);
       const std::size_t bytes = slot.size() - detail::guard_bytes;
@@ -360,8 +504,9 @@ void one_to_many<B>::produce() {
     if (s + depth * P < options_.steps) ask_credits(s + depth * P, k + depth);
   }
   ring.for_each([&](shipment& t) {
-    if (t.sends.started) ring.await(t.sends, cat("one_to_many: send of step ", t.step));
+    if (t.sends.started) await(t.sends, cat("one_to_many: send of step ", t.step));
   });
+  if (desk) desk.close();
   if (!failure.empty()) detail::piece_failure("one_to_many", span<const std::byte>(failure.data(), failure.size()),
                                               options_.shard_capacity);
 }
@@ -426,9 +571,19 @@ void one_to_many<B>::setup_host_slots(const communicator& world) {
 template <class B>
 void one_to_many<B>::drain() noexcept {
   try {
+    // A claim out is answered, and a piece it grants made, before the rest of the stream is
+    // received: its producer ships nothing more until it has that piece.
+    for (auto& c : claimants_)
+      if (c && c.asking()) {
+        c.await_answer(next_step_);
+        make_granted(c);
+      }
     if (lent_ >= 0) source_.release(lent_);
     lent_ = -1;
     source_.drain([&] { post_free_slots(); });
+    // Producers wait for word that no claim will come.
+    for (auto& c : claimants_)
+      if (c) c.finish();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n(one_to_many: while draining the stream in the destructor)\n", e.what());
   }

@@ -102,6 +102,15 @@ class step_source {
     return pieces_;
   }
 
+  // Whether every piece of `step` is here, without waiting (a trainer that makes pieces while it
+  // waits asks this between them).
+  bool here(std::int64_t step) {
+    const received* r = ring_.held(step / steps_per_entry_);
+    for (const auto& piece : turn(step))
+      if (piece.slots ? !piece.slots->arrived(piece.publisher, step / turns_) : !r || !ring_.done(*r)) return false;
+    return true;
+  }
+
   // Done with `step`: its slots (shared, and its entry once the entry's last step is done) may
   // be refilled.
   void release(std::int64_t step) {

@@ -203,12 +203,12 @@ class steps_in_flight {
         if (gone) break;
         if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) {
           lock.unlock();
-          timed_out(p, what, timeout);
+          fail_timed_out(p, what, timeout);
         }
       }
     } else if (!engine_wait().until([&] { return p.wake.fired.load(std::memory_order_acquire) || engine_gone(); },
                                     timeout)) {
-      timed_out(p, what, timeout);
+      fail_timed_out(p, what, timeout);
     }
     if (!p.wake.fired.load(std::memory_order_acquire)) {
       task_->wait();  // rethrows why the engine gave up
@@ -216,7 +216,10 @@ class steps_in_flight {
     }
   }
 
-  [[noreturn]] void timed_out(part& p, const std::string& what, std::chrono::milliseconds timeout) {
+ public:
+  // Fails `what` as a wait on p that timed out, naming the ranks p's requests still owe (for a
+  // thread that waits on p its own way: a producer answering claims, claims.hpp).
+  [[noreturn]] void fail_timed_out(part& p, const std::string& what, std::chrono::milliseconds timeout) {
     std::vector<int> owed;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
@@ -229,6 +232,8 @@ class steps_in_flight {
     fail(what, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)",
                    who.empty() ? "" : cat("; not answered by world rank", owed.size() > 1 ? "s " : " ", who)));
   }
+
+ private:
 
   // Tests every request (not only up to the first pending one), so that the ranks still owed
   // are known when a wait times out.

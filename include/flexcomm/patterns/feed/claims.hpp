@@ -1,0 +1,313 @@
+// Claims by message: how the adaptive feed balances where a step's readers do not share a host
+// (a member spread over hosts and fed by one producer) or shared memory is off. There is no
+// board to compare-and-swap on, so the step's producer is the arbiter: a trainer whose next step
+// has not come asks it for work, and it grants a piece nobody has started, answering between two
+// pieces it makes and in its waits. The trainer makes the piece and sends it back, and the
+// producer ships it with the rest of the step as if it had made it: the readers' side of
+// one_to_many does not change (the claimer gets its copy back like every other reader).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/error.hpp"
+#include "../../core/hosts.hpp"
+#include "../../core/watchdog.hpp"
+#include "../../core/wait.hpp"
+#include "host_slots.hpp"
+#include "steps_in_flight.hpp"
+
+namespace flexcomm::detail {
+
+// Asked for by adaptive; one_to_many then runs with a claim desk on each producer.
+struct claims_by_message {};
+
+// A desk or claimant destroyed with its exchange still open is on an error path (its own waits
+// close it otherwise), and the peers that wait on it are stuck with it: the job must end, and its
+// pending requests are abandoned rather than each waited for up to the timeout.
+inline void left_open(bool open) noexcept {
+  if (open && std::uncaught_exceptions() > 0) watchdog::instance().must_end();
+}
+
+// On the producer's credit communicator (the producer is rank 0, its trainers the others).
+constexpr int claim_tag = 19, answer_tag = 20, made_tag = 21;
+// A trainer's claim: the step it waits for (negative: it will claim no more) and the first step
+// it would not make for it.
+using claim_message = std::array<std::int64_t, 2>;
+// The answer: the step and piece granted (piece -1: none), and the producer's time to make one
+// of its steps, which tells the trainer how far ahead a claim is worth it.
+using answer_message = std::array<std::int64_t, 3>;
+
+// The producer's side: which of its next steps' pieces are granted to whom, and the grants' pieces.
+template <class B>
+class claim_desk {
+ public:
+  using communicator = typename B::communicator;
+  using request = typename B::request;
+
+  claim_desk() = default;
+  // `mine`: the feed's pieces this producer makes, `bytes` their sizes; its steps are first,
+  // first + every, ... below `steps`, and it grants pieces of the next `window` of them. `who`
+  // names the feed in errors. Posts a claim receive from every trainer of `comm`.
+  claim_desk(const communicator& comm, std::vector<int> mine, std::vector<std::size_t> bytes, std::int64_t first,
+             std::int64_t every, std::int64_t steps, std::int64_t window, std::string who)
+      : comm_(&comm), mine_(std::move(mine)), bytes_(std::move(bytes)), every_(every), steps_(steps),
+        window_(window), step_(first), who_(std::move(who)), trainers_(static_cast<std::size_t>(comm.size())) {
+    const std::size_t largest = bytes_.empty() ? 0 : *std::max_element(bytes_.begin(), bytes_.end());
+    for (int t = 1; t < comm.size(); ++t) {
+      trainer& d = trainers_[static_cast<std::size_t>(t)];
+      d.world_rank = comm.world_rank_of(t);
+      d.piece.resize(largest);
+      listen(t);
+    }
+  }
+  claim_desk(claim_desk&&) noexcept = default;
+  claim_desk& operator=(claim_desk&&) noexcept = default;
+  ~claim_desk() { left_open(comm_ && !closed_); }
+  explicit operator bool() const noexcept { return comm_ != nullptr; }
+
+  // The producer moves to step s (every piece of earlier steps is made or collected).
+  void begin(std::int64_t s) {
+    step_ = s;
+    next_ = 0;
+  }
+  // Whether the producer makes piece i (of mine) of its current step: false where a trainer was
+  // granted it. Claims that came are answered first.
+  bool take(std::size_t i) {
+    serve();
+    if (holder(step_, i) >= 0) return false;
+    next_ = i + 1;
+    return true;
+  }
+  // Every piece of the current step is made or granted: grants go to the steps after it.
+  void all_taken() { next_ = mine_.size(); }
+  void note_make_time(std::chrono::nanoseconds piece) {
+    const double ns = static_cast<double>(piece.count());
+    piece_ns_ = piece_ns_ == 0 ? ns : 0.875 * piece_ns_ + 0.125 * ns;
+  }
+  std::int64_t granted() const noexcept { return granted_; }
+
+  // Answers every claim that came: grants the first piece nobody started, of the current step or
+  // one of the `window` after it (before the claimer's limit), to a trainer that holds no grant.
+  void serve() {
+    for (int t = 1; t < static_cast<int>(trainers_.size()); ++t) {
+      trainer& d = trainers_[static_cast<std::size_t>(t)];
+      if (d.finished || !d.claim.test()) continue;
+      if (d.in[0] < 0) {  // it will claim no more
+        d.finished = true;
+        continue;
+      }
+      d.answer.wait();  // the trainer received the last answer before it asked again
+      d.out = {-1, -1, static_cast<std::int64_t>(piece_ns_ * static_cast<double>(mine_.size()))};
+      if (d.granted_step < 0) grant(t, d);
+      d.answer = B::isend(*comm_, span<const std::int64_t>(d.out.data(), d.out.size()), t, answer_tag);
+      listen(t);
+    }
+  }
+
+  // Waits, answering claims, until every piece granted of step s has come, and copies each to
+  // memory(i) for its index i in mine. Past FLEXCOMM_TIMEOUT it names the claimer.
+  template <class Memory>
+  void collect(std::int64_t s, Memory&& memory) {
+    for (int t = 1; t < static_cast<int>(trainers_.size()); ++t) {
+      trainer& d = trainers_[static_cast<std::size_t>(t)];
+      if (d.granted_step != s) continue;
+      const std::string what = cat(who_, ": piece ", mine_[d.granted_index], " of step ", s, ", claimed by world rank ",
+                                   d.world_rank);
+      serve_until([&] { return d.made.test(); },
+                  [&] { timed_out(what, cat("world rank ", d.world_rank, on_host(d.world_rank))); });
+      const span<std::byte> into = memory(d.granted_index);
+      std::memcpy(into.data(), d.piece.data(), bytes_[d.granted_index]);
+      d.granted_step = -1;
+    }
+  }
+
+  // Waits until ready(), answering claims; past FLEXCOMM_TIMEOUT calls timed_out(), which throws
+  // the wait's error; the grants still out are added to it, since a trainer that holds one
+  // (stalled or gone while making it) is as likely the cause as the one the wait names.
+  template <class Ready, class TimedOut>
+  void serve_until(Ready&& ready, TimedOut&& timed_out) {
+    if (wait_answering(engine_wait(), default_timeout(), [&] {
+          serve();
+          return ready();
+        },
+                       [] { watchdog::instance().answer_queries(); }))
+      return;
+    watchdog::instance().must_end();
+    try {
+      timed_out();
+    } catch (const error& e) {
+      std::string held;
+      for (trainer& d : trainers_)
+        if (d.granted_step >= 0 && !d.made.test() &&
+            e.operation().find(cat("piece ", mine_[d.granted_index], " of step ", d.granted_step)) == std::string::npos)
+          held += cat("\n  (world rank ", d.world_rank, on_host(d.world_rank), " was granted piece ",
+                      mine_[d.granted_index], " of step ", d.granted_step, " and has not sent it)");
+      if (held.empty()) throw;
+      fail(e.operation(), e.cause() + held);
+    }
+  }
+
+  // The end of this producer's stream: answers claims (with nothing left to grant) until every
+  // trainer said it will claim no more.
+  void close() {
+    begin(steps_);
+    serve_until(
+        [&] {
+          for (std::size_t t = 1; t < trainers_.size(); ++t)
+            if (!trainers_[t].finished) return false;
+          return true;
+        },
+        [&] {
+          std::vector<int> late;
+          for (std::size_t t = 1; t < trainers_.size(); ++t)
+            if (!trainers_[t].finished) late.push_back(trainers_[t].world_rank);
+          std::string who;
+          for (int r : late) who += cat(who.empty() ? "" : ", ", r, on_host(r));
+          timed_out(cat(who_, ": end of the stream (claims)"),
+                    cat("world rank", late.size() > 1 ? "s " : " ", who));
+        });
+    for (std::size_t t = 1; t < trainers_.size(); ++t) trainers_[t].answer.wait();
+    closed_ = true;
+  }
+
+ private:
+  struct trainer {
+    int world_rank = -1;
+    claim_message in{};
+    answer_message out{};
+    request claim, answer, made;
+    bool finished = false;
+    std::int64_t granted_step = -1;  // the step of the piece it makes for this producer, or -1
+    std::size_t granted_index = 0;   // that piece's index in mine
+    std::vector<std::byte> piece;    // where it arrives
+  };
+
+  void listen(int t) {
+    trainer& d = trainers_[static_cast<std::size_t>(t)];
+    d.claim = B::irecv(*comm_, span<std::int64_t>(d.in.data(), d.in.size()), t, claim_tag);
+  }
+  // The trainer granted piece i of step s, or -1.
+  int holder(std::int64_t s, std::size_t i) const {
+    for (std::size_t t = 1; t < trainers_.size(); ++t)
+      if (trainers_[t].granted_step == s && trainers_[t].granted_index == i) return static_cast<int>(t);
+    return -1;
+  }
+  void grant(int t, trainer& d) {
+    const std::int64_t end = std::min({steps_, d.in[1], step_ + window_ * every_});
+    for (std::int64_t s = step_; s < end; s += every_)
+      for (std::size_t i = s == step_ ? next_ : 0; i < mine_.size(); ++i)
+        if (holder(s, i) < 0) {
+          d.granted_step = s;
+          d.granted_index = i;
+          d.out[0] = s;
+          d.out[1] = mine_[i];
+          // Posted before the answer goes, so that the piece is matched as soon as it is sent.
+          d.made = B::irecv(*comm_, span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(d.piece.data()), bytes_[i]), t,
+                            made_tag);
+          ++granted_;
+          return;
+        }
+  }
+  [[noreturn]] static void timed_out(const std::string& what, const std::string& late) {
+    fail(what, cat("timed out after ", default_timeout().count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late));
+  }
+
+  const communicator* comm_ = nullptr;
+  std::vector<int> mine_;
+  std::vector<std::size_t> bytes_;
+  std::int64_t every_ = 1, steps_ = 0, window_ = 1;
+  std::int64_t step_ = 0;  // the step the producer is making
+  std::size_t next_ = 0;   // its first piece the producer has not started
+  std::string who_;
+  std::vector<trainer> trainers_;  // by rank in comm_; 0, the producer, unused
+  double piece_ns_ = 0;            // the producer's time to make one piece, smoothed
+  std::int64_t granted_ = 0;
+  bool closed_ = false;
+};
+
+// A trainer's side, towards one producer: at most one claim out, and the piece it made for the
+// last grant on its way back.
+template <class B>
+class claimant {
+ public:
+  using communicator = typename B::communicator;
+  using request = typename B::request;
+
+  claimant() = default;
+  claimant(const communicator& comm, std::size_t largest_piece, std::string who)
+      : comm_(&comm), producer_(comm.world_rank_of(0)), who_(std::move(who)), piece_(largest_piece) {}
+  claimant(claimant&&) noexcept = default;
+  claimant& operator=(claimant&&) noexcept = default;
+  ~claimant() { left_open(comm_ && !finished_); }
+  explicit operator bool() const noexcept { return comm_ != nullptr; }
+
+  bool asking() const noexcept { return asking_; }
+  // Asks for a piece of a step in [awaited, end).
+  void ask(std::int64_t awaited, std::int64_t end) {
+    out_ = {awaited, end};
+    answer_ = B::irecv(*comm_, span<std::int64_t>(in_.data(), in_.size()), 0, answer_tag);
+    claim_.wait();  // the last claim's send
+    claim_ = B::isend(*comm_, span<const std::int64_t>(out_.data(), out_.size()), 0, claim_tag);
+    asking_ = true;
+  }
+  bool answered() { return asking_ && answer_.test(); }
+  // Waits for the answer to the claim out; past FLEXCOMM_TIMEOUT names the producer.
+  void await_answer(std::int64_t awaited) {
+    if (!wait_answering(engine_wait(), default_timeout(), [&] { return answer_.test(); },
+                        [] { watchdog::instance().answer_queries(); })) {
+      watchdog::instance().must_end();
+      fail(cat(who_, ": claim while waiting for step ", awaited),
+           cat("timed out after ", default_timeout().count(), " ms (FLEXCOMM_TIMEOUT); not answered by world rank ",
+               producer_, on_host(producer_)));
+    }
+  }
+  // The answer that came: {step, piece (-1: none), the producer's time per step in ns}.
+  answer_message take_answer() {
+    asking_ = false;
+    return in_;
+  }
+  int producer() const noexcept { return producer_; }
+
+  // Where the granted piece is made, once the last one made has gone.
+  span<std::byte> piece(std::size_t bytes) {
+    made_.wait();
+    return span<std::byte>(piece_.data(), bytes + guard_bytes);
+  }
+  // Sends the granted piece, made in piece(bytes), to the producer.
+  void send(std::size_t bytes) {
+    made_ = B::isend(*comm_, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(piece_.data()), bytes), 0,
+                     made_tag);
+  }
+  // Will claim no more (called with no claim out).
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    made_.wait();
+    claim_.wait();
+    out_ = {-1, 0};
+    claim_ = B::isend(*comm_, span<const std::int64_t>(out_.data(), out_.size()), 0, claim_tag);
+    claim_.wait();
+  }
+  bool finished() const noexcept { return finished_; }
+
+ private:
+  const communicator* comm_ = nullptr;
+  int producer_ = -1;
+  std::string who_;
+  std::vector<std::byte> piece_;  // the piece being made, with room for the guard
+  claim_message out_{};
+  answer_message in_{};
+  request claim_, answer_, made_;
+  bool asking_ = false, finished_ = false;
+};
+
+}  // namespace flexcomm::detail
