@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,19 +54,22 @@ class claim_desk {
   using communicator = typename B::communicator;
   using request = typename B::request;
 
+  // Makes piece i of mine for a step into a span of its bytes and the guard's.
+  using maker = std::function<void(std::int64_t step, std::size_t i, span<std::byte> into)>;
+
   claim_desk() = default;
   // `mine`: the feed's pieces this producer makes, `bytes` their sizes; its steps are first,
-  // first + every, ... below `steps`, and it grants pieces of the next `window` of them. `who`
-  // names the feed in errors. Posts a claim receive from every trainer of `comm`.
+  // first + every, ... below `steps`, and it grants pieces of the next `window` of them. `make`
+  // makes a piece ahead while the producer waits. `who` names the feed in errors. Posts a claim
+  // receive from every trainer of `comm`.
   claim_desk(const communicator& comm, std::vector<int> mine, std::vector<std::size_t> bytes, std::int64_t first,
-             std::int64_t every, std::int64_t steps, std::int64_t window, std::string who)
-      : comm_(&comm), mine_(std::move(mine)), bytes_(std::move(bytes)), every_(every), steps_(steps),
-        window_(window), step_(first), who_(std::move(who)), trainers_(static_cast<std::size_t>(comm.size())) {
-    const std::size_t largest = bytes_.empty() ? 0 : *std::max_element(bytes_.begin(), bytes_.end());
+             std::int64_t every, std::int64_t steps, std::int64_t window, maker make, std::string who)
+      : comm_(&comm), mine_(std::move(mine)), bytes_(std::move(bytes)), first_(first), every_(every), steps_(steps),
+        window_(window), step_(first), make_(std::move(make)), who_(std::move(who)),
+        trainers_(static_cast<std::size_t>(comm.size())),
+        store_(static_cast<std::size_t>(window_) * mine_.size()) {
     for (int t = 1; t < comm.size(); ++t) {
-      trainer& d = trainers_[static_cast<std::size_t>(t)];
-      d.world_rank = comm.world_rank_of(t);
-      d.piece.resize(largest);
+      trainers_[static_cast<std::size_t>(t)].world_rank = comm.world_rank_of(t);
       listen(t);
     }
   }
@@ -107,7 +111,7 @@ class claim_desk {
       }
       d.answer.wait();  // the trainer received the last answer before it asked again
       d.out = {-1, -1, static_cast<std::int64_t>(piece_ns_ * static_cast<double>(mine_.size()))};
-      if (d.granted_step < 0) grant(t, d);
+      grant(t, d);
       d.answer = B::isend(*comm_, span<const std::int64_t>(d.out.data(), d.out.size()), t, answer_tag);
       listen(t);
     }
@@ -117,26 +121,32 @@ class claim_desk {
   // memory(i) for its index i in mine. Past FLEXCOMM_TIMEOUT it names the claimer.
   template <class Memory>
   void collect(std::int64_t s, Memory&& memory) {
-    for (int t = 1; t < static_cast<int>(trainers_.size()); ++t) {
-      trainer& d = trainers_[static_cast<std::size_t>(t)];
-      if (d.granted_step != s) continue;
-      const std::string what = cat(who_, ": piece ", mine_[d.granted_index], " of step ", s, ", claimed by world rank ",
-                                   d.world_rank);
-      serve_until([&] { return d.made.test(); },
-                  [&] { timed_out(what, cat("world rank ", d.world_rank, on_host(d.world_rank))); });
-      const span<std::byte> into = memory(d.granted_index);
-      std::memcpy(into.data(), d.piece.data(), bytes_[d.granted_index]);
-      d.granted_step = -1;
+    for (std::size_t g = 0; g < grants_.size();) {
+      if (grants_[g].step != s) {
+        ++g;
+        continue;
+      }
+      const std::size_t i = grants_[g].index;
+      const int claimer = trainers_[static_cast<std::size_t>(grants_[g].trainer)].world_rank;
+      const std::string what = cat(who_, ": piece ", mine_[i], " of step ", s, ", claimed by world rank ", claimer);
+      serve_until([&] { return grants_[g].made.test(); },
+                  [&] { timed_out(what, cat("world rank ", claimer, on_host(claimer))); });
+      std::memcpy(memory(i).data(), stored(s, i).data(), bytes_[i]);
+      grants_.erase(grants_.begin() + static_cast<std::ptrdiff_t>(g));
     }
   }
 
-  // Waits until ready(), answering claims; past FLEXCOMM_TIMEOUT calls timed_out(), which throws
-  // the wait's error; the grants still out are added to it, since a trainer that holds one
-  // (stalled or gone while making it) is as likely the cause as the one the wait names.
+  // Waits until ready(), answering claims and making pieces ahead (the producer is the one rank
+  // with nothing else to do: a trainer's piece far ahead, or slow trainers, need not leave it
+  // idle); past FLEXCOMM_TIMEOUT calls timed_out(), which throws the wait's error; the grants
+  // still out are added to it, since a trainer that holds one (stalled or gone while making it)
+  // is as likely the cause as the one the wait names.
   template <class Ready, class TimedOut>
   void serve_until(Ready&& ready, TimedOut&& timed_out) {
     if (wait_answering(engine_wait(), default_timeout(), [&] {
           serve();
+          if (ready()) return true;
+          make_ahead();
           return ready();
         },
                        [] { watchdog::instance().answer_queries(); }))
@@ -146,11 +156,12 @@ class claim_desk {
       timed_out();
     } catch (const error& e) {
       std::string held;
-      for (trainer& d : trainers_)
-        if (d.granted_step >= 0 && !d.made.test() &&
-            e.operation().find(cat("piece ", mine_[d.granted_index], " of step ", d.granted_step)) == std::string::npos)
-          held += cat("\n  (world rank ", d.world_rank, on_host(d.world_rank), " was granted piece ",
-                      mine_[d.granted_index], " of step ", d.granted_step, " and has not sent it)");
+      for (grant_record& g : grants_) {
+        const int claimer = trainers_[static_cast<std::size_t>(g.trainer)].world_rank;
+        if (!g.made.test() && e.operation().find(cat("piece ", mine_[g.index], " of step ", g.step)) == std::string::npos)
+          held += cat("\n  (world rank ", claimer, on_host(claimer), " was granted piece ", mine_[g.index], " of step ",
+                      g.step, " and has not sent it)");
+      }
       if (held.empty()) throw;
       fail(e.operation(), e.cause() + held);
     }
@@ -186,9 +197,14 @@ class claim_desk {
     answer_message out{};
     request claim, answer, made;
     bool finished = false;
-    std::int64_t granted_step = -1;  // the step of the piece it makes for this producer, or -1
-    std::size_t granted_index = 0;   // that piece's index in mine
-    std::vector<std::byte> piece;    // where it arrives
+  };
+  // A piece granted and not yet shipped: its step, its index in mine, the trainer (its rank in
+  // comm_) and the receive of what it makes, into stored(step, index).
+  struct grant_record {
+    std::int64_t step;
+    std::size_t index;
+    int trainer;
+    request made;
   };
 
   void listen(int t) {
@@ -197,22 +213,48 @@ class claim_desk {
   }
   // The trainer granted piece i of step s, or -1.
   int holder(std::int64_t s, std::size_t i) const {
-    for (std::size_t t = 1; t < trainers_.size(); ++t)
-      if (trainers_[t].granted_step == s && trainers_[t].granted_index == i) return static_cast<int>(t);
+    for (const grant_record& g : grants_)
+      if (g.step == s && g.index == i) return g.trainer;
     return -1;
   }
-  void grant(int t, trainer& d) {
-    const std::int64_t end = std::min({steps_, d.in[1], step_ + window_ * every_});
+  // Where piece i of step s arrives: grants lie within the window, so no two share a place.
+  std::vector<std::byte>& stored(std::int64_t s, std::size_t i) {
+    auto& place = store_[static_cast<std::size_t>((s - first_) / every_ % window_) * mine_.size() + i];
+    if (place.size() < bytes_[i] + guard_bytes) place.resize(bytes_[i] + guard_bytes);
+    return place;
+  }
+  // Makes the nearest piece nobody started, of the window's steps, into its place (granted to the
+  // producer itself, rank 0, and so collected like a trainer's); false if there is none.
+  bool make_ahead() {
+    const std::int64_t end = std::min(steps_, step_ + window_ * every_);
     for (std::int64_t s = step_; s < end; s += every_)
       for (std::size_t i = s == step_ ? next_ : 0; i < mine_.size(); ++i)
         if (holder(s, i) < 0) {
-          d.granted_step = s;
-          d.granted_index = i;
+          std::vector<std::byte>& place = stored(s, i);
+          grants_.push_back({s, i, 0, request{}});
+          make_(s, i, span<std::byte>(place.data(), bytes_[i] + guard_bytes));
+          return true;
+        }
+    return false;
+  }
+  // The last piece nobody started in the claimer's reach: the producer makes its steps in order,
+  // so a piece far ahead is one it will not wait for when it gets there (granting the nearest,
+  // with preprocessing ten times training at 2 ranks: the producer waited on every other step,
+  // 1.4x one_to_many with two producers).
+  void grant(int t, trainer& d) {
+    const std::int64_t end = std::min({steps_, d.in[1], step_ + window_ * every_});
+    if (end <= step_) return;
+    const std::int64_t last = step_ + (end - 1 - step_) / every_ * every_;
+    for (std::int64_t s = last; s >= step_; s -= every_)
+      for (std::size_t i = mine_.size(); i-- > (s == step_ ? next_ : 0);)
+        if (holder(s, i) < 0) {
           d.out[0] = s;
           d.out[1] = mine_[i];
           // Posted before the answer goes, so that the piece is matched as soon as it is sent.
-          d.made = B::irecv(*comm_, span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(d.piece.data()), bytes_[i]), t,
-                            made_tag);
+          std::vector<std::byte>& place = stored(s, i);
+          grants_.push_back({s, i, t,
+                             B::irecv(*comm_, span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(place.data()), bytes_[i]),
+                                      t, made_tag)});
           ++granted_;
           return;
         }
@@ -224,11 +266,14 @@ class claim_desk {
   const communicator* comm_ = nullptr;
   std::vector<int> mine_;
   std::vector<std::size_t> bytes_;
-  std::int64_t every_ = 1, steps_ = 0, window_ = 1;
+  std::int64_t first_ = 0, every_ = 1, steps_ = 0, window_ = 1;
   std::int64_t step_ = 0;  // the step the producer is making
   std::size_t next_ = 0;   // its first piece the producer has not started
+  maker make_;
   std::string who_;
   std::vector<trainer> trainers_;  // by rank in comm_; 0, the producer, unused
+  std::vector<grant_record> grants_;
+  std::vector<std::vector<std::byte>> store_;  // [window position][piece]: pieces granted, as they arrive
   double piece_ns_ = 0;            // the producer's time to make one piece, smoothed
   std::int64_t granted_ = 0;
   bool closed_ = false;
