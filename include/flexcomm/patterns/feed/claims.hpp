@@ -93,6 +93,8 @@ class claim_desk {
   }
   // Every piece of the current step is made or granted: grants go to the steps after it.
   void all_taken() { next_ = mine_.size(); }
+  // Step s is on its way to every trainer.
+  void shipped(std::int64_t s) { shipped_ = s; }
   void note_make_time(std::chrono::nanoseconds piece) {
     const double ns = static_cast<double>(piece.count());
     piece_ns_ = piece_ns_ == 0 ? ns : 0.875 * piece_ns_ + 0.125 * ns;
@@ -241,7 +243,11 @@ class claim_desk {
   // so a piece far ahead is one it will not wait for when it gets there (granting the nearest,
   // with preprocessing ten times training at 2 ranks: the producer waited on every other step,
   // 1.4x one_to_many with two producers).
+  // A trainer that waits for a step already shipped is the one behind (the others wait on its
+  // credits, not on the producer): it gets nothing, so that it goes back to training. Without
+  // this, at 2 members, one trainer made five times the other's pieces and held both back.
   void grant(int t, trainer& d) {
+    if (d.in[0] <= shipped_) return;
     const std::int64_t end = std::min({steps_, d.in[1], step_ + window_ * every_});
     if (end <= step_) return;
     const std::int64_t last = step_ + (end - 1 - step_) / every_ * every_;
@@ -269,6 +275,7 @@ class claim_desk {
   std::int64_t first_ = 0, every_ = 1, steps_ = 0, window_ = 1;
   std::int64_t step_ = 0;  // the step the producer is making
   std::size_t next_ = 0;   // its first piece the producer has not started
+  std::int64_t shipped_ = -1;  // the last step shipped
   maker make_;
   std::string who_;
   std::vector<trainer> trainers_;  // by rank in comm_; 0, the producer, unused
@@ -289,7 +296,8 @@ class claimant {
 
   claimant() = default;
   claimant(const communicator& comm, std::size_t largest_piece, std::string who)
-      : comm_(&comm), producer_(comm.world_rank_of(0)), who_(std::move(who)), piece_(largest_piece) {}
+      : comm_(&comm), producer_(comm.world_rank_of(0)), who_(std::move(who)),
+        pieces_{std::vector<std::byte>(largest_piece), std::vector<std::byte>(largest_piece)} {}
   claimant(claimant&&) noexcept = default;
   claimant& operator=(claimant&&) noexcept = default;
   ~claimant() { left_open(comm_ && !finished_); }
@@ -322,21 +330,26 @@ class claimant {
   }
   int producer() const noexcept { return producer_; }
 
-  // Where the granted piece is made, once the last one made has gone.
+  // Where the granted piece is made: the buffer of the piece before last, once it has gone. Two,
+  // because a large piece's send finishes only once the producer tests it, between pieces of its
+  // own: with one buffer the trainer waited for that before it could make the next.
   span<std::byte> piece(std::size_t bytes) {
-    made_.wait();
-    return span<std::byte>(piece_.data(), bytes + guard_bytes);
+    current_ ^= 1;
+    made_[current_].wait();
+    return span<std::byte>(pieces_[current_].data(), bytes + guard_bytes);
   }
   // Sends the granted piece, made in piece(bytes), to the producer.
   void send(std::size_t bytes) {
-    made_ = B::isend(*comm_, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(piece_.data()), bytes), 0,
-                     made_tag);
+    made_[current_] = B::isend(
+        *comm_, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(pieces_[current_].data()), bytes), 0,
+        made_tag);
   }
   // Will claim no more (called with no claim out).
   void finish() {
     if (finished_) return;
     finished_ = true;
-    made_.wait();
+    made_[0].wait();
+    made_[1].wait();
     claim_.wait();
     out_ = {-1, 0};
     claim_ = B::isend(*comm_, span<const std::int64_t>(out_.data(), out_.size()), 0, claim_tag);
@@ -348,10 +361,11 @@ class claimant {
   const communicator* comm_ = nullptr;
   int producer_ = -1;
   std::string who_;
-  std::vector<std::byte> piece_;  // the piece being made, with room for the guard
+  std::vector<std::byte> pieces_[2];  // pieces made, with room for the guard, sent from alternately
+  int current_ = 0;
   claim_message out_{};
   answer_message in_{};
-  request claim_, answer_, made_;
+  request claim_, answer_, made_[2];
   bool asking_ = false, finished_ = false;
 };
 

@@ -515,7 +515,10 @@ void one_to_many<B>::produce() {
     }
     if (here) here->publish(k);
     t.sends.clear();
-    if (!messages) continue;
+    if (!messages) {
+      if (desk) desk.shipped(s);
+      continue;
+    }
     await(t.credits, cat("one_to_many: credits of step ", s));
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const span<std::byte> slot = piece_memory(k, i);
@@ -529,6 +532,7 @@ void one_to_many<B>::produce() {
     }
     t.step = s;
     ring.start(k, t.sends, cat("one_to_many: send of step ", s));
+    if (desk) desk.shipped(s);
     if (s + depth * P < options_.steps) ask_credits(s + depth * P, k + depth);
   }
   ring.for_each([&](shipment& t) {
