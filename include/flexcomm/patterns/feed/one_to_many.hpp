@@ -155,6 +155,7 @@ class one_to_many : private detail::agreed_feed {
   std::int64_t made_ = 0;
   double train_ns_ = 0;                    // the trainer's time between next() calls, smoothed
   std::int64_t step_make_ns_ = 0;          // a producer's time to make a step, as it last said
+  std::int64_t waits_ = 0;                 // the steps this trainer waited for
   std::chrono::steady_clock::time_point handed_out_;
 };
 
@@ -329,7 +330,11 @@ std::optional<batch> one_to_many<B>::next() {
 template <class B>
 void one_to_many<B>::claim_while_waiting(std::int64_t s) {
   detail::claimant<B>& c = claimants_[static_cast<std::size_t>(producer_of(s))];
-  if (!c) return;
+  if (!c || source_.here(s)) return;
+  // Only a claim ahead can be worth its messages (a step's own pieces are mostly the producer's
+  // already); one wait in 16 asks all the same, for the producer's time per step that decides.
+  // Asking at every wait cost 1.6x one_to_many's CPU at 1 ms of preprocessing, 4 members.
+  if (!c.asking() && reach() == 1 && waits_++ % 16 != 0) return;
   bool denied = false;
   while (!source_.here(s)) {
     if (!c.asking()) {
@@ -391,8 +396,12 @@ std::int64_t one_to_many<B>::reach() const {
   // Preprocessing clearly outweighs training: any step the producer lets it have (its window
   // bounds it). A piece made far ahead delays this trainer's own step by a whole piece, which
   // pays only where the producers are well behind: with them just keeping pace (50 ms of each
-  // at 4 members), claiming at a ratio of 1 made the job 1.26x slower than one_to_many.
-  return static_cast<double>(step_make_ns_) / static_cast<double>(P) > 1.5 * train_ns_ ? options_.steps : 1;
+  // at 4 members), claiming at a ratio of 1 made the job 1.26x slower than one_to_many. And a
+  // claimed piece travels twice more than a made one (to the producer, and its copy into the
+  // step): at 1 ms a step that cost as much as the making, 1.12-1.21x one_to_many's wall at 2
+  // and 4 members; so not below 2 ms.
+  const double per_producer = static_cast<double>(step_make_ns_) / static_cast<double>(P);
+  return per_producer > 1.5 * train_ns_ && per_producer > 2e6 ? options_.steps : 1;
 }
 
 template <class B>
