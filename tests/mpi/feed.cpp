@@ -761,8 +761,8 @@ BOOST_AUTO_TEST_CASE(adaptive_makes_every_shard_once_whoever_makes_it) {
         options.shard_capacity = 40;
         options.depth = 2;
         options.shared_memory = use;
-        // By message, trainers claim ahead only where a step's making over the producers is more
-        // than 2 ms (a claimed piece travels twice more): the producers are slower there.
+        // By message, trainers claim ahead only where a step takes more than 2 ms to make (a
+        // claimed piece travels twice more): the producers are slower there.
         const char* shm = std::getenv("FLEXCOMM_SHM");
         const bool off = use == fc::shared_memory_use::off || (shm && std::string(shm) == "off");
         const int per_shard = off ? 5000 : 2000;

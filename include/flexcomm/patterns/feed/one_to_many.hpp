@@ -332,9 +332,10 @@ void one_to_many<B>::claim_while_waiting(std::int64_t s) {
   detail::claimant<B>& c = claimants_[static_cast<std::size_t>(producer_of(s))];
   if (!c || source_.here(s)) return;
   // Only a claim ahead can be worth its messages (a step's own pieces are mostly the producer's
-  // already); one wait in 16 asks all the same, for the producer's time per step that decides.
-  // Asking at every wait cost 1.6x one_to_many's CPU at 1 ms of preprocessing, 4 members.
-  if (!c.asking() && reach() == 1 && waits_++ % 16 != 0) return;
+  // already); while the producer's time per step, which decides, is not known yet, and one wait
+  // in 16 after, it asks all the same. Asking at every wait cost 1.6x one_to_many's CPU at 1 ms
+  // of preprocessing, 4 members.
+  if (!c.asking() && reach() == 1 && step_make_ns_ > 0 && waits_++ % 16 != 0) return;
   bool denied = false;
   while (!source_.here(s)) {
     if (!c.asking()) {
@@ -399,9 +400,9 @@ std::int64_t one_to_many<B>::reach() const {
   // at 4 members), claiming at a ratio of 1 made the job 1.26x slower than one_to_many. And a
   // claimed piece travels twice more than a made one (to the producer, and its copy into the
   // step): at 1 ms a step that cost as much as the making, 1.12-1.21x one_to_many's wall at 2
-  // and 4 members; so not below 2 ms.
+  // and 4 members; so not for steps made in under 2 ms.
   const double per_producer = static_cast<double>(step_make_ns_) / static_cast<double>(P);
-  return per_producer > 1.5 * train_ns_ && per_producer > 2e6 ? options_.steps : 1;
+  return per_producer > 1.5 * train_ns_ && step_make_ns_ > 2000000 ? options_.steps : 1;
 }
 
 template <class B>
