@@ -191,18 +191,19 @@ FAULTS = {
                                "to the producer by message): trainer rank {f} stalls for 4x the timeout in the loader "
                                "of a piece it was granted", min_ranks=2,
         mpiexec=[], survivors='producer', kind='timeout', guards=False,
-        expect=[r'(?m)(adaptive: piece \d+ of step \d+, claimed by world rank {f}|one_to_many: credits of step \d+): '
+        expect=[r'(?m)(adaptive: piece \d+ of step \d+, claimed by world rank {f}|one_to_many: (credits|send) of step \d+): '
                 r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
                 r'claimed by world rank {f}:|world rank {f} was granted piece'],
         reports='the producer: `adaptive: piece 0 of step N, claimed by world rank {f}: timed out after 2000 ms '
                 '(FLEXCOMM_TIMEOUT); not answered by world rank {f}`, or, where rank {f} was granted a piece of a '
                 'later step than it sent credits for, `one_to_many: credits of step N: timed out ...; not answered by '
-                'world rank {f}` and `(world rank {f} was granted piece 0 of step M and has not sent it)`'),
+                'world rank {f}` (or, where it is gone, `send of step N`) and `(world rank {f} was granted piece 0 '
+                'of step M and has not sent it)`'),
     'claim-dies-messages': dict(
         driver='adapter', what="the same, but rank {f} dies in that loader (mpiexec told to keep the job: "
                                "{keep_going})", min_ranks=2,
         mpiexec='keep_going', survivors='producer', kind='timeout', guards=False,
-        expect=[r'(?m)(adaptive: piece \d+ of step \d+, claimed by world rank {f}|one_to_many: credits of step \d+): '
+        expect=[r'(?m)(adaptive: piece \d+ of step \d+, claimed by world rank {f}|one_to_many: (credits|send) of step \d+): '
                 r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
                 r'claimed by world rank {f}:|world rank {f} was granted piece'],
         reports='as claim-stall-messages: the producer names world rank {f}, which holds the grant'),
