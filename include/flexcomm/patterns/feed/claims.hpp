@@ -132,7 +132,9 @@ class claim_desk {
       const int claimer = trainers_[static_cast<std::size_t>(grants_[g].trainer)].world_rank;
       const std::string what = cat(who_, ": piece ", mine_[i], " of step ", s, ", claimed by world rank ", claimer);
       serve_until([&] { return grants_[g].made.test(); },
-                  [&] { timed_out(what, cat("world rank ", claimer, on_host(claimer))); });
+                  [&] {
+                    timed_out_waiting(what, default_timeout(), cat("world rank ", claimer, on_host(claimer)));
+                  });
       std::memcpy(memory(i).data(), stored(s, i).data(), bytes_[i]);
       grants_.erase(grants_.begin() + static_cast<std::ptrdiff_t>(g));
     }
@@ -185,8 +187,8 @@ class claim_desk {
             if (!trainers_[t].finished) late.push_back(trainers_[t].world_rank);
           std::string who;
           for (int r : late) who += cat(who.empty() ? "" : ", ", r, on_host(r));
-          timed_out(cat(who_, ": end of the stream (claims)"),
-                    cat("world rank", late.size() > 1 ? "s " : " ", who));
+          timed_out_waiting(cat(who_, ": end of the stream (claims)"), default_timeout(),
+                            cat("world rank", late.size() > 1 ? "s " : " ", who));
         });
     for (std::size_t t = 1; t < trainers_.size(); ++t) trainers_[t].answer.wait();
     closed_ = true;
@@ -275,9 +277,6 @@ class claim_desk {
           return;
         }
   }
-  [[noreturn]] static void timed_out(const std::string& what, const std::string& late) {
-    fail(what, cat("timed out after ", default_timeout().count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late));
-  }
 
   const communicator* comm_ = nullptr;
   std::vector<int> mine_;
@@ -328,9 +327,8 @@ class claimant {
     if (!wait_answering(engine_wait(), default_timeout(), [&] { return answer_.test(); },
                         [] { watchdog::instance().answer_queries(); })) {
       watchdog::instance().must_end();
-      fail(cat(who_, ": claim while waiting for step ", awaited),
-           cat("timed out after ", default_timeout().count(), " ms (FLEXCOMM_TIMEOUT); not answered by world rank ",
-               producer_, on_host(producer_)));
+      timed_out_waiting(cat(who_, ": claim while waiting for step ", awaited), default_timeout(),
+                        cat("world rank ", producer_, on_host(producer_)));
     }
   }
   // The answer that came: {step, piece (-1: none), the producer's time per step in ns}.

@@ -25,8 +25,8 @@
 namespace flexcomm::detail {
 
 // Past FLEXCOMM_TIMEOUT, `what` fails naming who has not moved (`late`), in the words a wait on
-// messages uses (steps_in_flight.hpp).
-[[noreturn]] inline void shared_memory_timeout(const std::string& what, std::chrono::milliseconds limit,
+// messages uses (steps_in_flight.hpp): for waits in shared memory, and for claims by message.
+[[noreturn]] inline void timed_out_waiting(const std::string& what, std::chrono::milliseconds limit,
                                                const std::string& late) {
   fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late));
 }
@@ -38,7 +38,7 @@ void wait_in_shared_memory(Done&& done, const std::string& what, Late&& late, co
   if (done()) return;
   const auto limit = default_timeout();
   if (!wait_answering(policy, limit, done, [] { watchdog::instance().answer_queries(); }))
-    shared_memory_timeout(what, limit, late());
+    timed_out_waiting(what, limit, late());
 }
 
 // The same wait for a change that whoever makes it announces on `bell` (on one of `channels`):
@@ -65,7 +65,7 @@ void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, const
     bell.sleep_unless(done, slice, channels);
     if (done()) return;
   }
-  if (!done()) shared_memory_timeout(what, limit, late());
+  if (!done()) timed_out_waiting(what, limit, late());
 }
 
 // Over a group of one host's ranks: the publishers (a producer and, in all_shared, every owner of
