@@ -116,8 +116,7 @@ class adaptive : private detail::agreed_feed {
   std::vector<std::byte> failure_;  // producer: the first failed piece it made
   std::int64_t next_step_ = 0, lent_ = -1, made_ = 0;
   int producers_here_ = 0;                            // producers on this host's board
-  std::chrono::steady_clock::time_point handed_out_;  // when next() last returned a batch
-  double train_ns_ = 0;                               // the trainer's time between next() calls, smoothed
+  detail::training_clock training_;
   bool produced_ = false;
 };
 
@@ -279,8 +278,8 @@ std::int64_t adaptive<B>::reach() const {
   // A step's making, spread over the producers, against the trainer's time per step; unknown
   // (the first steps): the producers' work.
   const double step_ns = static_cast<double>(board_.make_time().count()) * static_cast<double>(here_.size());
-  if (step_ns == 0 || train_ns_ == 0) return 1;
-  return step_ns / producers_here_ > train_ns_ ? window : 1;
+  if (step_ns == 0 || training_.ns() == 0) return 1;
+  return step_ns / producers_here_ > training_.ns() ? window : 1;
 }
 
 template <class B>
@@ -315,9 +314,7 @@ std::optional<batch> adaptive<B>::next() {
   if (by_turns_) return by_turns_->next();
   if (lent_ >= 0) {
     board_.release(lent_);
-    const double ns = static_cast<double>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - handed_out_).count());
-    train_ns_ = train_ns_ == 0 ? ns : 0.875 * train_ns_ + 0.125 * ns;
+    training_.back();
   }
   lent_ = -1;
   if (next_step_ >= options_.steps) return std::nullopt;
@@ -331,7 +328,7 @@ std::optional<batch> adaptive<B>::next() {
     taken_[i] = {board_.piece(k, static_cast<std::size_t>(mine[i])), assembly_.bytes(i)};
   const batch out = assembly_.assemble("adaptive", k, taken_);
   lent_ = k;
-  handed_out_ = std::chrono::steady_clock::now();
+  training_.handed_out();
   ++next_step_;
   return out;
 }

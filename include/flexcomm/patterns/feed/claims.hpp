@@ -28,6 +28,27 @@
 
 namespace flexcomm::detail {
 
+// An average of recent samples, each weighing 1/8, from the first sample on (0: none yet).
+inline void smooth(double& average, double sample) noexcept {
+  average = average == 0 ? sample : 0.875 * average + 0.125 * sample;
+}
+
+// A trainer's training time per step, which decides how far ahead it claims: from handing a
+// batch out to asking for the next, smoothed.
+class training_clock {
+ public:
+  void handed_out() noexcept { at_ = std::chrono::steady_clock::now(); }
+  void back() noexcept {
+    smooth(ns_, static_cast<double>(
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - at_).count()));
+  }
+  double ns() const noexcept { return ns_; }
+
+ private:
+  std::chrono::steady_clock::time_point at_;
+  double ns_ = 0;
+};
+
 // Asked for by adaptive; one_to_many then runs with a claim desk on each producer.
 struct claims_by_message {};
 
@@ -96,8 +117,7 @@ class claim_desk {
   // Step s is on its way to every trainer.
   void shipped(std::int64_t s) { shipped_ = s; }
   void note_make_time(std::chrono::nanoseconds piece) {
-    const double ns = static_cast<double>(piece.count());
-    piece_ns_ = piece_ns_ == 0 ? ns : 0.875 * piece_ns_ + 0.125 * ns;
+    smooth(piece_ns_, static_cast<double>(piece.count()));
   }
   std::int64_t granted() const noexcept { return granted_; }
 

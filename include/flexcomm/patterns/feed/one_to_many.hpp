@@ -153,10 +153,9 @@ class one_to_many : private detail::agreed_feed {
   bool claims_ = false;
   std::vector<detail::claimant<B>> claimants_;  // [producer], trainer under claims
   std::int64_t made_ = 0;
-  double train_ns_ = 0;                    // the trainer's time between next() calls, smoothed
   std::int64_t step_make_ns_ = 0;          // a producer's time to make a step, as it last said
   std::int64_t waits_ = 0;                 // the steps this trainer waited for
-  std::chrono::steady_clock::time_point handed_out_;
+  detail::training_clock training_;
 };
 
 template <class B>
@@ -299,11 +298,7 @@ std::optional<batch> one_to_many<B>::next() {
     source_.release(lent_);
     lent_ = -1;
     post_free_slots();
-    if (claims_) {
-      const auto ns = static_cast<double>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - handed_out_).count());
-      train_ns_ = train_ns_ == 0 ? ns : 0.875 * train_ns_ + 0.125 * ns;
-    }
+    if (claims_) training_.back();
   }
   if (next_step_ >= options_.steps) return std::nullopt;
   const std::int64_t target = choose_step();
@@ -322,7 +317,7 @@ std::optional<batch> one_to_many<B>::next() {
   next_step_ = target + 1;
   if (claims_) {
     finish_claims_after(target);
-    handed_out_ = std::chrono::steady_clock::now();
+    training_.handed_out();
   }
   return out;
 }
@@ -393,7 +388,8 @@ void one_to_many<B>::make(detail::claimant<B>& c, const detail::answer_message& 
 template <class B>
 std::int64_t one_to_many<B>::reach() const {
   const std::int64_t P = layout_.producers();
-  if (step_make_ns_ == 0 || train_ns_ == 0) return 1;  // the first steps: the producers' work
+  const double train_ns = training_.ns();
+  if (step_make_ns_ == 0 || train_ns == 0) return 1;  // the first steps: the producers' work
   // Preprocessing clearly outweighs training: any step the producer lets it have (its window
   // bounds it). A piece made far ahead delays this trainer's own step by a whole piece, which
   // pays only where the producers are well behind: with them just keeping pace (50 ms of each
@@ -402,7 +398,7 @@ std::int64_t one_to_many<B>::reach() const {
   // step): at 1 ms a step that cost as much as the making, 1.12-1.21x one_to_many's wall at 2
   // and 4 members; so not for steps made in under 2 ms.
   const double per_producer = static_cast<double>(step_make_ns_) / static_cast<double>(P);
-  return per_producer > 1.5 * train_ns_ && step_make_ns_ > 2000000 ? options_.steps : 1;
+  return per_producer > 1.5 * train_ns && step_make_ns_ > 2000000 ? options_.steps : 1;
 }
 
 template <class B>
