@@ -10,7 +10,9 @@
 // one host two limits are measured in the same run: "probe", the plainest shared-memory
 // allreduce (every rank's data already in one shared mapping; each reduces its 1/N share in place,
 // then copies the others' shares; flags between the halves, no chunks, nothing copied in or out),
-// and "memcpy", one core copying the buffer once.
+// and "memcpy", one core copying the buffer once. "subgroup_allreduce shm in place" (last) is
+// subgroup_allreduce shm with the gradient in its gradient_memory(): in shared memory, reduced
+// where it lies (on one host; elsewhere, ordinary memory and the adapter's usual route).
 // busbw = algbw * 2(n-1)/n (nccl-tests' allreduce factor).
 #include <boost/program_options.hpp>
 
@@ -227,6 +229,8 @@ int main(int argc, char** argv) {
     names.insert(names.end(), {"subgroup_allreduce hier", "overlapped_ring hier"});
     labels.insert(labels.end(), {"sub-hier", "ring-hier"});
   }
+  names.push_back("subgroup_allreduce shm in place");
+  labels.push_back("sub-place");
   const std::size_t impls = names.size();
   const auto hosts = fc::hosts_of(world);  // collective
   if (root) {
@@ -263,6 +267,9 @@ int main(int argc, char** argv) {
       options.shared_memory_slot_bytes = fc::parse_bytes(shm_slot, "-S");
       fc::subgroup_allreduce<mpi> subgroup_shm(world, options);
       fc::overlapped_ring<mpi> ring_shm(world, options);
+      fc::subgroup_allreduce<mpi> subgroup_placed(world, options);
+      const auto placed_memory = subgroup_placed.gradient_memory(bytes);
+      const fc::span<T> placed(reinterpret_cast<T*>(placed_memory.data()), count);
       shm_used = subgroup_shm.shared_memory();
       options.shared_memory = fc::shared_memory_use::off;
       shm_probe<T> probe(world, count);
@@ -304,11 +311,16 @@ int main(int argc, char** argv) {
                               [&] { std::memcpy(copy.data(), buf.data(), bytes); });
       copied.busbw = copied.algbw;  // one pass over the buffer: no bus factor
       r.insert(r.begin() + 6, copied);
+      r.push_back(measure(world, placed, o, warmup, iters, check, [&] {
+        subgroup_placed.ready(0, placed);
+        subgroup_placed.finish();
+      }));
       if (root) {
         std::printf("  %10zu %12zu %8s %6s %5s |", bytes, count, fc::name_of(type), fc::name_of(o), "-1");
         for (auto& x : r) std::printf(" %9.1f %8.3f %8.3f %7ld  |", x.time_us, x.algbw, x.busbw, x.wrong);
         for (std::size_t i = 1; i < impls; ++i) std::printf(" %9.2f", r[0].busbw > 0 ? r[i].busbw / r[0].busbw : 0.0);
         std::printf("  shm/probe %5.2f", r[5].busbw > 0 ? r[2].busbw / r[5].busbw : 0.0);
+        std::printf("  in-place/probe %5.2f", r[5].busbw > 0 ? r.back().busbw / r[5].busbw : 0.0);
         std::printf("\n");
         std::fflush(stdout);
         for (std::size_t i = 0; i < impls; ++i) {

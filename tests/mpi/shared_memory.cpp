@@ -5,6 +5,7 @@
 
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -426,6 +427,92 @@ BOOST_AUTO_TEST_CASE(timeout_names_who_did_not_arrive) {
     }
     MPI_Barrier(host.native());
   }
+}
+
+// In place: data that lies in the reducer's own shared memory (allocate) at the same offset on
+// every rank, reduced with nothing copied in or out. Every type and op, the sizes above at offsets
+// that are not cache-line aligned, three steps, each in-place task between two slot tasks on the
+// same segment (the steps they take interleave), every other one carrying words that are
+// max-reduced in its round: equal to the exact reference.
+BOOST_AUTO_TEST_CASE_TEMPLATE(in_place_allreduce_equals_the_reference, T, element_types) {
+  mpi::host_reducer reducer(this_host(), 1000, 256);
+  const auto ranks = world_ranks_of(this_host());
+  const int me = world().rank();
+  const auto sizes = sizes_for(this_host().size(), reducer.slot_bytes() / sizeof(T));
+  const std::size_t most = *std::max_element(sizes.begin(), sizes.end());
+  const fc::span<std::byte> memory = reducer.allocate((most + 8) * sizeof(T));
+  BOOST_TEST(memory.size() == (most + 8) * sizeof(T));
+  BOOST_TEST(reducer.holds(memory.data(), memory.size()));
+  BOOST_TEST(!reducer.holds(memory.data(), memory.size() + 1));
+  T* const placed = reinterpret_cast<T*>(memory.data());
+  bool ok = true;
+  std::string detail;
+  for (int step = 0; step < 3; ++step)
+    for (fc::op o : all_ops)
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const std::size_t n = sizes[i], at = i % 8;
+        auto before = gradient<T>(me, step, 100 + static_cast<int>(i), 300);
+        reducer.allreduce(before.data(), before.size(), o);
+        const auto mine = gradient<T>(me, step, static_cast<int>(i), n);
+        std::copy(mine.begin(), mine.end(), placed + at);
+        // Every other one carries words, max-reduced in its round (the sync core's step check).
+        const int h = this_host().rank();
+        std::vector<std::int64_t> words{h == step % this_host().size() ? 1000 + step : h, -h, 7};
+        const bool carrying = i % 2 == 1 && n > 0;
+        if (carrying)
+          reducer.allreduce_in_place_carrying(placed + at, n, o, fc::span<std::int64_t>(words));
+        else
+          reducer.allreduce_in_place(placed + at, n, o);
+        if (carrying && !(words[0] == 1000 + step && words[1] == 0 && words[2] == 7)) {
+          ok = false;
+          detail = fc::cat("step ", step, " carried words ", words[0], " ", words[1], " ", words[2]);
+        }
+        auto after = gradient<T>(me, step, 200 + static_cast<int>(i), 3 * 1000 / sizeof(T));
+        reducer.allreduce(after.data(), after.size(), o);
+        const std::vector<T> got(placed + at, placed + at + n);
+        if (!same(got, reference<T>(o, ranks, step, static_cast<int>(i), n)) ||
+            !same(before, reference<T>(o, ranks, step, 100 + static_cast<int>(i), 300)) ||
+            !same(after, reference<T>(o, ranks, step, 200 + static_cast<int>(i), after.size()))) {
+          ok = false;
+          detail = fc::cat("step ", step, " op ", fc::name_of(o), " ", n, " elements at ", at);
+        }
+      }
+  BOOST_TEST(all_ranks(ok), detail);
+}
+
+// In-place misuse is an error on every rank before anything is written: one rank's data outside
+// the shared memory, or at another offset; sizes asked for that differ.
+BOOST_AUTO_TEST_CASE(in_place_misuse_is_an_error_on_every_rank) {
+  const auto& host = this_host();
+  const int last = host.size() - 1, last_in_world = host.world_rank_of(last);
+  {
+    mpi::host_reducer reducer(host, 4096, 256);
+    const auto memory = reducer.allocate(4096);
+    std::vector<float> elsewhere(100, 1.0f);
+    float* data = host.rank() == last ? elsewhere.data() : reinterpret_cast<float*>(memory.data());
+    const std::string e = error_of([&] { reducer.allreduce_in_place(data, 100, fc::op::sum); });
+    const std::string named = host.rank() == last ? "does not lie in the shared memory allocated"
+                                                  : fc::cat("world rank ", last_in_world, " (rank ", last, ")'s data does not lie");
+    BOOST_TEST(contains(e, named), e);
+    BOOST_TEST(contains(e, "shared-memory allreduce"), e);
+    const std::string next = error_of([&] { reducer.allreduce(elsewhere.data(), 10, fc::op::sum); });
+    BOOST_TEST(contains(next, "unusable"), next);
+  }
+  if (host.size() > 1) {
+    mpi::host_reducer reducer(host, 4096, 256);
+    const auto memory = reducer.allocate(4096);
+    float* data = reinterpret_cast<float*>(memory.data()) + (host.rank() == last ? 16 : 0);
+    std::fill(data, data + 100, 7.0f);
+    const std::string e = error_of([&] { reducer.allreduce_in_place(data, 100, fc::op::sum); });
+    BOOST_TEST(contains(e, "every rank must place the same data at the same offset"), e);
+    BOOST_TEST(std::count(data, data + 100, 7.0f) == 100);  // nobody wrote
+  }
+  if (host.size() > 1) {
+    mpi::host_reducer reducer(host, 4096, 256);
+    const std::string e = error_of([&] { reducer.allocate(host.rank() == last ? 8192 : 4096); });
+    BOOST_TEST(contains(e, "every rank must ask for the same size"), e);
+  }
+  MPI_Barrier(host.native());
 }
 
 // The broadcast task (hierarchical averaging's intra-host stage 3): every rank ends with the

@@ -317,6 +317,125 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(misuse_after_the_plan_is_fixed_is_an_error_on_ever
   BOOST_TEST(fc::testing::all_ranks(!threw && g0[0] == avg && g1[5] == avg && g2[4] == avg && g3[6] == avg), cause);
 }
 
+// Trainer code that places its gradients in gradient_memory() runs unchanged whatever the route:
+// on one host a bucket of one gradient is reduced where it lies (and fused buckets stage in
+// shared memory anyway); with shared memory off, or across hosts, it is ordinary memory. Both
+// launch modes, three steps, sum, avg and max, buckets of 4 KiB (7000 elements alone: in place)
+// and of 1 MiB (all fused, past the one-round path: staged in shared memory): the exact reference.
+BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_in_gradient_memory_equal_the_reference, Sync, adapters) {
+  const std::vector<std::size_t> sizes{1, 3, 64, 333, 2049, 7000};
+  std::vector<std::size_t> at;
+  std::size_t total = 0;
+  for (std::size_t n : sizes) {
+    at.push_back(total);
+    total += (n + 15) / 16 * 16 + 5;  // not all on cache lines
+  }
+  const int rank = world().rank();
+  const auto everyone = all_world_ranks();
+  for (const auto use : {fc::shared_memory_use::automatic, fc::shared_memory_use::off})
+    for (const bool early : {false, true})
+      for (const fc::op o : {fc::op::sum, fc::op::avg, fc::op::max}) {
+        fc::sync_options options;
+        options.shared_memory = use;
+        options.launch_when_full = early;
+        options.bucket_bytes = o == fc::op::avg ? std::size_t{1} << 20 : 4096;
+        options.op = o;
+        Sync sync(world(), options);
+        const auto memory = sync.gradient_memory(total * sizeof(float));
+        BOOST_TEST(memory.size() == total * sizeof(float));
+        float* const base = reinterpret_cast<float*>(memory.data());
+        bool ok = true;
+        std::string detail;
+        for (int step = 0; step < 3; ++step) {
+          for (std::size_t i = 0; i < sizes.size(); ++i) {
+            const auto g = gradient<float>(rank, step, static_cast<int>(i), sizes[i]);
+            std::copy(g.begin(), g.end(), base + at[i]);
+          }
+          for (std::size_t i = sizes.size(); i-- > 0;) sync.ready(static_cast<int>(i), fc::span<float>(base + at[i], sizes[i]));
+          sync.finish();
+          for (std::size_t i = 0; i < sizes.size(); ++i)
+            if (!same(std::vector<float>(base + at[i], base + at[i] + sizes[i]),
+                      reference<float>(o, everyone, step, static_cast<int>(i), sizes[i]))) {
+              ok = false;
+              detail = fc::cat("step ", step, " gradient ", i);
+            }
+        }
+        BOOST_TEST(fc::testing::all_ranks(ok), "shared memory " << fc::name_of(use) << (early ? ", launched when full, " : ", ")
+                                                                << fc::name_of(o) << ": " << detail);
+      }
+}
+
+// Where buckets are reduced in gradient_memory() (one host, 2+ ranks), placing them there must be
+// the same on every rank: a gradient there on some ranks only at the first step is an error on
+// every rank at that step; one at another offset on one rank at a later step is an error on every
+// rank before anything is written. And a step's check carried by a bucket reduced in place still
+// tells every rank of one rank's misuse.
+BOOST_AUTO_TEST_CASE_TEMPLATE(gradient_memory_used_unalike_is_an_error_on_every_rank, Sync, adapters) {
+  const int rank = world().rank(), last = world().size() - 1;
+  fc::sync_options options;
+  options.bucket_bytes = 4096;
+  {
+    Sync sync(world(), options);
+    const auto memory = sync.gradient_memory(8192 * sizeof(float));
+    std::vector<float> elsewhere(8000, 1.0f);
+    float* g = rank == last ? elsewhere.data() : reinterpret_cast<float*>(memory.data());
+    std::fill(g, g + 8000, 1.0f);
+    sync.ready(0, fc::span<float>(g, 8000));
+    std::string cause;
+    const bool threw = threw_on_finish(sync, cause);
+    const bool expected = sync.shared_memory() && !sync.hierarchical() && world().size() > 1;  // one host
+    BOOST_TEST(fc::testing::all_ranks(threw == expected), cause);
+    BOOST_TEST(fc::testing::all_ranks(!expected || contains(cause, "in gradient_memory() on every rank or on none")),
+               cause);
+  }
+  {
+    Sync sync(world(), options);
+    const auto memory = sync.gradient_memory(8192 * sizeof(float));
+    float* g = reinterpret_cast<float*>(memory.data());
+    std::fill(g, g + 8000, 1.0f);
+    sync.ready(0, fc::span<float>(g, 8000));
+    sync.finish();
+    BOOST_TEST(fc::testing::all_ranks(g[7999] == 1.0f));  // the average of ones
+    if (rank == last) g += 64;
+    std::fill(g, g + 8000, 3.0f);
+    sync.ready(0, fc::span<float>(g, 8000));
+    std::string cause;
+    const bool threw = threw_on_finish(sync, cause);
+    const bool expected = sync.shared_memory() && !sync.hierarchical() && world().size() > 1;  // one host
+    BOOST_TEST(fc::testing::all_ranks(threw == expected), cause);
+    BOOST_TEST(fc::testing::all_ranks(!expected || contains(cause, "every rank must place the same data at the same offset")),
+               cause);
+    BOOST_TEST(fc::testing::all_ranks(!expected || std::count(g, g + 8000, 3.0f) == 8000));  // nobody wrote
+  }
+  {
+    // A fused bucket past the one-round path stages in shared memory and carries the step's check
+    // in its round: misuse on one rank at a later step still reaches every rank.
+    fc::sync_options fused = options;
+    fused.bucket_bytes = std::size_t{1} << 20;
+    Sync sync(world(), fused);
+    std::vector<float> a(8000, 1.0f), b(8000, 1.0f), shorter(7999, 1.0f);
+    sync.ready(0, fc::span<float>(a));
+    sync.ready(1, fc::span<float>(b));
+    sync.finish();
+    sync.ready(0, fc::span<float>(a));
+    sync.ready(1, fc::span<float>(rank == last ? shorter : b));
+    std::string cause;
+    BOOST_TEST(fc::testing::all_ranks(threw_on_finish(sync, cause)), cause);
+    BOOST_TEST(fc::testing::all_ranks(contains(cause, rank == last ? "7999" : "misused")), cause);
+  }
+  {
+    Sync sync(world(), options);
+    std::string cause;
+    try {
+      sync.gradient_memory(rank == last ? 128 : 64);
+    } catch (const fc::error& e) {
+      cause = e.cause();
+    }
+    BOOST_TEST(fc::testing::all_ranks(world().size() == 1 || contains(cause, "every rank must ask for the same size")),
+               cause);
+  }
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(bad_options_are_named_errors, Sync, adapters) {
   fc::sync_options zero;
   zero.bucket_bytes = 0;

@@ -63,13 +63,18 @@ template void typed_feed_block<one_to_many<mpi>>(const mpi::communicator&, const
 template void typed_feed_block<all_shared<mpi>>(const mpi::communicator&, const ensemble_layout&, const feed_options&);
 
 template <class Sync>
-void sync_block(const mpi::communicator& member_comm, const sync_options& options, int index, span<float> grad) {
+void sync_block(const mpi::communicator& member_comm, const sync_options& options, int index, span<float> grad,
+                std::size_t bytes) {
   Sync sync(member_comm, options);   // collective over the member
   sync.ready(index, grad);           // span<T>, as backprop produces gradient `index`
   sync.finish();                     // before the optimizer step; averages are in place
+  auto memory = sync.gradient_memory(bytes);  // collective: where to keep gradients (optional)
+  (void)memory;
 }
-template void sync_block<subgroup_allreduce<mpi>>(const mpi::communicator&, const sync_options&, int, span<float>);
-template void sync_block<overlapped_ring<mpi>>(const mpi::communicator&, const sync_options&, int, span<float>);
+template void sync_block<subgroup_allreduce<mpi>>(const mpi::communicator&, const sync_options&, int, span<float>,
+                                                  std::size_t);
+template void sync_block<overlapped_ring<mpi>>(const mpi::communicator&, const sync_options&, int, span<float>,
+                                               std::size_t);
 
 void collect_block(const mpi::communicator& world, const ensemble_layout& layout, const std::vector<float>& predictions) {
   using B = mpi;

@@ -24,6 +24,16 @@
 //     c + 1 in while its peers still copy chunk c out, and waits only for chunk c - 1 to be out of
 //     the slot it reuses (with one slot, every chunk was three full stops, and a rank that lost
 //     its core for a moment held all).
+//   in place (start_in_place): the data already lies in shared memory (host_reducer::allocate,
+//     the same offset in every rank's region), so nothing is copied in or out. Two steps: every
+//     rank describes what it reduces (step, offset, count, type, op) and publishes; once all
+//     have, each checks the others' descriptions against its own, reduces its share from every
+//     rank's region into its own and writes the result into every peer's, and publishes; once
+//     all have, every rank holds the result. Per rank that reads the data once and writes it once,
+//     where the slots above read and write it about twice (2 ranks: the probe in
+//     benchmarks/allreduce, which reduces data already in one shared mapping, went 1.1-1.8x
+//     faster than the slots from 64 KiB up). A rank whose data is not where it should be, or
+//     that reduces something else, is an error on every rank before anyone writes.
 // An allreduce may carry a landing: what to do with its result (a fused bucket's copy back into
 // its gradients), run by the thread that finishes it, right then, so that a bucket the engine
 // reduces during backward is also copied out during backward, not in finish().
@@ -110,6 +120,40 @@ class segment_task {
   virtual bool step() = 0;
 
   std::atomic<bool> done_{false};
+};
+
+// Shared memory that allreduces reduce where it lies (host_reducer::allocate): one window, a
+// region of the same size per rank. Each region starts with a cache line that describes the
+// owner's current in-place allreduce, which peers check before they touch its data.
+struct shared_arena {
+  struct description {
+    std::uint64_t first;   // the allreduce's first step: names it on every rank
+    std::uint64_t offset;  // its data's bytes into the region; `misplaced` where it is elsewhere
+    std::uint64_t count;
+    std::uint64_t kind;  // dtype and op
+  };
+  static constexpr std::uint64_t misplaced = ~std::uint64_t{0};
+  static constexpr std::size_t line = 64;
+  // Words an in-place allreduce can carry, max-reduced in its round: after the description.
+  static constexpr std::size_t carried_words = (line - sizeof(description)) / sizeof(std::int64_t);
+
+  shared_arena(const shm::host_group& group, std::size_t usable, const std::string& who)
+      : window(group, line + usable, who), bytes(usable) {}
+
+  description& of(int r) const noexcept { return *std::launder(reinterpret_cast<description*>(window.region(r))); }
+  std::byte* carried(int r) const noexcept { return window.region(r) + sizeof(description); }
+  std::byte* data(int r) const noexcept { return window.region(r) + line; }
+  // Where [p, p + n) lies in this rank's region, if it does.
+  bool holds(const void* p, std::size_t n, std::uint64_t& offset) const noexcept {
+    const auto* b = static_cast<const std::byte*>(p);
+    const std::byte* mine = data(window.rank());
+    if (b < mine || b > mine + bytes || n > static_cast<std::size_t>(mine + bytes - b)) return false;
+    offset = static_cast<std::uint64_t>(b - mine);
+    return true;
+  }
+
+  shm::host_window window;
+  std::size_t bytes;
 };
 
 // The segment and the bookkeeping every task of one reducer shares; tasks hold it, so a task the
@@ -220,7 +264,11 @@ class host_segment {
   std::vector<std::byte*> regions;
   std::vector<int> world_ranks;  // of each rank of the group
   std::atomic<bool> broken{false};         // a task timed out or was dropped: no later one may run
+  // host_reducer::allocate's, in allocation order (the same on every rank); only the caller's
+  // thread adds to it, and a task keeps a pointer to its own.
+  std::vector<std::unique_ptr<shared_arena>> arenas;
   slot_writer writer;                      // how this rank writes its large slots
+  slot_writer placer;                      // how it writes results into its peers' in-place data
 
  private:
   std::mutex driving_;      // held by the thread driving the tasks
@@ -237,13 +285,16 @@ class host_allreduce final : public segment_task {
     // The slots this task writes are free once all reach these: the small slot ([0]), or large
     // slots 0 and 1.
     std::uint64_t free_after[2];
-    int small_slot;  // -1: the large path
+    int small_slot;  // -1: the large path (or in place)
     slot_writer::kind stores;  // how the large path writes its slots
+    bool in_place = false;
+    const shared_arena* arena = nullptr;  // in place: where the data lies (none: it lies elsewhere)
+    std::uint64_t offset = shared_arena::misplaced;  // in place: the data's bytes into the arena
   };
 
   // `landing`, when set, runs once the result is in data (on the thread that finishes the task).
-  // `carried` (small path only): a few more words, max-reduced in the same round, kept at the end
-  // of the small slot (host_reducer::allreduce_carrying).
+  // `carried` (small path and in place): a few more words, max-reduced in the same round, kept at
+  // the end of the small slot or after the description (host_reducer::allreduce_carrying).
   host_allreduce(std::shared_ptr<host_segment> segment, T* data, std::size_t n, op o, plan p,
                  std::function<void()> landing = {}, span<std::int64_t> carried = {})
       : seg_(std::move(segment)), data_(data), n_(n), op_(o), plan_(p), landing_(std::move(landing)),
@@ -279,7 +330,7 @@ class host_allreduce final : public segment_task {
     if (stage_ == stage::queued) {
       if (seg_->broken.load(std::memory_order_acquire))
         fail(who(), cat(seg_->group->name(), " is unusable after an earlier task timed out or was dropped"));
-      stage_ = plan_.small_slot >= 0 ? stage::small_write : stage::large_write;
+      stage_ = plan_.in_place ? stage::place_describe : plan_.small_slot >= 0 ? stage::small_write : stage::large_write;
       stalled_.moved();
     }
     for (;;) {
@@ -317,14 +368,30 @@ class host_allreduce final : public segment_task {
           stalled_.moved();
           if ((++chunk_) * per_chunk() >= n_) {
             stage_ = stage::done;
-            const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
-            const std::size_t bytes = n_ * sizeof(T);
-            seg_->writer.learn(slot_writer::size_class(bytes), plan_.stores, took.count() / static_cast<double>(bytes));
+            learn(seg_->writer);
             land();
             return true;
           }
           stage_ = stage::large_write;
           break;
+        case stage::place_describe:
+          describe();
+          advance(stage::place_reduce, 1);
+          break;
+        case stage::place_reduce:
+          if (!ready(plan_.first + 1, "peers to describe their data")) return false;
+          timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
+          check_descriptions();
+          reduce_carried();
+          reduce_in_place();
+          advance(stage::place_wait, 2);
+          break;
+        case stage::place_wait:
+          if (!ready(plan_.first + 2, "peers to reduce their share")) return false;
+          stage_ = stage::done;
+          learn(seg_->placer);
+          land();
+          return true;
         case stage::queued:
         case stage::done:
           return true;
@@ -332,7 +399,18 @@ class host_allreduce final : public segment_task {
     }
   }
 
-  enum class stage { queued, small_write, small_reduce, large_write, large_reduce, large_gather, done };
+  enum class stage {
+    queued,
+    small_write,
+    small_reduce,
+    large_write,
+    large_reduce,
+    large_gather,
+    place_describe,
+    place_reduce,
+    place_wait,
+    done
+  };
   static constexpr std::size_t align = host_segment::line / sizeof(T) ? host_segment::line / sizeof(T) : 1;
 
   std::string who() const { return cat(what(), ", rank ", seg_->rank, " (world ", seg_->world_rank(seg_->rank), ")"); }
@@ -342,6 +420,12 @@ class host_allreduce final : public segment_task {
     const std::int64_t from = trace::enabled() ? trace::now() : 0;
     std::exchange(landing_, nullptr)();
     if (from) trace::complete(trace::names::bucket_landing, "sync", from, trace::now());
+  }
+  // How long this task took since every rank arrived, per byte, for the stores it used.
+  void learn(slot_writer& w) const {
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - timed_from_;
+    const std::size_t bytes = n_ * sizeof(T);
+    w.learn(slot_writer::size_class(bytes), plan_.stores, took.count() / static_cast<double>(bytes));
   }
   std::size_t per_chunk() const noexcept { return seg_->large_bytes / sizeof(T); }
   // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last.
@@ -358,7 +442,7 @@ class host_allreduce final : public segment_task {
     return false;
   }
   void advance(stage next, int k) {
-    seg_->publish(plan_.small_slot >= 0 ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
+    seg_->publish(plan_.small_slot >= 0 || plan_.in_place ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
     stage_ = next;
     stalled_.moved();
   }
@@ -366,14 +450,19 @@ class host_allreduce final : public segment_task {
   const T* small_of(int r) const {
     return reinterpret_cast<const T*>(seg_->small_slot(r, plan_.small_slot));
   }
-  // Where rank r's carried words lie: the end of its small slot, whatever the data's size.
+  // Where rank r's carried words lie: the end of its small slot, whatever the data's size, or
+  // after its description.
   std::byte* carried_of(int r) const {
+    if (plan_.in_place) return plan_.arena->carried(r);
     return seg_->small_slot(r, plan_.small_slot) + seg_->small_bytes - carried_.size() * sizeof(std::int64_t);
   }
   void reduce_small() {
     std::memcpy(data_, small_of(0), n_ * sizeof(T));
     for (int r = 1; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
     if (op_ == op::avg) divide_by(data_, n_, seg_->ranks);
+    reduce_carried();
+  }
+  void reduce_carried() {
     for (int r = 0; r < seg_->ranks; ++r) {
       if (r == seg_->rank) continue;
       for (std::size_t i = 0; i < carried_.size(); ++i) {
@@ -384,16 +473,74 @@ class host_allreduce final : public segment_task {
     }
   }
 
-  // This chunk's elements [lo, hi) of the data and rank r's share of them, relative to lo.
-  std::size_t chunk_lo() const noexcept { return chunk_ * per_chunk(); }
-  std::size_t chunk_count() const noexcept { return std::min(per_chunk(), n_ - chunk_lo()); }
-  void share_of(int r, std::size_t& lo, std::size_t& hi) const noexcept {
-    const std::size_t count = chunk_count(), ranks = static_cast<std::size_t>(seg_->ranks);
+  // In place: what this rank reduces, where every peer checks it. Data that is not in shared
+  // memory is described as misplaced in every arena, whichever one the peers' data lies in.
+  std::uint64_t kind() const noexcept {
+    return static_cast<std::uint64_t>(dtype_of<T>) << 8 | static_cast<std::uint64_t>(op_);
+  }
+  void describe() {
+    const shared_arena::description mine{plan_.first, plan_.arena ? plan_.offset : shared_arena::misplaced, n_, kind()};
+    if (plan_.arena) {
+      plan_.arena->of(seg_->rank) = mine;
+      if (!carried_.empty()) std::memcpy(carried_of(seg_->rank), carried_.data(), carried_.size() * sizeof(std::int64_t));
+      return;
+    }
+    for (const auto& a : seg_->arenas) a->of(seg_->rank) = mine;
+  }
+  void check_descriptions() {
+    const auto broken = [&](std::string cause) {
+      seg_->broken.store(true, std::memory_order_release);
+      fail(who(), std::move(cause));
+    };
+    if (!plan_.arena)
+      broken(cat("its data (", static_cast<const void*>(data_), ", ", n_ * sizeof(T),
+                 " bytes) does not lie in the shared memory allocated for in-place allreduces (host_reducer::allocate)"));
+    const shared_arena::description& mine = plan_.arena->of(seg_->rank);
+    for (int r = 0; r < seg_->ranks; ++r) {
+      if (r == seg_->rank) continue;
+      const shared_arena::description theirs = plan_.arena->of(r);
+      const std::string peer = cat("world rank ", seg_->world_rank(r), " (rank ", r, ")");
+      if (theirs.first != mine.first)
+        broken(cat(peer, " is not reducing this allreduce in place (its last in-place allreduce here began after step ",
+                   theirs.first, ", this one after step ", mine.first, ")"));
+      if (theirs.offset == shared_arena::misplaced)
+        broken(cat(peer, "'s data does not lie in the shared memory allocated for in-place allreduces"));
+      if (theirs.offset != mine.offset || theirs.count != mine.count || theirs.kind != mine.kind)
+        broken(cat(peer, " reduces ", theirs.count, " elements at byte ", theirs.offset, " of its region (kind ",
+                   theirs.kind, "), this rank ", mine.count, " at byte ", mine.offset, " (kind ", mine.kind,
+                   "): every rank must place the same data at the same offset"));
+    }
+  }
+  T* placed(int r) const { return reinterpret_cast<T*>(plan_.arena->data(r) + plan_.offset); }
+  // This rank's share, a block at a time: the block is still in cache when it is copied to the
+  // peers, so the share is read from memory once per rank and written once per rank.
+  void reduce_in_place() {
+    std::size_t lo = 0, hi = 0;
+    share_in(n_, seg_->rank, lo, hi);
+    constexpr std::size_t block = (std::size_t{16} << 10) / sizeof(T);
+    for (std::size_t from = lo; from < hi; from += block) {
+      const std::size_t count = std::min(block, hi - from);
+      T* mine = placed(seg_->rank) + from;
+      for (int r = 0; r < seg_->ranks; ++r)
+        if (r != seg_->rank) combine(op_, mine, placed(r) + from, count);
+      if (op_ == op::avg) divide_by(mine, count, seg_->ranks);
+      for (int r = 0; r < seg_->ranks; ++r)
+        if (r != seg_->rank) slot_writer::copy(plan_.stores, placed(r) + from, mine, count * sizeof(T));
+    }
+  }
+
+  // Rank r's share [lo, hi) of `count` elements: a cache-line aligned 1/N.
+  void share_in(std::size_t count, int r, std::size_t& lo, std::size_t& hi) const noexcept {
+    const std::size_t ranks = static_cast<std::size_t>(seg_->ranks);
     std::size_t share = (count + ranks - 1) / ranks;
     share = (share + align - 1) / align * align;  // no two ranks write one cache line
     lo = std::min(count, share * static_cast<std::size_t>(r));
     hi = std::min(count, lo + share);
   }
+  // This chunk's elements [lo, hi) of the data and rank r's share of them, relative to lo.
+  std::size_t chunk_lo() const noexcept { return chunk_ * per_chunk(); }
+  std::size_t chunk_count() const noexcept { return std::min(per_chunk(), n_ - chunk_lo()); }
+  void share_of(int r, std::size_t& lo, std::size_t& hi) const noexcept { share_in(chunk_count(), r, lo, hi); }
   T* large_of(int r) const { return reinterpret_cast<T*>(seg_->large_slot(r, static_cast<int>(chunk_ % 2))); }
 
   void write_chunk() {
@@ -564,6 +711,79 @@ class host_reducer {
     return start_carrying(data, n, o, std::move(landing), {});
   }
 
+  // Collective over the reducer's group: `bytes` of shared memory on every rank (the same number
+  // everywhere, else an error on every rank), which start_in_place() reduces where it lies. It
+  // lives as long as the reducer and every task started on it. Zeroed.
+  span<std::byte> allocate(std::size_t bytes) {
+    auto& seg = usable("shared-memory allocation");
+    const std::string who = cat(seg.group->name(), ": shared memory for in-place allreduces");
+    const std::vector<std::uint64_t> asked = seg.group->allgather(bytes, who, "the sizes asked for");
+    for (int r = 0; r < seg.ranks; ++r)
+      check(asked[static_cast<std::size_t>(r)] == bytes, who,
+            cat("every rank must ask for the same size: this rank asked for ", bytes, " bytes, world rank ",
+                seg.world_rank(r), " for ", asked[static_cast<std::size_t>(r)]));
+    seg.arenas.push_back(std::make_unique<detail::shared_arena>(*seg.group, bytes, who));
+    return {seg.arenas.back()->data(seg.rank), bytes};
+  }
+  // Whether [data, data + bytes) lies in memory from allocate().
+  bool holds(const void* data, std::size_t bytes) const noexcept {
+    std::uint64_t offset = 0;
+    if (!segment_) return false;
+    for (const auto& a : segment_->arenas)
+      if (a->holds(data, bytes, offset)) return true;
+    return false;
+  }
+
+  // Starts an allreduce of data[0, n) in place where it lies, in memory from allocate(), with
+  // nothing copied in or out: every rank starts it alike, its data at the same offset of the same
+  // allocation (checked: otherwise, or where this rank's data lies elsewhere, the task fails on
+  // every rank before any data is written). Otherwise as start().
+  template <class T>
+  std::shared_ptr<task<T>> start_in_place(T* data, std::size_t n, op o, std::function<void()> landing = {}) {
+    return start_in_place_carrying(data, n, o, std::move(landing), {});
+  }
+  // Blocking start_in_place() that also max-reduces up to in_place_carried_words more words in
+  // its round, as allreduce_carrying() does on the small path.
+  static constexpr std::size_t in_place_carried_words = detail::shared_arena::carried_words;
+  template <class T>
+  void allreduce_in_place_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried,
+                                   std::function<void()> landing = {}) {
+    check(n > 0 && carried.size() <= in_place_carried_words, "shared-memory allreduce",
+          cat("an in-place allreduce carries up to ", in_place_carried_words, " words and some data, not ",
+              carried.size(), " and ", n, " elements"));
+    drive_until_done(start_in_place_carrying(data, n, o, std::move(landing), carried));
+  }
+
+ private:
+  template <class T>
+  std::shared_ptr<task<T>> start_in_place_carrying(T* data, std::size_t n, op o, std::function<void()> landing,
+                                                   span<std::int64_t> carried) {
+    static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
+    auto& seg = usable("shared-memory allreduce");
+    typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
+    if (n == 0) return std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing));  // as start()
+    p.in_place = true;
+    const int cls = detail::slot_writer::size_class(n * sizeof(T));
+    p.stores = seg.placer.choose(cls, placed_[cls]++);
+    for (const auto& a : seg.arenas)
+      if (a->holds(data, n * sizeof(T), p.offset)) {
+        p.arena = a.get();
+        break;
+      }
+    steps_ += 2;
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing), carried);
+    seg.enqueue(t);
+    return t;
+  }
+
+ public:
+
+  // Blocking start_in_place(), as allreduce() is to start().
+  template <class T>
+  void allreduce_in_place(T* data, std::size_t n, op o) {
+    drive_until_done(start_in_place(data, n, o));
+  }
+
   // Whether an allreduce of `bytes` can carry `words` more int64 words in its one round.
   bool carries(std::size_t bytes, std::size_t words) const noexcept {
     return segment_ && bytes > 0 && bytes + words * sizeof(std::int64_t) <= segment_->small_bytes;
@@ -661,6 +881,7 @@ class host_reducer {
   // Set by start() on the caller's thread, in start order: the same on every rank.
   std::uint64_t steps_ = 0, smalls_ = 0;
   std::uint64_t timed_[detail::slot_writer::classes] = {};  // large allreduces started, per size class
+  std::uint64_t placed_[detail::slot_writer::classes] = {};  // in-place ones, per size class
   std::uint64_t large_free_[2] = {0, 0};
   std::uint64_t small_free_[2] = {0, 0};
 };

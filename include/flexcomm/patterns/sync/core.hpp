@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <string>
@@ -86,6 +87,24 @@ class sync_core {
     if (launch_early_) launch_full();
   }
 
+  // Memory for gradients, collective over the member (the same `bytes` on every rank): where the
+  // buckets go through one host's shared memory it lies there, and a bucket whose one gradient
+  // lies in it (at the same offset on every rank, as identical code places it) is reduced where
+  // it lies, with nothing copied in or out (DDP's gradient_as_bucket_view, NCCL's registered
+  // buffers). On every other route it is the backend's ordinary memory (device memory on a device
+  // backend): trainer code that places its gradients here runs unchanged on any Sync. Lives as
+  // long as the adapter; write it before reading it.
+  span<std::byte> gradient_memory(std::size_t bytes) {
+    const std::string who = cat(who_, ": gradient_memory");
+    if (route_ == route::shared_memory) return shared_.allocate(bytes);
+    agreement same({static_cast<std::int64_t>(bytes)});
+    B::iallreduce(comm_, same.buffer(), op::max).wait();
+    check(same.agreed(0), who, cat("every rank must ask for the same size; this rank asked for ", bytes, " bytes"));
+    auto& memory = owned_.emplace_back();
+    memory.resize(bytes);
+    return {memory.data(), bytes};
+  }
+
   // Before the optimizer step: every bucket reduced, averages in place; mismatches across the
   // member's ranks (order, sizes) are a flexcomm::error on every rank (the gradients then hold
   // what the buckets reduced, or what was handed over: nothing to step with).
@@ -96,7 +115,10 @@ class sync_core {
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
       plan_.seal(options_.last_bucket_bytes);
-      start_check(step_check, fingerprint(step_hash_).add(plan_.signature()));
+      find_in_place();
+      fingerprint planned = fingerprint(step_hash_).add(plan_.signature());
+      for (const char placed : in_place_) planned.add(static_cast<std::uint64_t>(placed));
+      start_check(step_check, planned);
       verdict = step_check.verdict(misuse_, sequence_);
       if (!verdict.empty()) {
         plan_.clear();
@@ -112,6 +134,7 @@ class sync_core {
       arrived_.assign(buckets.size(), 0);
       for (std::size_t b = 0; b < buckets.size(); ++b) arrived_[b] = buckets[b].last - buckets[b].first;
       staging_.resize(buckets.size());
+      stage_in_shared_memory();
       flights_.resize(buckets.size());
       choose_launchers();
       launch_full();
@@ -171,7 +194,51 @@ class sync_core {
   }
   template <class T>
   flight<B> through_shared_memory(void* data, std::size_t count, std::size_t b) {
-    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, landing_of(b));
+    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, landing_of(b), in_place_[b] != 0);
+  }
+  // Which buckets the shared-memory route reduces where they lie: one gradient in
+  // gradient_memory(), as this first step handed it over, and larger than the one-round path
+  // takes. Part of the plan the ranks agree on.
+  void find_in_place() {
+    const auto& buckets = plan_.buckets();
+    in_place_.assign(buckets.size(), 0);
+    if (route_ != route::shared_memory) return;
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      const std::size_t bytes = buckets[b].count * size_of(buckets[b].type);
+      in_place_[b] = buckets[b].last - buckets[b].first == 1 && shared_.in_place_gains(bytes) &&
+                     shared_.holds(pointers_[buckets[b].first], bytes);
+    }
+  }
+  // On the shared-memory route, buckets that fuse several gradients (above the one-round path)
+  // are staged in shared memory and reduced there, instead of being copied through the segment's slots as well. Collective
+  // (every rank formed the same plan). Where /dev/shm has no room for them, they stage in
+  // ordinary memory, as on the other routes.
+  void stage_in_shared_memory() {
+    const auto& buckets = plan_.buckets();
+    staged_at_.assign(buckets.size(), nullptr);
+    if (route_ != route::shared_memory) return;
+    std::vector<std::size_t> at(buckets.size(), 0);
+    std::size_t bytes = 0;
+    const auto fused = [&](std::size_t b) {
+      return buckets[b].last - buckets[b].first > 1 && shared_.in_place_gains(buckets[b].count * size_of(buckets[b].type));
+    };
+    for (std::size_t b = 0; b < buckets.size(); ++b)
+      if (fused(b)) {
+        at[b] = bytes;
+        bytes += (buckets[b].count * size_of(buckets[b].type) + 63) / 64 * 64;  // buckets on their own lines
+      }
+    if (bytes == 0) return;
+    span<std::byte> memory;
+    try {
+      memory = shared_.allocate(bytes);
+    } catch (const error&) {
+      return;  // every rank failed alike (the window's setup is collective)
+    }
+    for (std::size_t b = 0; b < buckets.size(); ++b)
+      if (fused(b)) {
+        staged_at_[b] = memory.data() + at[b];
+        in_place_[b] = 1;
+      }
   }
   // On the shared-memory route a staged bucket lands in its gradients where it finishes.
   std::function<void()> landing_of(std::size_t b) {
@@ -189,7 +256,7 @@ class sync_core {
       void* data = core.stage(b);
       visit_dtype(spec.type, [&](auto element) {
         core.shared_.reduce_carrying(static_cast<decltype(element)*>(data), spec.count, core.options_.op, check,
-                                     core.landing_of(b));
+                                     core.landing_of(b), core.in_place_[b] != 0);
       });
     }
   };
@@ -215,7 +282,8 @@ class sync_core {
     const auto& buckets = plan_.buckets();
     if (route_ != route::shared_memory || buckets.empty()) return;
     const auto& last = buckets.back();
-    if (!shared_.carries(last.count * size_of(last.type), signature_check<typename control_channel<B>::backend>::words))
+    if (!shared_.carries(last.count * size_of(last.type), signature_check<typename control_channel<B>::backend>::words,
+                         in_place_.back() != 0))
       return;
     carrier_ = buckets.size() - 1;
   }
@@ -250,13 +318,16 @@ class sync_core {
     const auto& spec = plan_.buckets()[b];
     if (!staged(b)) return pointers_[spec.first];  // a bucket of one gradient is reduced where it lies
     const std::size_t width = size_of(spec.type);
-    auto& fused = staging_[b];
-    fused.resize(spec.count * width);
+    std::byte* fused = staged_at_[b];
+    if (!fused) {
+      staging_[b].resize(spec.count * width);
+      fused = staging_[b].data();
+    }
     for (std::size_t i = spec.first; i < spec.last; ++i) {
       const auto& g = plan_.gradients()[i];
-      if (pointers_[i]) B::copy(fused.data() + g.offset * width, pointers_[i], g.count * width);
+      if (pointers_[i]) B::copy(fused + g.offset * width, pointers_[i], g.count * width);
     }
-    return fused.data();
+    return fused;
   }
 
   // Whether bucket b goes through staging this step (else: one gradient, reduced where it lies).
@@ -270,9 +341,10 @@ class sync_core {
   void land(std::size_t b) {
     const auto& spec = plan_.buckets()[b];
     const std::size_t width = size_of(spec.type);
+    const std::byte* fused = staged_at_[b] ? staged_at_[b] : staging_[b].data();
     for (std::size_t i = spec.first; i < spec.last; ++i) {
       const auto& g = plan_.gradients()[i];
-      if (pointers_[i]) B::copy(pointers_[i], staging_[b].data() + g.offset * width, g.count * width);
+      if (pointers_[i]) B::copy(pointers_[i], fused + g.offset * width, g.count * width);
     }
   }
   void copy_out() {
@@ -326,6 +398,11 @@ class sync_core {
   // Per bucket fusing several gradients, in the backend's memory (device memory for nccl and
   // staged, where B::copy is a stream-ordered device copy).
   std::vector<typename B::template buffer<std::byte>> staging_;
+  // Per bucket: where it stages in shared memory instead (stage_in_shared_memory), or null.
+  std::vector<std::byte*> staged_at_;
+  // Per bucket: reduced where it lies in shared memory (find_in_place, stage_in_shared_memory).
+  std::vector<char> in_place_;
+  std::deque<typename B::template buffer<std::byte>> owned_;  // gradient_memory() off the shared-memory route
   std::vector<flight<B>> flights_;
   std::size_t next_ = 0;  // the next bucket to launch: buckets launch in index order only
   fingerprint step_hash_;

@@ -56,13 +56,29 @@ class host_shared {
   // Whether a bucket of `bytes` can carry the step's check (`words`) in its own round: one
   // synchronisation for a small step instead of two (the bucket, then the check), which at 4 B
   // left the adapter below MPI_Allreduce in some runs. The same answer on every rank.
-  bool carries(std::size_t bytes, std::size_t words) const noexcept { return reducer_ && reducer_->carries(bytes, words); }
-  // Reduces one bucket and max-reduces `check` with it, here, before returning; `landing` as in
-  // launch().
-  template <class T>
-  void reduce_carrying(T* data, std::size_t count, op o, span<std::int64_t> check, std::function<void()> landing) {
-    reducer_->allreduce_carrying(data, count, o, check, std::move(landing));
+  // A bucket reduced in place carries it whatever its size.
+  bool carries(std::size_t bytes, std::size_t words, bool in_place) const noexcept {
+    if (!reducer_) return false;
+    return in_place ? bytes > 0 && words <= B::host_reducer::in_place_carried_words : reducer_->carries(bytes, words);
   }
+  // Reduces one bucket and max-reduces `check` with it, here, before returning; `landing` and
+  // `in_place` as in launch().
+  template <class T>
+  void reduce_carrying(T* data, std::size_t count, op o, span<std::int64_t> check, std::function<void()> landing,
+                       bool in_place) {
+    if (in_place)
+      reducer_->allreduce_in_place_carrying(data, count, o, check, std::move(landing));
+    else
+      reducer_->allreduce_carrying(data, count, o, check, std::move(landing));
+  }
+
+  // Memory that buckets are reduced in where they lie (host_reducer::allocate): collective over
+  // the member, the same size everywhere.
+  span<std::byte> allocate(std::size_t bytes) { return reducer_->allocate(bytes); }
+  bool holds(const void* data, std::size_t bytes) const noexcept { return reducer_ && reducer_->holds(data, bytes); }
+  // Whether a bucket of `bytes` gains by being reduced in place: above the one-round small path,
+  // which takes one synchronisation where in place takes two.
+  bool in_place_gains(std::size_t bytes) const noexcept { return reducer_ && bytes > reducer_->small_bytes(); }
 
   // Buckets of at most this many bytes never go to the engine's thread (see launch).
   static constexpr std::size_t latency_bytes = std::size_t{64} << 10;
@@ -76,16 +92,22 @@ class host_shared {
   // as the flight's `driven`. The hop to the engine's thread and back would cost more than the
   // reduction (2 ranks, 64 KiB: 20-25 us on the engine, 10-14 us without), and unlike a blocking
   // reduction here it never holds the trainer until its peers reach the bucket.
+  // `in_place`: the bucket lies in allocate()'s memory on every rank (fixed with the plan), and is
+  // reduced there, with nothing copied in or out.
   template <class T>
-  flight<B> launch(T* data, std::size_t count, op o, bool on_engine, std::function<void()> landing) {
+  flight<B> launch(T* data, std::size_t count, op o, bool on_engine, std::function<void()> landing, bool in_place) {
     flight<B> f;
     if (!on_engine) {
-      reducer_->allreduce(data, count, o);
+      if (in_place)
+        reducer_->allreduce_in_place(data, count, o);
+      else
+        reducer_->allreduce(data, count, o);
       if (landing) landing();
       return f;
     }
     // Not polled here: that would drive the buckets before it too, on the trainer's time.
-    auto task = reducer_->start(data, count, o, std::move(landing));
+    auto task = in_place ? reducer_->start_in_place(data, count, o, std::move(landing))
+                         : reducer_->start(data, count, o, std::move(landing));
     if (count * sizeof(T) <= latency_bytes)
       f.driven = [task] { return task->poll(); };
     else
@@ -103,13 +125,16 @@ class host_shared<B, false> {
   void setup(const typename B::communicator&, const host_map&, bool, const sync_options&, const std::string&) {}
   explicit operator bool() const noexcept { return false; }
   void agree(span<std::int64_t>) {}
-  bool carries(std::size_t, std::size_t) const noexcept { return false; }
+  bool carries(std::size_t, std::size_t, bool) const noexcept { return false; }
   template <class T>
-  void reduce_carrying(T*, std::size_t, op, span<std::int64_t>, std::function<void()>) {
+  void reduce_carrying(T*, std::size_t, op, span<std::int64_t>, std::function<void()>, bool) {
     fail("shared-memory allreduce", "this backend has no shared-memory path");
   }
+  span<std::byte> allocate(std::size_t) { fail("shared-memory allocation", "this backend has no shared-memory path"); }
+  bool holds(const void*, std::size_t) const noexcept { return false; }
+  bool in_place_gains(std::size_t) const noexcept { return false; }
   template <class T>
-  flight<B> launch(T*, std::size_t, op, bool, std::function<void()>) {
+  flight<B> launch(T*, std::size_t, op, bool, std::function<void()>, bool) {
     fail("shared-memory allreduce", "this backend has no shared-memory path");
   }
 };

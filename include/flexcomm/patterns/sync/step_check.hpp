@@ -69,7 +69,8 @@ class signature_check {
                  " of the member misused ready()/finish() in this step (its error says how)");
     if (!same_->agreed(0))
       return cat("the member's ranks handed gradients over in different orders or with different sizes in this "
-                 "step; every rank must call ready() with the same indices, sizes, types and order. This rank's "
+                 "step; every rank must call ready() with the same indices, sizes, types and order (and at a first "
+                 "step, each gradient in gradient_memory() on every rank or on none). This rank's "
                  "sequence (index:count) starts ", sequence.str());
     return {};
   }
