@@ -23,6 +23,9 @@
 // with it off, and the ratio says what FLEXCOMM_TRACE costs a step; with the host idle,
 // overlapped_ring shm is traced too, into <dir>/<model>_ring_shm_idle (each bucket's reduction
 // from post to result, its copy back, finish()).
+// With --gradient-memory, every adapter keeps the gradients in its own gradient_memory() (on one
+// host: shared memory, where a bucket of one gradient is reduced in place), as a trainer that
+// adopts it would; without, in the trainer's own vectors.
 #include <boost/program_options.hpp>
 
 #include <flexcomm/flexcomm.hpp>
@@ -98,7 +101,7 @@ std::vector<std::size_t> vgg16() {
 }
 
 // "Backward" of one layer: `work` dependent multiply-adds per parameter, written as its gradient.
-void compute_gradient(std::vector<float>& g, int work, int step) {
+void compute_gradient(fc::span<float> g, int work, int step) {
   for (std::size_t i = 0; i < g.size(); ++i) {
     float x = static_cast<float>((i + static_cast<std::size_t>(step)) % 7) * 0.125f;
     for (int k = 0; k < work; ++k) x = x * 0.999f + 0.001f;
@@ -109,7 +112,7 @@ void compute_gradient(std::vector<float>& g, int work, int step) {
 // The same backward with the host thread idle, as when an accelerator computes: after layer l
 // the thread sleeps until `share` of `total` has passed since `start`, share being the layers'
 // parameters so far. The values written are the same as compute_gradient's at work 0.
-void idle_gradient(std::vector<float>& g, int step, std::chrono::steady_clock::time_point start,
+void idle_gradient(fc::span<float> g, int step, std::chrono::steady_clock::time_point start,
                    std::chrono::duration<double, std::micro> total, double share) {
   compute_gradient(g, 0, step);
   std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(total * share));
@@ -142,6 +145,7 @@ int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
   std::string models, json, bucket_text, last_bucket_text, trace_dir;
+  bool in_gradient_memory = false;
   double scale;
   int iters = 10, warmup = 3, work = 16;
   po::options_description opts("overlap");
@@ -155,7 +159,9 @@ int main(int argc, char** argv) {
       ("iters,n", counts::at_least<1>(&iters), "timed steps")
       ("warmup_iters,w", counts::at_least<0>(&warmup), "warmup steps (the first plans the buckets)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)")
-      ("trace-dir", po::value(&trace_dir), "also time overlapped_ring with tracing on, writing traces here");
+      ("trace-dir", po::value(&trace_dir), "also time overlapped_ring with tracing on, writing traces here")
+      ("gradient-memory", po::bool_switch(&in_gradient_memory),
+       "every adapter keeps the gradients in its gradient_memory() (shared memory on one host)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -198,26 +204,43 @@ int main(int argc, char** argv) {
     double idle = 0;
     // Time in finish() over the timed steps (step >= warmup) of the current measurement.
     double tail_us = 0;
-    auto backward = [&](int step, auto* sync) {
+    // Where each gradient lies: the trainer's vectors, or (--gradient-memory) an adapter's memory.
+    using placement = std::vector<fc::span<float>>;
+    placement own;
+    for (auto& g : grads) own.emplace_back(g);
+    auto place = [&](auto& sync) {
+      if (!in_gradient_memory) return own;
+      std::size_t floats = 0;
+      for (const auto& g : grads) floats += (g.size() + 15) / 16 * 16;  // each on its own cache lines
+      const auto memory = sync.gradient_memory(floats * sizeof(float));  // collective: same order everywhere
+      placement at;
+      float* next = reinterpret_cast<float*>(memory.data());
+      for (const auto& g : grads) {
+        at.emplace_back(next, g.size());
+        next += (g.size() + 15) / 16 * 16;
+      }
+      return at;
+    };
+    auto backward = [&](int step, auto* sync, const placement& at) {
       const auto start = std::chrono::steady_clock::now();
       std::size_t done = 0;
       for (int l = layers - 1; l >= 0; --l) {
-        auto& g = grads[static_cast<std::size_t>(l)];
+        const fc::span<float> g = at[static_cast<std::size_t>(l)];
         done += g.size();
         if (idle > 0)
           idle_gradient(g, step, start, std::chrono::duration<double, std::micro>(idle),
                         static_cast<double>(done) / static_cast<double>(scaled));
         else
           compute_gradient(g, work, step);
-        if (sync) sync->ready(l, fc::span<float>(g));
+        if (sync) sync->ready(l, g);
       }
       if (!sync) return;
       const auto handed = std::chrono::steady_clock::now();
       sync->finish();
       if (step >= warmup) tail_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - handed).count();
     };
-    auto comm_only = [&](auto* sync) {
-      for (int l = layers - 1; l >= 0; --l) sync->ready(l, fc::span<float>(grads[static_cast<std::size_t>(l)]));
+    auto comm_only = [&](auto* sync, const placement& at) {
+      for (int l = layers - 1; l >= 0; --l) sync->ready(l, at[static_cast<std::size_t>(l)]);
       sync->finish();
     };
     // Each adapter with shared memory off (the path of any host layout: the backend's allreduce,
@@ -231,12 +254,14 @@ int main(int argc, char** argv) {
     fc::subgroup_allreduce<mpi> after(world, options), after_shm(world, shm_options);
     fc::subgroup_allreduce<mpi> early(world, early_options), early_shm(world, early_shm_options);
     fc::overlapped_ring<mpi> ring(world, options), ring_shm(world, shm_options);
+    const placement at_after = place(after), at_after_shm = place(after_shm), at_early = place(early),
+                    at_early_shm = place(early_shm), at_ring = place(ring), at_ring_shm = place(ring_shm);
     const double cpu_compute =
-        time_steps(world, warmup, iters, [&](int s) { backward(s, static_cast<fc::overlapped_ring<mpi>*>(nullptr)); });
+        time_steps(world, warmup, iters, [&](int s) { backward(s, static_cast<fc::overlapped_ring<mpi>*>(nullptr), own); });
     for (const char* mode : {"cpu", "idle"}) {
     idle = std::string(mode) == "idle" ? cpu_compute : 0;
     const double compute = idle > 0 ? time_steps(world, warmup, iters, [&](int s) {
-      backward(s, static_cast<fc::overlapped_ring<mpi>*>(nullptr)); }) : cpu_compute;
+      backward(s, static_cast<fc::overlapped_ring<mpi>*>(nullptr), own); }) : cpu_compute;
     struct row {
       std::string name;
       bool shm;       // shared memory allowed (automatic)
@@ -244,24 +269,24 @@ int main(int argc, char** argv) {
       double overall, comm, tail;
       std::size_t buckets;
     };
-    auto measure = [&](std::string name, auto& sync, bool shm) {
+    auto measure = [&](std::string name, auto& sync, bool shm, const placement& at) {
       row r{std::move(name), shm, sync.shared_memory(), 0, 0, 0, 0};
       tail_us = 0;
-      r.overall = time_steps(world, warmup, iters, [&](int s) { backward(s, &sync); });
+      r.overall = time_steps(world, warmup, iters, [&](int s) { backward(s, &sync, at); });
       r.tail = max_over_ranks(world, tail_us / iters);
-      r.comm = time_steps(world, warmup, iters, [&](int) { comm_only(&sync); });
+      r.comm = time_steps(world, warmup, iters, [&](int) { comm_only(&sync, at); });
       r.buckets = sync.plan().buckets().size();  // planned at the first step
       return r;
     };
     // Off then shm for each adapter, back to back, so the busy machine drifts little between the
     // two rows the ratio compares. A braced list is evaluated in order.
     const std::vector<row> rows{
-        measure("subgroup_allreduce (sync after backward)", after, false),
-        measure("subgroup_allreduce shm (sync after backward)", after_shm, true),
-        measure("subgroup_allreduce (launch when full)", early, false),
-        measure("subgroup_allreduce shm (launch when full)", early_shm, true),
-        measure("overlapped_ring", ring, false),
-        measure("overlapped_ring shm", ring_shm, true),
+        measure("subgroup_allreduce (sync after backward)", after, false, at_after),
+        measure("subgroup_allreduce shm (sync after backward)", after_shm, true, at_after_shm),
+        measure("subgroup_allreduce (launch when full)", early, false, at_early),
+        measure("subgroup_allreduce shm (launch when full)", early_shm, true, at_early_shm),
+        measure("overlapped_ring", ring, false, at_ring),
+        measure("overlapped_ring shm", ring_shm, true, at_ring_shm),
     };
     // Hidden: the share of the communication that sync after backward on the same path exposes
     // (its Overall - Compute, measured under the same scheduling) that this adapter hides.
@@ -278,6 +303,7 @@ int main(int argc, char** argv) {
                   "buckets of %zu bytes\n",
                   model.c_str(), layers, params, scaled, static_cast<double>(scaled * 4) / (1 << 20),
                   options.bucket_bytes);
+      std::printf("# gradients: %s\n", in_gradient_memory ? "in each adapter's gradient_memory()" : "in the trainer's vectors");
       std::printf("# backward: %s\n", idle > 0 ? "host idle for as long as the CPU backward took (an accelerator computes)"
                                               : "CPU multiply-adds on the trainer thread");
       std::printf("# %-44s %8s %8s %12s %12s %13s %11s %10s %8s %8s %9s %15s %13s\n", "adapter", "shm", "buckets",
@@ -292,7 +318,7 @@ int main(int argc, char** argv) {
                     overlap_percent(r.overall, compute, r.comm), hidden(i), rows[0].overall / r.overall, ratio.c_str(),
                     r.tail, tail_hidden(i), r.overall / compute);
         records += fc::cat(records.empty() ? "" : ",\n", "  {\"model\": \"", model, "\", \"backward\": \"", mode,
-                           "\", \"adapter\": \"", r.name, "\", \"shared_memory\": \"", r.shm ? "auto" : "off",
+                           "\", \"gradient_memory\": ", in_gradient_memory ? "true" : "false", ", \"adapter\": \"", r.name, "\", \"shared_memory\": \"", r.shm ? "auto" : "off",
                            "\", \"shared_memory_used\": ", r.shm_used ? "true" : "false",
                            ", \"ranks\": ", world.size(), ", \"scale\": ", scale, ", \"parameters\": ", scaled,
                            ", \"buckets\": ", r.buckets, ", \"overall_us\": ", r.overall, ", \"compute_us\": ", compute,
@@ -315,7 +341,7 @@ int main(int argc, char** argv) {
     }
     if (!trace_dir.empty()) {
       // Off, on, off again in a row: the two off runs bound the drift of the machine meanwhile.
-      const auto ring_step = [&](int s) { backward(s, &ring); };
+      const auto ring_step = [&](int s) { backward(s, &ring, at_ring); };
       const double off_before = time_steps(world, warmup, iters, ring_step);
       fc::trace::start(world, trace_dir);
       const double on = time_steps(world, warmup, iters, ring_step);
@@ -323,7 +349,7 @@ int main(int argc, char** argv) {
       const double off_after = time_steps(world, warmup, iters, ring_step);
       if (idle > 0) {
         fc::trace::start(world, fc::cat(trace_dir, "/", model, "_ring_shm_idle"));
-        time_steps(world, warmup, iters, [&](int s) { backward(s, &ring_shm); });
+        time_steps(world, warmup, iters, [&](int s) { backward(s, &ring_shm, at_ring_shm); });
         fc::trace::stop();
       }
       const double off = (off_before + off_after) / 2;
