@@ -93,7 +93,8 @@ class sync_core {
   // it lies, with nothing copied in or out (DDP's gradient_as_bucket_view, NCCL's registered
   // buffers). On every other route it is the backend's ordinary memory (device memory on a device
   // backend): trainer code that places its gradients here runs unchanged on any Sync. Lives as
-  // long as the adapter; write it before reading it.
+  // long as the adapter; write it before reading it. Call it between steps, as every collective
+  // setup call: not while this step's buckets are in flight.
   span<std::byte> gradient_memory(std::size_t bytes) {
     const std::string who = cat(who_, ": gradient_memory");
     if (route_ == route::shared_memory) return shared_.allocate(bytes);
@@ -210,9 +211,9 @@ class sync_core {
     }
   }
   // On the shared-memory route, buckets that fuse several gradients (above the one-round path)
-  // are staged in shared memory and reduced there, instead of being copied through the segment's slots as well. Collective
-  // (every rank formed the same plan). Where /dev/shm has no room for them, they stage in
-  // ordinary memory, as on the other routes.
+  // are staged in shared memory and reduced there, instead of being copied through the
+  // segment's slots as well. Collective (every rank formed the same plan). Where /dev/shm has no
+  // room for them, they stage in ordinary memory, as on the other routes.
   void stage_in_shared_memory() {
     const auto& buckets = plan_.buckets();
     staged_at_.assign(buckets.size(), nullptr);
