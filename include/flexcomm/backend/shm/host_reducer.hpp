@@ -728,10 +728,11 @@ class host_reducer {
   // Whether [data, data + bytes) lies in memory from allocate().
   bool holds(const void* data, std::size_t bytes) const noexcept {
     std::uint64_t offset = 0;
-    if (!segment_) return false;
-    for (const auto& a : segment_->arenas)
-      if (a->holds(data, bytes, offset)) return true;
-    return false;
+    return segment_ && arena_of(data, bytes, offset);
+  }
+  // Whether an in-place allreduce of `bytes` can carry `words` more int64 words in its round.
+  bool carries_in_place(std::size_t bytes, std::size_t words) const noexcept {
+    return segment_ && bytes > 0 && words <= in_place_carried_words;
   }
 
   // Starts an allreduce of data[0, n) in place where it lies, in memory from allocate(), with
@@ -748,7 +749,7 @@ class host_reducer {
   template <class T>
   void allreduce_in_place_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried,
                                    std::function<void()> landing = {}) {
-    check(n > 0 && carried.size() <= in_place_carried_words, "shared-memory allreduce",
+    check(carries_in_place(n * sizeof(T), carried.size()), "shared-memory allreduce",
           cat("an in-place allreduce carries up to ", in_place_carried_words, " words and some data, not ",
               carried.size(), " and ", n, " elements"));
     drive_until_done(start_in_place_carrying(data, n, o, std::move(landing), carried));
@@ -765,19 +766,20 @@ class host_reducer {
     p.in_place = true;
     const int cls = detail::slot_writer::size_class(n * sizeof(T));
     p.stores = seg.placer.choose(cls, placed_[cls]++);
-    for (const auto& a : seg.arenas)
-      if (a->holds(data, n * sizeof(T), p.offset)) {
-        p.arena = a.get();
-        break;
-      }
+    p.arena = arena_of(data, n * sizeof(T), p.offset);
     steps_ += 2;
     auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing), carried);
     seg.enqueue(t);
     return t;
   }
+  // The allocation [data, data + bytes) lies in, and its offset there; null where none holds it.
+  const detail::shared_arena* arena_of(const void* data, std::size_t bytes, std::uint64_t& offset) const noexcept {
+    for (const auto& a : segment_->arenas)
+      if (a->holds(data, bytes, offset)) return a.get();
+    return nullptr;
+  }
 
  public:
-
   // Blocking start_in_place(), as allreduce() is to start().
   template <class T>
   void allreduce_in_place(T* data, std::size_t n, op o) {

@@ -59,7 +59,7 @@ class host_shared {
   // A bucket reduced in place carries it whatever its size.
   bool carries(std::size_t bytes, std::size_t words, bool in_place) const noexcept {
     if (!reducer_) return false;
-    return in_place ? bytes > 0 && words <= B::host_reducer::in_place_carried_words : reducer_->carries(bytes, words);
+    return in_place ? reducer_->carries_in_place(bytes, words) : reducer_->carries(bytes, words);
   }
   // Reduces one bucket and max-reduces `check` with it, here, before returning; `landing` and
   // `in_place` as in launch().
