@@ -20,16 +20,32 @@ float value(int rank, int step, int gradient, std::size_t i) {
   return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3 + step * 5 + gradient) % 9) - 4);
 }
 
-// Runs `steps` steps of `Sync` on `member`; true when every gradient holds the average.
+enum class placed { own_allocations, gradient_memory };
+
+// Runs `steps` steps of `Sync` on `member`; true when every gradient holds the average. The
+// gradients are the trainer's own device allocations, or lie in the adapter's gradient_memory()
+// (device memory on a device backend), 256-byte aligned as a caching allocator places them.
 template <class Sync, class Comm>
-bool averages_in_place(const Comm& member, fc::sync_options options, int steps) {
+bool averages_in_place(const Comm& member, fc::sync_options options, int steps, placed where = placed::own_allocations) {
   const int rank = member.rank(), size = member.size();
   Sync sync(member, options);
   std::vector<float*> grads;
-  for (std::size_t n : sizes) {
-    void* g = nullptr;
-    fc::check_cuda(fc::device::malloc_device(&g, n * sizeof(float)), "test: cudaMalloc");
-    grads.push_back(static_cast<float*>(g));
+  if (where == placed::gradient_memory) {
+    std::vector<std::size_t> at;
+    std::size_t floats = 0;
+    for (std::size_t n : sizes) {
+      at.push_back(floats);
+      floats += (n + 63) / 64 * 64;
+    }
+    const auto memory = sync.gradient_memory(floats * sizeof(float));
+    BOOST_TEST_REQUIRE(memory.size() == floats * sizeof(float));
+    for (std::size_t offset : at) grads.push_back(reinterpret_cast<float*>(memory.data()) + offset);
+  } else {
+    for (std::size_t n : sizes) {
+      void* g = nullptr;
+      fc::check_cuda(fc::device::malloc_device(&g, n * sizeof(float)), "test: cudaMalloc");
+      grads.push_back(static_cast<float*>(g));
+    }
   }
   bool ok = true;
   for (int step = 0; step < steps; ++step) {
@@ -57,7 +73,8 @@ bool averages_in_place(const Comm& member, fc::sync_options options, int steps) 
       }
     }
   }
-  for (float* g : grads) fc::device::free_device(g);
+  if (where == placed::own_allocations)
+    for (float* g : grads) fc::device::free_device(g);
   return ok;
 }
 
@@ -92,6 +109,19 @@ BOOST_AUTO_TEST_CASE(subgroup_allreduce_on_staged) {
 BOOST_AUTO_TEST_CASE(overlapped_ring_on_staged) {
   fc::staged::communicator member(world(), "member");
   BOOST_TEST(fc::testing::all_ranks(averages_in_place<fc::overlapped_ring<fc::staged>>(member, fused(true), 3)));
+}
+
+// Trainer code that keeps its gradients in gradient_memory() (on one host's shared memory, reduced
+// where they lie) runs unchanged on a device backend: there the memory is device memory.
+BOOST_AUTO_TEST_CASE(gradients_in_gradient_memory_average_on_device_backends) {
+  fc::nccl::communicator nccl_member(world(), "member");
+  BOOST_TEST(fc::testing::all_ranks(
+      averages_in_place<fc::subgroup_allreduce<fc::nccl>>(nccl_member, fused(true), 3, placed::gradient_memory)));
+  fc::staged::communicator staged_member(world(), "member");
+  BOOST_TEST(fc::testing::all_ranks(
+      averages_in_place<fc::overlapped_ring<fc::staged>>(staged_member, fused(true), 3, placed::gradient_memory)));
+  BOOST_TEST(fc::testing::all_ranks(
+      averages_in_place<fc::subgroup_allreduce<fc::staged>>(staged_member, fused(false), 3, placed::gradient_memory)));
 }
 
 // NCCL has no tags, so overlapped_ring<nccl> does not compile (tests/compile_fail); the README's

@@ -424,6 +424,23 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(gradient_memory_used_unalike_is_an_error_on_every_
     BOOST_TEST(fc::testing::all_ranks(contains(cause, rank == last ? "7999" : "misused")), cause);
   }
   {
+    // Mid-step, on every rank: refused on every rank before any collective, and the step goes on.
+    Sync sync(world(), options);
+    std::vector<float> a(8000, 1.0f), b(100, 2.0f);
+    sync.ready(0, fc::span<float>(a));
+    std::string cause;
+    try {
+      sync.gradient_memory(4096);
+    } catch (const fc::error& e) {
+      cause = e.cause();
+    }
+    BOOST_TEST(fc::testing::all_ranks(contains(cause, "called mid-step, after 1 gradient(s)")), cause);
+    sync.ready(1, fc::span<float>(b));
+    sync.finish();
+    BOOST_TEST(fc::testing::all_ranks(a[7999] == 1.0f && b[99] == 2.0f));
+    BOOST_TEST(sync.gradient_memory(4096).size() == 4096u);  // between steps
+  }
+  {
     Sync sync(world(), options);
     std::string cause;
     try {

@@ -93,13 +93,17 @@ class sync_core {
   // it lies, with nothing copied in or out (DDP's gradient_as_bucket_view, NCCL's registered
   // buffers). On every other route it is the backend's ordinary memory (device memory on a device
   // backend): trainer code that places its gradients here runs unchanged on any Sync. Lives as
-  // long as the adapter; write it before reading it. Call it between steps, as every collective
-  // setup call: not while this step's buckets are in flight.
+  // long as the adapter; write it before reading it. Between steps only (an error mid-step).
   span<std::byte> gradient_memory(std::size_t bytes) {
     const std::string who = cat(who_, ": gradient_memory");
+    // Refused before any collective: identical trainer code calls it at the same point on every
+    // rank, so every rank fails alike (a rank alone here leaves its peers to their timeout).
+    check(sequence_.handed == 0, who,
+          cat("called mid-step, after ", sequence_.handed, " gradient(s) were handed over and before finish(); call ",
+              "it between steps (it is collective over the member, and this step's buckets may be in flight)"));
     if (route_ == route::shared_memory) return shared_.allocate(bytes);
     agreement same({static_cast<std::int64_t>(bytes)});
-    B::iallreduce(comm_, same.buffer(), op::max).wait();
+    control_channel<B>::backend::iallreduce(control_, same.buffer(), op::max).wait();  // host memory
     check(same.agreed(0), who, cat("every rank must ask for the same size; this rank asked for ", bytes, " bytes"));
     auto& memory = owned_.emplace_back();
     memory.resize(bytes);
