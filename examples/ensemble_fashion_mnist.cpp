@@ -21,6 +21,7 @@
 #include <iostream>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,11 +65,21 @@ member_config config_of(int member) {
   return {hidden[member % 6], rates[member % 6], 1000u + static_cast<std::uint64_t>(member) * 7919u};
 }
 
-// Two layers, ReLU, softmax cross-entropy; SGD with momentum. The gradients live in one
-// matrix each, so the sync averages them in place.
+// Two layers, ReLU, softmax cross-entropy; SGD with momentum. The gradients live in memory the
+// sync hands out (gradient_memory()), one matrix each: the sync averages them in place. On one
+// host that memory is shared: a bucket of one gradient (FLEXCOMM_BUCKET_BYTES below its size) is
+// reduced where backprop wrote it, and fused buckets stage there instead of in private memory.
 class mlp {
  public:
-  explicit mlp(const member_config& c) : config_(c) {
+  // The bytes of gradient memory a model of `c` needs: its four gradients, each on a cache line.
+  static std::size_t gradient_bytes(const member_config& c) { return gradient_offset(c, 4) * sizeof(float); }
+
+  mlp(const member_config& c, fc::span<std::byte> gradient_memory)
+      : config_(c),
+        g_w1_(gradient(gradient_memory, 0), c.hidden, fm::pixels),
+        g_w2_(gradient(gradient_memory, 2), fm::classes, c.hidden),
+        g_b1_(gradient(gradient_memory, 1), c.hidden),
+        g_b2_(gradient(gradient_memory, 3), fm::classes) {
     std::mt19937_64 rng(c.seed);
     auto init = [&](matrix& w, int fan_in) {
       std::normal_distribution<float> normal(0.0f, std::sqrt(2.0f / static_cast<float>(fan_in)));
@@ -80,10 +91,12 @@ class mlp {
     init(w2_, c.hidden);
     b1_ = vector::Zero(c.hidden);
     b2_ = vector::Zero(fm::classes);
-    for (auto* g : {&g_w1_, &v_w1_}) *g = matrix::Zero(w1_.rows(), w1_.cols());
-    for (auto* g : {&g_w2_, &v_w2_}) *g = matrix::Zero(w2_.rows(), w2_.cols());
-    for (auto* g : {&g_b1_, &v_b1_}) *g = vector::Zero(b1_.size());
-    for (auto* g : {&g_b2_, &v_b2_}) *g = vector::Zero(b2_.size());
+    v_w1_ = matrix::Zero(w1_.rows(), w1_.cols());
+    v_w2_ = matrix::Zero(w2_.rows(), w2_.cols());
+    v_b1_ = vector::Zero(b1_.size());
+    v_b2_ = vector::Zero(b2_.size());
+    for (auto* g : {&g_w1_, &g_w2_}) g->setZero();
+    for (auto* g : {&g_b1_, &g_b2_}) g->setZero();
   }
 
   // Class probabilities, one column per sample.
@@ -142,14 +155,29 @@ class mlp {
   }
 
  private:
+  // Where gradient `i` (w1, b1, w2, b2) starts, in floats: each after the last, on a cache line.
+  static std::size_t gradient_offset(const member_config& c, int i) {
+    const auto hidden = static_cast<std::size_t>(c.hidden);
+    const std::size_t floats[] = {hidden * fm::pixels, hidden, fm::classes * hidden, fm::classes};
+    std::size_t at = 0;
+    for (int k = 0; k < i; ++k) at += (floats[k] + 15) / 16 * 16;
+    return at;
+  }
+  float* gradient(fc::span<std::byte> memory, int i) const {
+    if (memory.size() < gradient_bytes(config_)) throw std::invalid_argument("mlp: gradient memory too small");
+    return reinterpret_cast<float*>(memory.data()) + gradient_offset(config_, i);
+  }
+
   static matrix softmax(const matrix& z) {
     matrix e = (z.rowwise() - z.colwise().maxCoeff()).array().exp().matrix();
     return e.array().rowwise() / e.colwise().sum().array();
   }
 
   member_config config_;
-  matrix w1_, w2_, g_w1_, g_w2_, v_w1_, v_w2_;
-  vector b1_, b2_, g_b1_, g_b2_, v_b1_, v_b2_;
+  Eigen::Map<matrix> g_w1_, g_w2_;
+  Eigen::Map<vector> g_b1_, g_b2_;
+  matrix w1_, w2_, v_w1_, v_w2_;
+  vector b1_, b2_, v_b1_, v_b2_;
 };
 
 double cpu_seconds() {
@@ -263,7 +291,9 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
   });
 
   auto train = [&](auto& ctx) {
-    mlp model(config_of(ctx.member()));
+    const member_config config = config_of(ctx.member());
+    // Collective over the member, before its first step.
+    mlp model(config, ctx.sync().gradient_memory(mlp::gradient_bytes(config)));
     const bool report = ctx.is_aggregator();
     auto& feed = ctx.batches();
     const std::int64_t steps = feed.plan().steps();
