@@ -269,6 +269,12 @@ torch::Tensor evaluation_slice(const torch::Tensor& set, const Context& ctx) {
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
+template <class Sync, class = void>
+struct has_gradient_memory : std::false_type {};
+template <class Sync>
+struct has_gradient_memory<Sync, std::void_t<decltype(std::declval<Sync&>().gradient_memory(std::size_t{}))>>
+    : std::true_type {};
+
 template <class T> struct scalar_type_of;
 template <> struct scalar_type_of<float> { static constexpr auto value = torch::kFloat32; };
 template <> struct scalar_type_of<double> { static constexpr auto value = torch::kFloat64; };
@@ -428,11 +434,24 @@ gradient_sync<Sync>::gradient_sync(Sync& sync, torch::nn::Module& module, handov
   check(!params_.empty(), "interop::gradient_sync", "the module has no parameter that requires grad");
   staged_.assign(params_.size(), 0);
   if (how_ == handover::after_backward) return;
-  staging_.resize(params_.size());
+  // The staging tensors lie in the Sync's gradient_memory() where it has one (the library's do;
+  // collective over the member: every rank attaches the same module), each on a cache line: on
+  // one host, shared memory, where a bucket of one parameter is reduced where the hook wrote it
+  // and fused ones stage there.
+  std::vector<std::size_t> at;
+  std::size_t bytes = 0;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     check(params_[i].device().is_cpu(), "interop::gradient_sync",
           cat("parameter ", i, " is on ", params_[i].device().str(), "; the torch interop takes CPU tensors"));
-    staging_[i] = torch::empty_like(params_[i], torch::MemoryFormat::Contiguous);
+    at.push_back(bytes);
+    bytes += (static_cast<std::size_t>(params_[i].numel() * params_[i].element_size()) + 63) / 64 * 64;
+  }
+  span<std::byte> memory;
+  if constexpr (detail::has_gradient_memory<Sync>::value) memory = sync_.gradient_memory(bytes);
+  staging_.resize(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    staging_[i] = memory.empty() ? torch::empty_like(params_[i], torch::MemoryFormat::Contiguous)
+                                 : torch::from_blob(memory.data() + at[i], params_[i].sizes(), params_[i].options());
     hooks_.push_back(params_[i].register_hook([this, i](const torch::Tensor& g) { stage(i, g); }));
   }
 }
