@@ -89,15 +89,16 @@ class slot_writer {
     return s > 0 && (c == 0 || s < c) ? streaming : cached;
   }
   // A task of class `cls` with stores of kind `k` took `ns_per_byte`. Callable from any thread
-  // (a race only blurs the estimate). The estimate falls fast and rises slowly: the kernel only
-  // ever makes a task slower (a sample counts for at most twice the estimate), while a real
-  // change of placement lasts, and moves it 1.125x per task.
+  // (a race only blurs the estimate). The estimate falls at once and rises slowly: the kernel only
+  // ever makes a task slower, so a faster sample is the better estimate, and a slower one counts
+  // for at most twice the estimate, while a real change of placement lasts and moves it 1.125x
+  // per task. (Halving the distance instead let one preempted task among the first four keep the
+  // slower kind for a dozen tasks, as long as a benchmark's whole run at one size.)
   void learn(int cls, kind k, double ns_per_byte) noexcept {
     std::atomic<double>& cost = cost_[cls][k];
     const double old = cost.load(std::memory_order_relaxed);
     double now = ns_per_byte;
-    if (old > 0)
-      now = ns_per_byte < old ? 0.5 * old + 0.5 * ns_per_byte : 0.875 * old + 0.125 * std::min(ns_per_byte, 2 * old);
+    if (old > 0 && ns_per_byte >= old) now = 0.875 * old + 0.125 * std::min(ns_per_byte, 2 * old);
     cost.store(now, std::memory_order_relaxed);
   }
 
