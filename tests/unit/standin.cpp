@@ -101,6 +101,34 @@ BOOST_AUTO_TEST_CASE(host_memory_is_told_from_device_memory) {
   BOOST_TEST(device::free_device(d) == device::success);
 }
 
+// As on a GPU, a device address never becomes a host address: a released device block goes to
+// later device allocations, not back to the heap, where it came back as host vectors that the
+// nccl backend's cache of device pointers took for device memory (an allreduce posted on one rank
+// only). The same sizes, and smaller and larger, from the heap after the free: never that block,
+// which the next device allocation that fits gets back (with the pattern of fresh memory).
+BOOST_AUTO_TEST_CASE(a_released_device_block_never_becomes_host_memory) {
+  const std::size_t sizes[] = {32, 4096, 1 << 20};
+  for (std::size_t n : sizes) {
+    void* d = device_bytes(n);
+    std::memset(d, 1, n);
+    BOOST_TEST(device::free_device(d) == device::success);
+    std::vector<std::vector<char>> host;
+    bool reused = false;
+    for (int i = 0; i < 64; ++i)
+      for (std::size_t m : {n / 2, n, n + 16}) {
+        host.emplace_back(m);
+        reused = reused || static_cast<void*>(host.back().data()) == d;
+      }
+    BOOST_TEST(!reused, n << " bytes: a host vector got the released device block");
+    void* again = device_bytes(n);
+    bool on = false;
+    device::is_device_memory(again, &on);
+    BOOST_TEST(on);
+    BOOST_TEST(static_cast<unsigned char*>(again)[n - 1] == 0xa5);
+    BOOST_TEST(device::free_device(again) == device::success);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(every_call_is_counted) {
   const auto before = device::calls();
   int d = -1;

@@ -15,6 +15,9 @@
 #pragma once
 
 #include <mpi.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -103,6 +106,7 @@ struct event_state {
 struct allocation {
   std::size_t bytes;
   bool pinned;
+  std::size_t capacity;  // of the block behind it
 };
 
 // The process's device: every field under `mutex`, every change announced on `progress`.
@@ -112,6 +116,12 @@ struct engine {
   std::shared_ptr<stream_state> legacy;
   std::map<stream_state*, std::shared_ptr<stream_state>> streams;  // live, legacy included
   std::map<const std::byte*, allocation> memory;
+  // Released device blocks, by capacity, kept for later device allocations only: on a GPU a
+  // device address never becomes a host one, and the nccl backend remembers device pointers by
+  // address. Handed back to the heap, a block came back as a trainer's host vector, which that
+  // memory then took for device memory: an allreduce issued on one rank only (CI's 1-in-20
+  // standin_nccl_backend np4 timeout on Open MPI). Poisoned for ASan while they wait.
+  std::multimap<std::size_t, std::byte*> released;
   std::atomic<std::uint64_t> calls{0};
   std::chrono::microseconds latency{200};
 
@@ -221,13 +231,47 @@ inline engine& the() {
   return e;
 }
 
+// A released device block: any use before it is handed out again is an ASan report, as a use
+// after cudaFree would be a fault.
+inline void poison(const void* p, std::size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  ASAN_POISON_MEMORY_REGION(p, bytes);
+#else
+  static_cast<void>(p);
+  static_cast<void>(bytes);
+#endif
+}
+inline void unpoison(const void* p, std::size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  ASAN_UNPOISON_MEMORY_REGION(p, bytes);
+#else
+  static_cast<void>(p);
+  static_cast<void>(bytes);
+#endif
+}
+
 inline error_t allocate(void** p, std::size_t bytes, bool pinned) {
   auto& e = the();
+  const std::size_t wanted = std::max<std::size_t>(bytes, 1);
+  std::byte* m = nullptr;
+  std::size_t capacity = wanted;
+  if (!pinned) {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    auto it = e.released.lower_bound(wanted);
+    if (it != e.released.end()) {
+      m = it->second;
+      capacity = it->first;
+      e.released.erase(it);
+    }
+  }
+  if (m)
+    unpoison(m, capacity);
+  else
+    m = static_cast<std::byte*>(::operator new(wanted, std::align_val_t{256}));
   // Fresh device memory holds whatever was there: a pattern no result plausibly is.
-  auto* m = static_cast<std::byte*>(::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{256}));
-  std::memset(m, 0xa5, std::max<std::size_t>(bytes, 1));
+  std::memset(m, 0xa5, wanted);
   std::lock_guard<std::mutex> lock(e.mutex);
-  e.memory[m] = {bytes, pinned};
+  e.memory[m] = {bytes, pinned, capacity};
   *p = m;
   return success;
 }
@@ -239,8 +283,14 @@ inline error_t release(void* p, bool pinned) {
   auto it = e.memory.find(static_cast<const std::byte*>(p));
   if (it == e.memory.end() || it->second.pinned != pinned) return invalid_value;
   e.synchronize_all_locked(lock);  // cudaFree and cudaFreeHost wait for the device
+  const allocation a = it->second;
   e.memory.erase(it);
-  ::operator delete(p, std::align_val_t{256});
+  if (pinned) {
+    ::operator delete(p, std::align_val_t{256});
+  } else {
+    poison(p, a.capacity);
+    e.released.emplace(a.capacity, static_cast<std::byte*>(p));
+  }
   return success;
 }
 
