@@ -231,22 +231,18 @@ inline engine& the() {
   return e;
 }
 
-// A released device block: any use before it is handed out again is an ASan report, as a use
-// after cudaFree would be a fault.
-inline void poison(const void* p, std::size_t bytes) {
+// A released device block is poisoned until it is handed out again: a use meanwhile is an ASan
+// report, as a use after cudaFree would be a fault.
+inline void set_poisoned(const void* p, std::size_t bytes, bool poisoned) {
 #if defined(__SANITIZE_ADDRESS__)
-  ASAN_POISON_MEMORY_REGION(p, bytes);
+  if (poisoned)
+    ASAN_POISON_MEMORY_REGION(p, bytes);
+  else
+    ASAN_UNPOISON_MEMORY_REGION(p, bytes);
 #else
   static_cast<void>(p);
   static_cast<void>(bytes);
-#endif
-}
-inline void unpoison(const void* p, std::size_t bytes) {
-#if defined(__SANITIZE_ADDRESS__)
-  ASAN_UNPOISON_MEMORY_REGION(p, bytes);
-#else
-  static_cast<void>(p);
-  static_cast<void>(bytes);
+  static_cast<void>(poisoned);
 #endif
 }
 
@@ -265,7 +261,7 @@ inline error_t allocate(void** p, std::size_t bytes, bool pinned) {
     }
   }
   if (m)
-    unpoison(m, capacity);
+    set_poisoned(m, capacity, false);
   else
     m = static_cast<std::byte*>(::operator new(wanted, std::align_val_t{256}));
   // Fresh device memory holds whatever was there: a pattern no result plausibly is.
@@ -288,7 +284,7 @@ inline error_t release(void* p, bool pinned) {
   if (pinned) {
     ::operator delete(p, std::align_val_t{256});
   } else {
-    poison(p, a.capacity);
+    set_poisoned(p, a.capacity, true);
     e.released.emplace(a.capacity, static_cast<std::byte*>(p));
   }
   return success;
