@@ -119,8 +119,8 @@ struct engine {
   // Released device blocks, by capacity, kept for later device allocations only: on a GPU a
   // device address never becomes a host one, and the nccl backend remembers device pointers by
   // address. Handed back to the heap, a block came back as a trainer's host vector, which that
-  // memory then took for device memory: an allreduce issued on one rank only (CI's 1-in-20
-  // standin_nccl_backend np4 timeout on Open MPI). Poisoned for ASan while they wait.
+  // memory then took for device memory: an allreduce issued on one rank only (CI's
+  // standin_nccl_backend np4 timeout on Open MPI, 1 run in 26 here). Poisoned for ASan while they wait.
   std::multimap<std::size_t, std::byte*> released;
   std::atomic<std::uint64_t> calls{0};
   std::chrono::microseconds latency{200};
