@@ -5,9 +5,10 @@
 # hier_ms flat_tcp_ms hier_tcp_ms.
 if (!exists("data")) data = 'benchmarks/scaling_data/prediction.dat'
 if (!exists("out")) out = 'docs/scaling.png'
+if (!exists("machine")) machine = 'the first machine (AMD EPYC, 2 cores)'
 set terminal pngcairo size 1200,520 font ",11"
 set output out
-set multiplot layout 1,2 title "flexcomm allreduce, model fitted on this machine: 8 ranks per host, one link per host"
+set multiplot layout 1,2 title "flexcomm allreduce, model fitted on ".machine.": 8 ranks per host, one link per host"
 set logscale xy 2
 set logscale y 10
 set xrange [8:1024]

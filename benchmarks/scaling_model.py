@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
-"""scaling_model: an alpha-beta cost model of flexcomm's allreduce routes, fitted to this
+"""scaling_model: an alpha-beta cost model of flexcomm's allreduce routes, fitted to one
 machine's runs and used to predict clusters this project cannot reach (docs/scaling.md).
 
-    python3 benchmarks/scaling_model.py [--data benchmarks/scaling_data] [--out benchmarks/scaling_data]
+    python3 benchmarks/scaling_model.py [--data benchmarks/scaling_data] [--out DIR (default: --data)]
     gnuplot -e "data='benchmarks/scaling_data/prediction.dat'; out='docs/scaling.png'" benchmarks/scaling_model.gp
 
 Reads the JSON that build/benchmarks/allreduce -j wrote (shm_np{2,3,4}[_runK].json: one host;
 cluster_{2x1,2x2,2-1-2}_{10,1}gbit.json: hosts simulated by tests/cluster/run.sh, links shaped
-to 10 or 1 Gbit/s), fits the parameters by weighted least squares (relative error; python3's
-standard library only), prints predicted against measured for every point, and writes check.md,
-prediction.md, prediction.dat and params.json under --out.
+to 10 or 1 Gbit/s) and machine.json (the runs' machine: cores, the cache the buffers must fit),
+fits the parameters by weighted least squares (relative error; python3's standard library only),
+prints predicted against measured for every point, and writes check.md, prediction.md,
+prediction.dat and params.json under --out.
 
 The routes, as the code does them (S bytes, n ranks, H hosts of q ranks, P cores per host):
   host_reducer (backend/shm/host_reducer.hpp), the shared-memory allreduce of q ranks:
-    S <= 16 KiB: one round, each rank copies S into its slot and reduces all q slots;
-    larger: k = ceil(S / 1 MiB) chunks of three steps; a rank copies (q-1)/q S in, reduces its
-    1/q share (q-1 adds), copies it into its slot and (q-1)/q S out.  One more small round
-    per call (the step's check in finish()).  Ranks beyond the cores share them: f = max(1, q/P).
+    S <= 16 KiB: one round, each rank copies S into its slot and reduces all q slots; the
+    step's check rides in it.  Larger: k = ceil(S / 1 MiB) chunks of three steps; a rank copies
+    (q-1)/q S in, reduces its 1/q share (q-1 adds), copies it into its slot and (q-1)/q S out,
+    and one more small round per call for the check.  In place (the gradients in
+    gradient_memory(), S > 16 KiB): two steps; a rank reduces its 1/q share from its peers'
+    regions and writes it into theirs, a block at a time, the check carried.  Ranks beyond
+    the cores share them: f = max(1, q/P).
   the ring (patterns/sync/route_ring.hpp): chunks of S/n cut into m = ceil(S/n / 1 MiB)
     segments, L = 2 lanes in flight, 2(n-1) steps per lane, each step one message per rank.
   the tiers (patterns/sync/route_hierarchical.hpp): intra-host reduce to the leader, the
@@ -36,7 +40,9 @@ SLOT = MiB               # -S 1M: each rank's large slot
 SEGMENT = MiB            # -s 1M: the ring's segment
 LANES = 2                # -l 2: segments in flight
 CORES = 2                # this machine: every rank of every run shares 2 cores
-LLC = 32 * MiB           # this machine's last-level cache: the ranks' buffers fit it or not
+LLC = 32 * MiB           # the runs' machine's last-level cache: the ranks' buffers fit it or not
+                         # (machine.json in --data overrides it: the runs' machine, not this one)
+CHECK_ROUND = False      # runs of code whose small step took a round more for the check (machine.json)
 WITHIN = 0.25            # the check's tolerance
 
 
@@ -79,14 +85,24 @@ def shm_allreduce_counts(S, q, cores=CORES):
     """host_reducer allreduce of S bytes over q ranks: steps, copied and reduced bytes per rank."""
     f = max(1.0, q / cores)
     if S <= SMALL:
-        steps, copied, reduced = 1, S, (q - 1) * S
+        # the step's check rides in this round (since 2026-11-27: before, a round of its own)
+        steps, copied, reduced = (2 if CHECK_ROUND else 1), S, (q - 1) * S
     else:
         k = math.ceil(S / SLOT)
-        steps = 3 * k
+        steps = 3 * k + 1  # and the check's own small round
         copied = (2 * q - 1) / q * S
         reduced = (q - 1) / q * S
-    steps += 1  # the check's small round
     return {"steps": steps, "copied": f * copied, "reduced": f * reduced, "f": f}
+
+
+def shm_in_place_counts(S, q, cores=CORES):
+    """host_reducer's in-place allreduce (the bucket in gradient_memory(), S above the small
+    path; below it the route takes the slots): two steps, the check carried in the first; a
+    rank reduces its 1/q share from its q-1 peers' regions and writes it into theirs."""
+    if S <= SMALL:
+        return shm_allreduce_counts(S, q, cores)
+    f = max(1.0, q / cores)
+    return {"steps": 2, "placed": f * (q - 1) / q * S, "copied": 0.0, "reduced": 0.0, "f": f}
 
 
 def shm_broadcast_counts(S, q, cores=CORES):
@@ -161,16 +177,19 @@ class model:
     def __init__(self, p):
         self.p = p
 
-    def shm_features(self, S, q, cores=CORES):
-        c = shm_allreduce_counts(S, q, cores)
+    def shm_features(self, S, q, cores=CORES, in_place=False):
+        c = (shm_in_place_counts if in_place else shm_allreduce_counts)(S, q, cores)
         over = q > cores
-        cached = in_cache(S, q, 2 * SLOT)
+        # in place there are no slots: only the gradients themselves need to fit the cache
+        cached = in_cache(S, q, 0 if in_place and S > SMALL else 2 * SLOT)
+        placed = c.get("placed", 0.0)
         return {"a_shm": 0.0 if over else c["steps"], "a_shm_over": c["steps"] if over else 0.0,
                 "q_over": 1.0 if over else 0.0, "c_copy": c["copied"] if cached else 0.0,
-                "c_copy_mem": 0.0 if cached else c["copied"], "c_reduce": c["reduced"]}
+                "c_copy_mem": 0.0 if cached else c["copied"], "c_reduce": c["reduced"],
+                "c_place": placed if cached else 0.0, "c_place_mem": 0.0 if cached else placed}
 
-    def shm_allreduce(self, S, q, cores=CORES):
-        return dot(self.shm_features(S, q, cores), self.p) if q > 1 else 0.0
+    def shm_allreduce(self, S, q, cores=CORES, in_place=False):
+        return dot(self.shm_features(S, q, cores, in_place), self.p) if q > 1 else 0.0
 
     def shm_broadcast(self, S, q, cores=CORES):
         if q < 2:
@@ -295,29 +314,55 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.path.join(here, "scaling_data"))
-    ap.add_argument("--out", default=os.path.join(here, "scaling_data"))
+    ap.add_argument("--out", help="where the tables go (default: --data)")
     args = ap.parse_args()
+    args.out = args.out or args.data
 
+    machine = os.path.join(args.data, "machine.json")
+    if os.path.exists(machine):
+        global LLC, CHECK_ROUND
+        spec = load(machine)
+        CHECK_ROUND = spec.get("small_check_round", False)
+        if spec.get("cores", CORES) != CORES:
+            sys.exit(f"scaling_model: {machine}: the model is written for runs on {CORES} cores")
+        LLC = spec["cache_bytes"]
     shm = shm_runs(args.data)
     if not shm:
         sys.exit(f"scaling_model: no shm_np*.json under {args.data}")
     clusters = cluster_files(args.data)
-    names = ("a_shm", "a_shm_over", "q_over", "c_copy", "c_copy_mem", "c_reduce", "a_p2p", "b_p2p", "b_p2p_mem",
+    names = ("a_shm", "a_shm_over", "q_over", "c_copy", "c_copy_mem", "c_reduce", "c_place", "c_place_mem", "a_p2p", "b_p2p", "b_p2p_mem",
              "a_x", "b_x", "k_link", "b_tier")
     p = {k: 0.0 for k in names}
     m = model(p)
     checks = []  # (route, layout, S, measured, predicted, "fit" or "check", ranks beyond cores?)
 
-    # 1. host_reducer: fit on every other size of the sweep (factor 16), check on the sizes between.
-    shm_meas = {q: merged(paths, {"subgroup_allreduce shm"}) for q, paths in shm.items()}
+    # 1. host_reducer, through its slots and in place (the gradients in gradient_memory()), one
+    # set of parameters for both: fit on every other size of the sweep (factor 16), check on the
+    # sizes between.
+    routes = (("shared memory (host_reducer)", "subgroup_allreduce shm", False),
+              ("shared memory in place (gradient_memory)", "subgroup_allreduce shm in place", True))
+    shm_meas = {(q, in_place): merged(paths, {column}) for _, column, in_place in routes for q, paths in shm.items()}
     sizes = sorted({s for t in shm_meas.values() for s in t})
     fit_sizes = set(sizes[0::2])
-    rows = [(m.shm_features(S, q), t, 0.0) for q, tt in shm_meas.items() for S, t in tt.items() if S in fit_sizes]
-    p.update(fit(rows, ["a_shm", "a_shm_over", "q_over", "c_copy", "c_copy_mem", "c_reduce"]))
-    for q, tt in sorted(shm_meas.items()):
-        for S, t in sorted(tt.items()):
-            checks.append(("shared memory (host_reducer)", f"{q} ranks, 1 host", S, t, m.shm_allreduce(S, q),
-                           "fit" if S in fit_sizes else "check", q > CORES))
+    # The bytes' costs from the runs with a core per rank; then what ranks beyond the cores add,
+    # from the others (their waits come in the wait policy's sleeps, and fitted together they
+    # would bend the per-byte costs to the sleeps).
+    own = ["a_shm", "c_copy", "c_copy_mem", "c_reduce", "c_place", "c_place_mem"]
+    rows = [(m.shm_features(S, q, in_place=in_place), t, 0.0)
+            for (q, in_place), tt in shm_meas.items() for S, t in tt.items() if S in fit_sizes and q <= CORES]
+    p.update(fit(rows, own))
+    rows = []
+    for (q, in_place), tt in shm_meas.items():
+        for S, t in tt.items():
+            if S in fit_sizes and q > CORES:
+                x = m.shm_features(S, q, in_place=in_place)
+                rows.append((x, t, dot({k: x[k] for k in own}, p)))
+    p.update(fit(rows, ["a_shm_over", "q_over"]))
+    for group, _, in_place in routes:
+        for q in sorted(shm):
+            for S, t in sorted(shm_meas[(q, in_place)].items()):
+                checks.append((group, f"{q} ranks, 1 host", S, t, m.shm_allreduce(S, q, in_place=in_place),
+                               "fit" if S in fit_sizes else "check", q > CORES))
 
     # 2. the ring over MPI point-to-point on one host (overlapped_ring, shared memory off): the
     # intra-host hop of a flat ring. From 256 KiB (below, one message per step is all latency
@@ -374,7 +419,7 @@ def main():
 
     os.makedirs(args.out, exist_ok=True)
     units = {"a_shm": "us/step", "a_shm_over": "us/step", "q_over": "us/call", "c_copy": "us/B", "c_copy_mem": "us/B",
-             "c_reduce": "us/B", "a_p2p": "us/message", "b_p2p": "us/B", "b_p2p_mem": "us/B", "a_x": "us/message",
+             "c_reduce": "us/B", "c_place": "us/B", "c_place_mem": "us/B", "a_p2p": "us/message", "b_p2p": "us/B", "b_p2p_mem": "us/B", "a_x": "us/message",
              "b_x": "us/B", "k_link": "x line time", "b_tier": "us/B"}
     with open(os.path.join(args.out, "params.json"), "w") as f:
         json.dump({k: {"value": v, "unit": units[k]} for k, v in p.items()}, f, indent=1)
@@ -467,6 +512,18 @@ def main():
         label = f"{a:.0f} (fitted)" if a == fitted_a else f"{a:g}"
         pred_lines.append(f"| {label} | " + " | ".join(cells) + " |")
     p["a_x"] = fitted_a
+    # One host of 8 ranks with the gradients in gradient_memory(): the in-place route, where the
+    # adapters take it (one host; the tiers' intra-host stages use the slots).
+    pred_lines.append("")
+    if not (p["c_place"] or p["c_place_mem"]):
+        pred_lines.append("(no in-place runs in these data: the in-place route is not predicted)")
+    else:
+        pred_lines.append("| one host, 8 ranks | shared memory, slots (ms) | shared memory, in place (ms) | in place / slots |")
+        pred_lines.append("| --- | --- | --- | --- |")
+        for size_mib in (25, 100):
+            S = size_mib * MiB
+            slots, placed = m.shm_allreduce(S, q, q) / 1e3, m.shm_allreduce(S, q, q, in_place=True) / 1e3
+            pred_lines.append(f"| {size_mib} MiB | {slots:.2f} | {placed:.2f} | {placed / slots:.2f} |")
     # The configurations of the published figures docs/scaling.md compares with.
     pred_lines.append("")
     pred_lines.append("| published configuration | ranks | hosts | link | size | model: flat ring (ms) | model: hierarchical (ms) |")
