@@ -330,15 +330,15 @@ def main():
     if not shm:
         sys.exit(f"scaling_model: no shm_np*.json under {args.data}")
     clusters = cluster_files(args.data)
-    names = ("a_shm", "a_shm_over", "q_over", "c_copy", "c_copy_mem", "c_reduce", "c_place", "c_place_mem", "a_p2p", "b_p2p", "b_p2p_mem",
-             "a_x", "b_x", "k_link", "b_tier")
+    names = ("a_shm", "a_shm_over", "q_over", "c_copy", "c_copy_mem", "c_reduce", "c_place", "c_place_mem",
+             "a_p2p", "b_p2p", "b_p2p_mem", "a_x", "b_x", "k_link", "b_tier")
     p = {k: 0.0 for k in names}
     m = model(p)
     checks = []  # (route, layout, S, measured, predicted, "fit" or "check", ranks beyond cores?)
 
-    # 1. host_reducer, through its slots and in place (the gradients in gradient_memory()), one
-    # set of parameters for both: fit on every other size of the sweep (factor 16), check on the
-    # sizes between.
+    # 1. host_reducer, through its slots and in place (the gradients in gradient_memory()): the
+    # steps and the waits shared, the bytes priced per route. Fit on every other size of the
+    # sweep (factor 16), check on the sizes between.
     routes = (("shared memory (host_reducer)", "subgroup_allreduce shm", False),
               ("shared memory in place (gradient_memory)", "subgroup_allreduce shm in place", True))
     shm_meas = {(q, in_place): merged(paths, {column}) for _, column, in_place in routes for q, paths in shm.items()}
