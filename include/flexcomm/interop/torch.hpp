@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/cache_line.hpp"
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
 #include "../core/reduce.hpp"
@@ -444,7 +445,7 @@ gradient_sync<Sync>::gradient_sync(Sync& sync, torch::nn::Module& module, handov
     check(params_[i].device().is_cpu(), "interop::gradient_sync",
           cat("parameter ", i, " is on ", params_[i].device().str(), "; the torch interop takes CPU tensors"));
     at.push_back(bytes);
-    bytes += (static_cast<std::size_t>(params_[i].numel() * params_[i].element_size()) + 63) / 64 * 64;
+    bytes += flexcomm::detail::round_up(static_cast<std::size_t>(params_[i].numel() * params_[i].element_size()));
   }
   span<std::byte> memory;
   if constexpr (detail::has_gradient_memory<Sync>::value) memory = sync_.gradient_memory(bytes);

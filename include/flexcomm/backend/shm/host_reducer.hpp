@@ -62,6 +62,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../core/cache_line.hpp"
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/reduce.hpp"
@@ -133,7 +134,7 @@ struct shared_arena {
     std::uint64_t kind;  // dtype and op
   };
   static constexpr std::uint64_t misplaced = ~std::uint64_t{0};
-  static constexpr std::size_t line = 64;
+  static constexpr std::size_t line = cache_line;
   // Words an in-place allreduce can carry, max-reduced in its round: after the description.
   static constexpr std::size_t carried_words = (line - sizeof(description)) / sizeof(std::int64_t);
 
@@ -160,7 +161,7 @@ struct shared_arena {
 // engine still polls never outlives it.
 class host_segment {
  public:
-  static constexpr std::size_t line = 64;
+  static constexpr std::size_t line = cache_line;
 
   // Collective over `group` (the segment's own: it keeps it for its names and timeout).
   host_segment(std::unique_ptr<shm::host_group> own, std::size_t large_bytes, std::size_t small_bytes)
@@ -222,8 +223,6 @@ class host_segment {
     return out;
   }
   int world_rank(int r) const { return world_ranks[static_cast<std::size_t>(r)]; }
-
-  static std::size_t round_up(std::size_t bytes, std::size_t to = line) { return (bytes + to - 1) / to * to; }
 
   // Queues a started task behind the others (the caller's thread, in start order).
   void enqueue(const std::shared_ptr<segment_task>& task) {

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../core/cache_line.hpp"
 #include "../../core/error.hpp"
 #include "host_group.hpp"
 
@@ -49,7 +50,7 @@ class host_window {
     size_ = group.size();
     check(group.on_one_host(who), who,
           cat("the communicator's ", size_, " ranks are not all on one host; shared memory needs one host"));
-    const std::uint64_t mine = round_up(bytes, page);
+    const std::uint64_t mine = detail::round_up(bytes, page);
     const std::vector<std::uint64_t> sizes = group.allgather(mine, who, "the regions' sizes");
     offsets_.resize(static_cast<std::size_t>(size_) + 1);
     for (std::size_t r = 0; r < sizes.size(); ++r) offsets_[r + 1] = offsets_[r] + sizes[r];
@@ -92,7 +93,6 @@ class host_window {
     return offsets_[static_cast<std::size_t>(r) + 1] - offsets_[static_cast<std::size_t>(r)];
   }
 
-  static std::size_t round_up(std::size_t bytes, std::size_t to) { return (bytes + to - 1) / to * to; }
 
  private:
   static constexpr const char* room_advice =

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../../backend/contract.hpp"
+#include "../../core/cache_line.hpp"
 #include "../../core/doorbell.hpp"
 #include "../../core/error.hpp"
 #include "host_slots.hpp"
@@ -37,7 +38,7 @@ namespace flexcomm::detail {
 template <class B>
 class claim_board {
  public:
-  static constexpr std::size_t line = 64;
+  static constexpr std::size_t line = cache_line;
   static constexpr int rank_bits = 16;
 
   claim_board() = default;
@@ -53,7 +54,7 @@ class claim_board {
     std::size_t at = 0;
     for (std::size_t b : piece_bytes) {
       offsets_.push_back(at);
-      at += b == 0 ? 0 : host_slots<B>::round_up(b + guard_bytes);
+      at += b == 0 ? 0 : round_up(b + guard_bytes);
     }
     slot_bytes_ = at;
     const std::size_t control = (static_cast<std::size_t>(group.size()) + 2 + 2 * slots_ * pieces_) * line;

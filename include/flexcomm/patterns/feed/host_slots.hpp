@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../../backend/contract.hpp"
+#include "../../core/cache_line.hpp"
 #include "../../core/doorbell.hpp"
 #include "../../core/error.hpp"
 #include "../../core/span.hpp"
@@ -78,7 +79,7 @@ void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, const
 template <class B>
 class host_slots {
  public:
-  static constexpr std::size_t line = 64;
+  static constexpr std::size_t line = cache_line;
 
   host_slots() = default;
 
@@ -157,7 +158,6 @@ class host_slots {
   // Reader that leaves the stream: no publisher waits for it again.
   void leave() const noexcept { release_all(std::numeric_limits<std::uint64_t>::max()); }
 
-  static std::size_t round_up(std::size_t bytes) { return (bytes + line - 1) / line * line; }
 
  private:
   std::atomic<std::uint64_t>& published(int r) const noexcept {

@@ -564,7 +564,7 @@ void one_to_many<B>::setup_host_slots(const communicator& world) {
     for (std::size_t c = 0; c < pieces_.size(); ++c)
       if (ships_[index_of(static_cast<int>(p), static_cast<int>(c))]) {
         slot_offsets_[p][c] = slot_bytes_[p];
-        slot_bytes_[p] += detail::host_slots<B>::round_up(
+        slot_bytes_[p] += detail::round_up(
             detail::piece_bytes(pieces_[c].shards, options_.shard_capacity) + detail::guard_bytes);
       }
   if constexpr (has_host_window<B>) {

@@ -40,6 +40,7 @@
 
 #include "../../core/agreement.hpp"
 #include "../../core/batching.hpp"
+#include "../../core/cache_line.hpp"
 #include "../../core/error.hpp"
 #include "../../core/layout.hpp"
 #include "../../core/reduce.hpp"
@@ -378,9 +379,8 @@ std::optional<typed_batch> typed_feed<Feed>::next() {
   const sample_range mine = plan_.shards_samples(step, b->first_shard(), b->shards());
   if (indices_.empty()) {
     const auto most = static_cast<std::size_t>(plan_.max_shard_samples()) * static_cast<std::size_t>(b->shards());
-    auto round_up = [](std::size_t n) { return (n + batch_alignment - 1) / batch_alignment * batch_alignment; };
-    samples_.resize(round_up(most * record_.sample_bytes));
-    if (label_) labels_.resize(round_up(most * record_.label_bytes));
+    samples_.resize(detail::round_up(most * record_.sample_bytes, batch_alignment));
+    if (label_) labels_.resize(detail::round_up(most * record_.label_bytes, batch_alignment));
     indices_.resize(std::max<std::size_t>(most, 1));
   }
   std::size_t at = 0;

@@ -17,6 +17,7 @@
 
 #include "../../backend/contract.hpp"
 #include "../../core/agreement.hpp"
+#include "../../core/cache_line.hpp"
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/hosts.hpp"
@@ -230,7 +231,7 @@ class sync_core {
     for (std::size_t b = 0; b < buckets.size(); ++b)
       if (fused(b)) {
         at[b] = bytes;
-        bytes += (buckets[b].count * size_of(buckets[b].type) + 63) / 64 * 64;  // buckets on their own lines
+        bytes += round_up(buckets[b].count * size_of(buckets[b].type));  // buckets on their own lines
       }
     if (bytes == 0) return;
     span<std::byte> memory;
