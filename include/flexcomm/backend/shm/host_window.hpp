@@ -93,7 +93,6 @@ class host_window {
     return offsets_[static_cast<std::size_t>(r) + 1] - offsets_[static_cast<std::size_t>(r)];
   }
 
-
  private:
   static constexpr const char* room_advice =
       " (/dev/shm too small? a container's is 64 MiB unless told otherwise: enlarge it, e.g. docker run "
