@@ -15,7 +15,7 @@
 // Each row: the step bytes, then wall and CPU (all the feed's ranks, getrusage) and their ratios
 // to the point's best wall and lowest CPU among the fixed feeds (CPU counted to the end of each
 // rank's own part: a rank done early idles in the benchmark's barrier, not in the feed). The JSON (-J) holds every row;
-// benchmarks/plot_feed_sweep.sh draws it.
+// benchmarks/plot_feed_sweep.py draws it and prints the table of docs/benchmarks.md.
 //
 //   mpiexec.mpich -n 10 build/benchmarks/feed_sweep -K 8 -J sweep_k8.json
 #include <sys/resource.h>
@@ -215,9 +215,13 @@ int main(int argc, char** argv) {
   for (double train : list_of(trains))
     for (double pre : list_of(pres)) {
       // Steps so that the best feed runs about `seconds`: its step takes at least the training and
-      // the preprocessing spread over the cores.
+      // the preprocessing spread over the cores. And so that the steps' preprocessing comes to
+      // 64 ms at least: at 16 steps of 1 ms (50 ms of training) the job's whole CPU was 20-30 ms,
+      // and what every rank costs once (a few wakes, the first touch of its slots) moved the
+      // same code's CPU ratio between 1.02 and 1.13 from run to run.
       const double ideal_ms = std::max(train, pre / std::max(1u, std::thread::hardware_concurrency()));
-      const point p{train, pre, std::clamp<std::int64_t>(static_cast<std::int64_t>(target_s * 1e3 / ideal_ms), 10, 200)};
+      const auto steps = static_cast<std::int64_t>(std::max(target_s * 1e3 / ideal_ms, 64 / pre));
+      const point p{train, pre, std::clamp<std::int64_t>(steps, 10, 200)};
       std::vector<result> rows;
       rows.push_back(run<fc::local_feed>(world, feeds[0], members, p, bytes, depth));
       rows.push_back(run<fc::one_to_many<fc::mpi>>(world, feeds[1], members, p, bytes, depth));
