@@ -31,6 +31,8 @@ namespace flexcomm::detail {
 //                      never hold a slot, and mark themselves done with every step)
 //   pace               how long making a piece takes, in ns (smoothed over every maker)
 //   freed              a doorbell, rung by a release that frees a slot (producers sleep on it)
+//   training           how many trainers hold a step they were handed (training it, as far as
+//                      the board can tell)
 //   claim[slot][piece] (step + 1) << 16 | (group rank + 1) of the last claim; 0 before any
 //   made[slot][piece]  step + 1 once that step's piece is in the slot
 //   data[slot]         the pieces of a step side by side, each piece_bytes + guard_bytes long
@@ -57,7 +59,7 @@ class claim_board {
       at += b == 0 ? 0 : round_up(b + guard_bytes);
     }
     slot_bytes_ = at;
-    const std::size_t control = (static_cast<std::size_t>(group.size()) + 2 + 2 * slots_ * pieces_) * line;
+    const std::size_t control = (static_cast<std::size_t>(group.size()) + 3 + 2 * slots_ * pieces_) * line;
     window_ = typename B::host_window(group, group.rank() == 0 ? control + slots_ * slot_bytes_ : 0, who);
     base_ = window_.region(0);
     data_ = base_ + control;
@@ -124,6 +126,10 @@ class claim_board {
     return *std::launder(reinterpret_cast<doorbell*>(base_ + (world_ranks_.size() + 1) * line));
   }
 
+  // Trainers here that hold a step handed out to them: a hint (nothing waits on it), counted up
+  // when a trainer is handed a step and down when it comes back for the next.
+  std::atomic<std::uint64_t>& training() const noexcept { return counter(world_ranks_.size() + 2); }
+
   // Reader: done with steps [0, k]; their slots may be refilled.
   void release(std::int64_t k) const noexcept { release_all(static_cast<std::uint64_t>(k) + 1); }
   // Reader that leaves the stream: nobody waits for it again.
@@ -151,7 +157,7 @@ class claim_board {
   }
   std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(static_cast<std::size_t>(r)); }
   std::size_t control(std::int64_t k, std::size_t c) const noexcept {
-    return world_ranks_.size() + 2 + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
+    return world_ranks_.size() + 3 + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
   }
   std::atomic<std::uint64_t>& claim(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c)); }
   std::atomic<std::uint64_t>& made(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c) + 1); }
