@@ -196,7 +196,7 @@ bool adaptive<B>::set_up_board(const communicator& world) {
 template <class B>
 adaptive<B>::~adaptive() {
   // Nobody waits for this trainer's reading again; what it claimed, it made.
-  if (board_ && lent_ >= 0) board_.training().fetch_sub(1, std::memory_order_relaxed);
+  if (board_ && lent_ >= 0) board_.training_ends();
   if (board_) board_.leave();
 }
 
@@ -318,7 +318,7 @@ std::optional<batch> adaptive<B>::next() {
   if (by_producers_) return by_producers_->next();
   if (by_turns_) return by_turns_->next();
   if (lent_ >= 0) {
-    board_.training().fetch_sub(1, std::memory_order_relaxed);
+    board_.training_ends();
     board_.release(lent_);
     training_.back();
   }
@@ -339,14 +339,14 @@ std::optional<batch> adaptive<B>::next() {
   // 1.12-1.14x where it was 0.91-1.04x).
   if (producers_here_ > 0 && trainers_here_ > 1 && reach() > 1 &&
       8 * training_.ns() >= static_cast<double>(board_.make_time().count()) &&
-      board_.training().load(std::memory_order_relaxed) + 1 >= static_cast<std::uint64_t>(trainers_here_))
+      board_.trainers_training() + 1 >= static_cast<std::uint64_t>(trainers_here_))
     make_one(k + 1);
   const std::vector<int>& mine = assembly_.pieces();
   for (std::size_t i = 0; i < mine.size(); ++i)
     taken_[i] = {board_.piece(k, static_cast<std::size_t>(mine[i])), assembly_.bytes(i)};
   const batch out = assembly_.assemble("adaptive", k, taken_);
   lent_ = k;
-  board_.training().fetch_add(1, std::memory_order_relaxed);
+  board_.training_starts();
   training_.handed_out();
   ++next_step_;
   return out;

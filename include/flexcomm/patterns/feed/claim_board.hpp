@@ -42,6 +42,9 @@ class claim_board {
  public:
   static constexpr std::size_t line = cache_line;
   static constexpr int rank_bits = 16;
+  // The host's counters after the readers' released[], by line: pace, freed, training; the
+  // claim and made counters follow them.
+  static constexpr std::size_t pace_at = 0, freed_at = 1, training_at = 2, host_counters = 3;
 
   claim_board() = default;
 
@@ -59,7 +62,7 @@ class claim_board {
       at += b == 0 ? 0 : round_up(b + guard_bytes);
     }
     slot_bytes_ = at;
-    const std::size_t control = (static_cast<std::size_t>(group.size()) + 3 + 2 * slots_ * pieces_) * line;
+    const std::size_t control = (static_cast<std::size_t>(group.size()) + host_counters + 2 * slots_ * pieces_) * line;
     window_ = typename B::host_window(group, group.rank() == 0 ? control + slots_ * slot_bytes_ : 0, who);
     base_ = window_.region(0);
     data_ = base_ + control;
@@ -108,12 +111,12 @@ class claim_board {
   // A rank made a piece in `ns`; every rank learns how long a piece takes (a race between two
   // makers only blurs the estimate).
   void note_make_time(std::uint64_t ns) const noexcept {
-    auto& pace = counter(world_ranks_.size());
+    auto& pace = counter(world_ranks_.size() + pace_at);
     const std::uint64_t old = pace.load(std::memory_order_relaxed);
     pace.store(old == 0 ? ns : (7 * old + ns) / 8, std::memory_order_relaxed);
   }
   std::chrono::nanoseconds make_time() const noexcept {
-    return std::chrono::nanoseconds(counter(world_ranks_.size()).load(std::memory_order_relaxed));
+    return std::chrono::nanoseconds(counter(world_ranks_.size() + pace_at).load(std::memory_order_relaxed));
   }
 
   // Rung whenever a slot may have come free, on the channel of the step that may now use it; a
@@ -123,12 +126,15 @@ class claim_board {
   }
   std::uint32_t freed_channel(std::int64_t k) const noexcept { return freed_channel(k, slots_); }
   doorbell& freed() const noexcept {
-    return *std::launder(reinterpret_cast<doorbell*>(base_ + (world_ranks_.size() + 1) * line));
+    return *std::launder(reinterpret_cast<doorbell*>(base_ + (world_ranks_.size() + freed_at) * line));
   }
 
-  // Trainers here that hold a step handed out to them: a hint (nothing waits on it), counted up
-  // when a trainer is handed a step and down when it comes back for the next.
-  std::atomic<std::uint64_t>& training() const noexcept { return counter(world_ranks_.size() + 2); }
+  // How many trainers here hold a step handed out to them: a hint (nothing waits on it, so
+  // relaxed), counted up when a trainer is handed a step and down when it comes back for the
+  // next or leaves.
+  void training_starts() const noexcept { training().fetch_add(1, std::memory_order_relaxed); }
+  void training_ends() const noexcept { training().fetch_sub(1, std::memory_order_relaxed); }
+  std::uint64_t trainers_training() const noexcept { return training().load(std::memory_order_relaxed); }
 
   // Reader: done with steps [0, k]; their slots may be refilled.
   void release(std::int64_t k) const noexcept { release_all(static_cast<std::uint64_t>(k) + 1); }
@@ -156,8 +162,9 @@ class claim_board {
     return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + index * line));
   }
   std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(static_cast<std::size_t>(r)); }
+  std::atomic<std::uint64_t>& training() const noexcept { return counter(world_ranks_.size() + training_at); }
   std::size_t control(std::int64_t k, std::size_t c) const noexcept {
-    return world_ranks_.size() + 3 + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
+    return world_ranks_.size() + host_counters + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
   }
   std::atomic<std::uint64_t>& claim(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c)); }
   std::atomic<std::uint64_t>& made(std::int64_t k, std::size_t c) const noexcept { return counter(control(k, c) + 1); }
