@@ -770,10 +770,12 @@ BOOST_AUTO_TEST_CASE(adaptive_makes_every_shard_once_whoever_makes_it) {
     for (const auto use : {fc::shared_memory_use::automatic, fc::shared_memory_use::off}) {
       for (const bool slow_producers : {true, false}) {
         // By message, trainers claim ahead only where a step takes more than 2 ms to make (a
-        // claimed piece travels twice more): the producers are slower there. And a trainer learns
-        // that only from a producer's answer after its first piece, and is denied a step already
-        // shipped: with three producers of one piece a step, 23 steps left a trainer a handful of
-        // claims, and one whole run in five at 6 ranks none of the trainers made a piece.
+        // claimed piece travels twice more): the producers are slower there. A producer answers
+        // between its pieces, and denies a claim for a step it has shipped meanwhile (claims.hpp:
+        // the claimer looks behind); trainers that train in no time claim the step they wait for
+        // just as it is shipped, so with three producers of one piece a step most claims are
+        // denied (traced), and over 23 steps one whole run in five at 6 ranks had no trainer make
+        // a piece; over 47, none in twenty.
         const char* shm = std::getenv("FLEXCOMM_SHM");
         const bool off = use == fc::shared_memory_use::off || (shm && std::string(shm) == "off");
         fc::feed_options options;
