@@ -185,7 +185,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(an_empty_stream_ends_at_once, Feed, feeds) {
 // 10,000 small batches, with random short delays on producers (in the loader) and trainers.
 // The cluster suite's whole run asks for fewer (FLEXCOMM_TEST_STRESS_STEPS): across its hosts
 // every step crosses TCP, and the five feeds' 10,000 took 37 s of its 75; the MPI suite keeps
-// 10,000 at 1-6 ranks in every build.
+// 10,000 (at 1-6 ranks in the plain build, 1-4 in the others).
 BOOST_AUTO_TEST_CASE_TEMPLATE(stress_ten_thousand_small_batches_with_random_delays, Feed, feeds) {
   const auto text = usable_layouts<Feed>(world().size());
   if (text.empty()) return;
