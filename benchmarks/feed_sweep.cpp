@@ -11,6 +11,13 @@
 //   all_shared      members=Kx1              the trainers take turns
 //   adaptive 1p     producers=1 members=Kx1  whoever is idle
 //   adaptive 2p     producers=2 members=Kx1  the same with two producers
+//   adaptive 0p     members=Kx1              the trainers alone, whoever is idle (across hosts:
+//                                            each step made on its home host, couriers between)
+//
+// --feeds picks some of them (at least one fixed feed: the ratios are against those); --uneven F
+// has member 0 train F times as long as the others (a slower GPU, a bigger model), which a feed
+// with fixed turns waits for and one that balances works around. Under FLEXCOMM_HOSTS the ranks
+// pretend to be on several hosts: all_shared then allgathers, and adaptive 0p ships by courier.
 //
 // Each row: the step bytes, then wall and CPU (all the feed's ranks, getrusage) and their ratios
 // to the point's best wall and lowest CPU among the fixed feeds (CPU counted to the end of each
@@ -18,6 +25,7 @@
 // benchmarks/plot_feed_sweep.py draws it and prints the table of docs/benchmarks.md.
 //
 //   mpiexec.mpich -n 10 build/benchmarks/feed_sweep -K 8 -J sweep_k8.json
+//   FLEXCOMM_HOSTS=2+2 mpiexec.mpich -n 4 build/benchmarks/feed_sweep -K 2 --feeds all_shared,adaptive_0p --uneven 3
 #include <sys/resource.h>
 #include <time.h>
 
@@ -88,6 +96,7 @@ struct feed_run {
 };
 
 bool per_rank = false;  // --per-rank: each rank's CPU and pieces on stderr
+double uneven = 1;      // --uneven: member 0's training over the others'
 
 template <class Feed>
 result run(const fc::mpi::communicator& world, const feed_run& f, int members, const point& p, std::size_t bytes,
@@ -126,7 +135,8 @@ result run(const fc::mpi::communicator& world, const feed_run& f, int members, c
         std::memcpy(&first, b->bytes().data(), 8);
         std::memcpy(&last, b->bytes().data() + b->size() - 8, 8);
         r.exact = r.exact && b->step() == expected++ && first == word_of(b->step()) && last == first;
-        std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(p.train_ms * 1e3)));
+        const double train_ms = p.train_ms * (role.member == 0 ? uneven : 1.0);
+        std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(train_ms * 1e3)));
       }
       r.exact = r.exact && expected == p.steps;
       if constexpr (std::is_same_v<Feed, fc::adaptive<fc::mpi>>) made = feed.pieces_made();
@@ -167,6 +177,7 @@ int main(int argc, char** argv) {
   std::size_t bytes = 800 * 1024;
   double target_s = 0.8;
   std::string trains = "0.1,2,10,50", pres = "1,10,50", json_path = "feed_sweep.json", wait_text;
+  std::string chosen = "local_feed,one_to_many_1p,one_to_many_2p,all_shared,adaptive_1p,adaptive_2p,adaptive_0p";
   po::options_description flags("benchmarks/feed_sweep options");
   flags.add_options()("help,h", "this text")
       ("members,K", counts::at_least<1>(&members), "members (one rank each); the world needs K + 2 ranks")
@@ -176,6 +187,8 @@ int main(int argc, char** argv) {
       ("depth,d", counts::at_least<1>(&depth), "feed depth (the same for every feed and point)")
       ("seconds", po::value(&target_s)->default_value(target_s), "aim of each run's length; sets the steps per point")
       ("wait", po::value(&wait_text), "wait policy (spin, yield, backoff, backoff:<us>); default: flexcomm's")
+      ("feeds", po::value(&chosen)->default_value(chosen), "the feeds to run, comma-separated")
+      ("uneven", po::value(&uneven)->default_value(uneven), "member 0 trains this many times as long as the others")
       ("per-rank", po::bool_switch(&per_rank), "print each rank's CPU and the pieces it made (adaptive) on stderr")
       ("json,J", po::value(&json_path)->default_value(json_path), "JSON output file (rank 0)");
   po::variables_map vm;
@@ -204,14 +217,33 @@ int main(int argc, char** argv) {
     std::printf("# %10s %6s %6s %9s %7s %16s %5s %7s %9s %9s %10s %9s %7s %6s\n", "size", "count", "type", "train(ms)",
                 "pre(ms)", "feed", "ranks", "steps", "wall(s)", "cpu(s)", "wall/best", "cpu/low", "made_t", "#wrong");
   }
-  const feed_run feeds[] = {{"local_feed", -1}, {"one_to_many_1p", 1}, {"one_to_many_2p", 2}, {"all_shared", -1},
-                            {"adaptive_1p", 1}, {"adaptive_2p", 2}};
+  const std::vector<feed_run> every_feed = {{"local_feed", -1},  {"one_to_many_1p", 1}, {"one_to_many_2p", 2},
+                                            {"all_shared", -1},  {"adaptive_1p", 1},    {"adaptive_2p", 2},
+                                            {"adaptive_0p", -1}};
+  // The chosen feeds in the order above: the fixed ones first, then the adaptive ones.
+  std::vector<feed_run> feeds;
+  std::size_t fixed = 0;
+  {
+    std::vector<std::string> names;
+    std::stringstream in(chosen);
+    for (std::string name; std::getline(in, name, ',');) names.push_back(name);
+    for (const auto& f : every_feed)
+      if (std::find(names.begin(), names.end(), f.name) != names.end()) {
+        feeds.push_back(f);
+        fixed += std::string(f.name).rfind("adaptive", 0) == 0 ? 0 : 1;
+      }
+    if (feeds.size() != names.size() || fixed == 0) {
+      if (world.rank() == 0)
+        std::cerr << "feed_sweep: --feeds '" << chosen << "': name feeds of the list above, one fixed feed at least\n";
+      return 2;
+    }
+  }
   std::ostringstream json;
   json << "{\"benchmark\":\"feed_sweep\",\"members\":" << members << ",\"bytes\":" << bytes << ",\"depth\":" << depth
        << ",\"wait\":\"" << fc::name_of(wait.kind) << ":" << wait.max_sleep.count() << "\",\"cores\":"
-       << std::thread::hardware_concurrency() << ",\"points\":[";
+       << std::thread::hardware_concurrency() << ",\"uneven\":" << uneven << ",\"points\":[";
   bool first_point = true;
-  double worst_wall[2] = {0, 0}, worst_cpu[2] = {0, 0};  // adaptive 1p, 2p
+  std::vector<double> worst_wall(feeds.size() - fixed, 0), worst_cpu(feeds.size() - fixed, 0);  // per adaptive feed
   for (double train : list_of(trains))
     for (double pre : list_of(pres)) {
       // Steps so that the best feed runs about `seconds`: its step takes at least the training and
@@ -223,15 +255,15 @@ int main(int argc, char** argv) {
       const auto steps = static_cast<std::int64_t>(std::max(target_s * 1e3 / ideal_ms, 64 / pre));
       const point p{train, pre, std::clamp<std::int64_t>(steps, 10, 200)};
       std::vector<result> rows;
-      rows.push_back(run<fc::local_feed>(world, feeds[0], members, p, bytes, depth));
-      rows.push_back(run<fc::one_to_many<fc::mpi>>(world, feeds[1], members, p, bytes, depth));
-      rows.push_back(run<fc::one_to_many<fc::mpi>>(world, feeds[2], members, p, bytes, depth));
-      rows.push_back(run<fc::all_shared<fc::mpi>>(world, feeds[3], members, p, bytes, depth));
-      rows.push_back(run<fc::adaptive<fc::mpi>>(world, feeds[4], members, p, bytes, depth));
-      rows.push_back(run<fc::adaptive<fc::mpi>>(world, feeds[5], members, p, bytes, depth));
+      for (const auto& f : feeds) {
+        const std::string name = f.name;
+        if (name == "local_feed") rows.push_back(run<fc::local_feed>(world, f, members, p, bytes, depth));
+        else if (name.rfind("one_to_many", 0) == 0) rows.push_back(run<fc::one_to_many<fc::mpi>>(world, f, members, p, bytes, depth));
+        else if (name == "all_shared") rows.push_back(run<fc::all_shared<fc::mpi>>(world, f, members, p, bytes, depth));
+        else rows.push_back(run<fc::adaptive<fc::mpi>>(world, f, members, p, bytes, depth));
+      }
       if (world.rank() != 0) continue;
       double best_wall = std::numeric_limits<double>::max(), low_cpu = best_wall;
-      const std::size_t fixed = 4;  // the rows before the adaptive ones
       for (std::size_t i = 0; i < fixed; ++i) {
         best_wall = std::min(best_wall, rows[i].wall);
         low_cpu = std::min(low_cpu, rows[i].cpu);
@@ -259,9 +291,9 @@ int main(int argc, char** argv) {
     }
   json << "]}\n";
   if (world.rank() == 0) {
-    for (int a = 0; a < 2; ++a)
-      std::printf("# adaptive %dp against the best fixed feed at each point: worst wall ratio %.2f, worst cpu ratio %.2f\n",
-                  a + 1, worst_wall[a], worst_cpu[a]);
+    for (std::size_t a = 0; a < worst_wall.size(); ++a)
+      std::printf("# %s against the best fixed feed at each point: worst wall ratio %.2f, worst cpu ratio %.2f\n",
+                  feeds[fixed + a].name, worst_wall[a], worst_cpu[a]);
     if (!json_path.empty()) std::ofstream(json_path) << json.str();
   }
   return 0;

@@ -28,7 +28,9 @@ namespace flexcomm::detail {
 // Over a group of one host's ranks (producers and trainers). Everything lies in group rank 0's
 // region, each counter on a cache line of its own:
 //   released[r]        per rank: steps [0, released) read by rank r (readers only; the others
-//                      never hold a slot, and mark themselves done with every step)
+//                      never hold a slot, and mark themselves done with every step); then a
+//                      line per reader that is not a rank of the group (a courier's sends,
+//                      board_courier.hpp), released by release_line()
 //   pace               how long making a piece takes, in ns (smoothed over every maker)
 //   freed              a doorbell, rung by a release that frees a slot (producers sleep on it)
 //   training           how many trainers hold a step they were handed (training it, as far as
@@ -50,19 +52,22 @@ class claim_board {
 
   // Collective over `group`. `reads`: whether this rank reads pieces (a trainer). `piece_bytes[c]`:
   // piece c's length on the wire, the same on every rank (0: a piece nobody here reads, never
-  // made here). `world_ranks[r]`: group rank r's world rank, named in timeouts.
+  // made here). `world_ranks[r]`: group rank r's world rank, named in timeouts; entries past the
+  // group's ranks are the world ranks of readers that are lines, not ranks (a courier's).
   claim_board(const typename B::communicator& group, bool reads, std::size_t slots,
               const std::vector<std::size_t>& piece_bytes, std::vector<int> world_ranks, const std::string& who)
       : slots_(slots), pieces_(piece_bytes.size()), world_ranks_(std::move(world_ranks)) {
     check(static_cast<std::size_t>(group.size()) < (std::size_t{1} << rank_bits) - 1, who,
           cat("a board of ", group.size(), " ranks on one host; at most ", (1 << rank_bits) - 2));
+    check(world_ranks_.size() >= static_cast<std::size_t>(group.size()), who,
+          cat(world_ranks_.size(), " world ranks named for a board of ", group.size(), " ranks"));
     std::size_t at = 0;
     for (std::size_t b : piece_bytes) {
       offsets_.push_back(at);
       at += b == 0 ? 0 : round_up(b + guard_bytes);
     }
     slot_bytes_ = at;
-    const std::size_t control = (static_cast<std::size_t>(group.size()) + host_counters + 2 * slots_ * pieces_) * line;
+    const std::size_t control = (world_ranks_.size() + host_counters + 2 * slots_ * pieces_) * line;
     window_ = typename B::host_window(group, group.rank() == 0 ? control + slots_ * slot_bytes_ : 0, who);
     base_ = window_.region(0);
     data_ = base_ + control;
@@ -137,9 +142,29 @@ class claim_board {
   std::uint64_t trainers_training() const noexcept { return training().load(std::memory_order_relaxed); }
 
   // Reader: done with steps [0, k]; their slots may be refilled.
-  void release(std::int64_t k) const noexcept { release_all(static_cast<std::uint64_t>(k) + 1); }
+  void release(std::int64_t k) const noexcept { release_line(this_rank(), static_cast<std::uint64_t>(k) + 1); }
   // Reader that leaves the stream: nobody waits for it again.
-  void leave() const noexcept { release_all(std::numeric_limits<std::uint64_t>::max()); }
+  void leave() const noexcept { release_line(this_rank(), std::numeric_limits<std::uint64_t>::max()); }
+  // Reader line `line` is done with steps [0, done). The reader that moves the slowest reader on
+  // frees a slot, and rings for the producer that sleeps on it. Of two readers that release the
+  // same step at once, at least one sees the other's store (both are sequentially consistent, as
+  // are the loads after them), so a slot never comes free unrung. One thread per line.
+  void release_line(std::size_t line, std::uint64_t done) const noexcept {
+    auto& mine = counter(line);
+    const std::uint64_t before = mine.load(std::memory_order_relaxed);
+    if (before >= done) return;
+    mine.store(done, std::memory_order_seq_cst);
+    std::uint64_t slowest = std::numeric_limits<std::uint64_t>::max();
+    for (std::size_t r = 0; r < world_ranks_.size(); ++r)
+      slowest = std::min(slowest, released(static_cast<int>(r)).load(std::memory_order_seq_cst));
+    if (slowest <= before) return;
+    // Steps [before, slowest) are released by everyone: steps [before, slowest) + slots may use
+    // their slots.
+    std::uint32_t channels = 0;
+    for (std::uint64_t j = before; j < slowest && j < before + 32; ++j)
+      channels |= freed_channel(static_cast<std::int64_t>(j), slots_);
+    freed().ring(slowest - before >= 32 ? doorbell::every_channel : channels);
+  }
 
   // Why piece c of step k is not made yet, for a timeout: its maker, or the readers that hold
   // its slot.
@@ -162,6 +187,7 @@ class claim_board {
     return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + index * line));
   }
   std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(static_cast<std::size_t>(r)); }
+  std::size_t this_rank() const noexcept { return static_cast<std::size_t>(window_.rank()); }
   std::atomic<std::uint64_t>& training() const noexcept { return counter(world_ranks_.size() + training_at); }
   std::size_t control(std::int64_t k, std::size_t c) const noexcept {
     return world_ranks_.size() + host_counters + 2 * (static_cast<std::size_t>(k) % slots_ * pieces_ + c);
@@ -181,33 +207,13 @@ class claim_board {
       }
     return late;
   }
-  // The reader that moves the slowest reader on frees a slot, and rings for the producer that
-  // sleeps on it. Of two readers that release the same step at once, at least one sees the
-  // other's store (both are sequentially consistent, as are the loads after them), so a slot
-  // never comes free unrung.
-  void release_all(std::uint64_t done) const noexcept {
-    auto& mine = released(window_.rank());
-    const std::uint64_t before = mine.load(std::memory_order_relaxed);
-    if (before >= done) return;
-    mine.store(done, std::memory_order_seq_cst);
-    std::uint64_t slowest = std::numeric_limits<std::uint64_t>::max();
-    for (std::size_t r = 0; r < world_ranks_.size(); ++r)
-      slowest = std::min(slowest, released(static_cast<int>(r)).load(std::memory_order_seq_cst));
-    if (slowest <= before) return;
-    // Steps [before, slowest) are released by everyone: steps [before, slowest) + slots may use
-    // their slots.
-    std::uint32_t channels = 0;
-    for (std::uint64_t j = before; j < slowest && j < before + 32; ++j)
-      channels |= freed_channel(static_cast<std::int64_t>(j), slots_);
-    freed().ring(slowest - before >= 32 ? doorbell::every_channel : channels);
-  }
 
   typename B::host_window window_;
   std::byte* base_ = nullptr;
   std::byte* data_ = nullptr;
   std::size_t slots_ = 0, pieces_ = 0, slot_bytes_ = 0;
   std::vector<std::size_t> offsets_;  // [piece] within a slot
-  std::vector<int> world_ranks_;      // [group rank]
+  std::vector<int> world_ranks_;      // [reader line]: the group's ranks, then lines like a courier's
 };
 
 }  // namespace flexcomm::detail
