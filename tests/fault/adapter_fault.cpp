@@ -6,7 +6,7 @@
 //   mpiexec -n N adapter_fault <fault>
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
 //           gradient-order sync-stall sync-stall-messages claim-stall claim-dies claim-stall-messages
-//           claim-dies-messages
+//           claim-dies-messages claim-stall-hosts claim-dies-hosts
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -40,12 +40,16 @@ void report(int rank, const std::string& text) {
 // claimed. The others' loaders are slow, so that the last rank, always idle, surely claims one.
 // The -messages faults: "producers=1 members=(n-1)x1" with shared memory off, where the trainers
 // claim pieces from the producer by message and the producer waits for the faulty one's piece.
+// The -hosts faults: "members=nx1" on pretend hosts "(n-1)+1", the faulty rank alone on host 1,
+// which makes that host's steps; the others wait for them from across hosts.
 bool run_adaptive(const mpi::communicator& world, const std::string& fault,
                   std::chrono::steady_clock::time_point& start) {
   const int n = world.size();
   const bool faulty = world.rank() == n - 1;
   const bool dies = fault.rfind("claim-dies", 0) == 0;
   const bool by_message = fault.find("-messages") != std::string::npos;
+  if (fault.find("-hosts") != std::string::npos)
+    setenv("FLEXCOMM_HOSTS", (n == 2 ? std::string("1+1") : fc::cat(n - 1, "+1")).c_str(), 1);
   fc::loader load = [&](std::int64_t step, int, fc::span<std::byte> out) -> std::size_t {
     if (faulty && step >= fault_step) {
       report(world.rank(), fc::cat("injected: ", dies ? "dies" : "stalls", " in the loader of step ",

@@ -9,6 +9,7 @@ is printed from real runs with --table.
 
   launch.py --mpiexec mpiexec --driver build/tests/fault_driver --fault stall -n 4
   launch.py --mpiexec mpiexec --driver build/tests/fault_driver --table -n 4
+  (with --fault F: that row alone)
   launch.py --check-doc docs/reliability.md
 
 --mpi openmpi (with --mpiexec mpiexec.openmpi and its --mpiexec-flags) checks the rows as Open MPI
@@ -186,6 +187,26 @@ FAULTS = {
         mpiexec='keep_going', survivors='others', kind='timeout', guards=False,
         expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$'],
         reports='as claim-stall: every other rank names world rank {f}, which claimed the piece'),
+    # Across hosts with no producer: the steps of a host whose only trainer stops holding a claim
+    # are named, by every rank of the other host that waits for them, by that host's ranks and the
+    # couriers the steps go through.
+    'claim-stall-hosts': dict(
+        driver='adapter', what="adaptive feed over 'members={n}x1' on pretend hosts '{n1h}+1' (no producer: each "
+                               "step is made on its home host, couriers carry it): rank {f}, alone on host 1, stalls "
+                               "for 4x the timeout in the loader of a step it claimed", min_ranks=2,
+        mpiexec=[], survivors='others', kind='timeout', guards=False,
+        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
+                r'across hosts: host 1 makes step \d+, and its courier, world rank {f}, sends it to this host'],
+        reports='each other rank: `adaptive: step N: timed out after 2000 ms (FLEXCOMM_TIMEOUT); not answered by world '
+                "rank {f}` and `(across hosts: host 1 makes step N, and its courier, world rank {f}, sends it to this "
+                "host's, world rank 0)`"),
+    'claim-dies-hosts': dict(
+        driver='adapter', what="the same, but rank {f} dies in that loader (mpiexec told to keep the job: "
+                               "{keep_going})", min_ranks=2,
+        mpiexec='keep_going', survivors='others', kind='timeout', guards=False,
+        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
+                r'across hosts: host 1 makes step \d+, and its courier, world rank {f}, sends it to this host'],
+        reports='as claim-stall-hosts: every rank of host 0 names world rank {f}, host 1'),
     'claim-stall-messages': dict(
         driver='adapter', what="adaptive feed over 'producers=1 members={f}x1' with shared memory off (claims go "
                                "to the producer by message): trainer rank {f} stalls for 4x the timeout in the loader "
@@ -297,7 +318,7 @@ def fields(n, mpi='mpich'):
     f = n - 1
     others = list(range(n - 1))
     others_ranks = ('ranks ' if len(others) > 1 else 'rank ') + ','.join(map(str, others))
-    return dict(f=f, p=n - 2, n=n, n1=n + 1, others_ranks=others_ranks, launcher=LAUNCHERS[mpi]['name'],
+    return dict(f=f, p=n - 2, n=n, n1=n + 1, n1h=n - 1, others_ranks=others_ranks, launcher=LAUNCHERS[mpi]['name'],
                 keep_going=' '.join(LAUNCHERS[mpi]['keep_going']))
 
 
@@ -371,9 +392,10 @@ def run(launch, fault, n):
                 bound=bound, problems=problems, output=out)
 
 
-def table(launches, n):
+def table(launches, n, only=None):
     """The first launch fills the main columns; each further one (another MPI) adds a column with its
-    time to error, wall time and exit status, and its report where that differs."""
+    time to error, wall time and exit status, and its report where that differs. `only`: that
+    fault's row alone."""
     f = fields(n, launches[0]['mpi'])
     names = {'mpich': 'MPICH', 'openmpi': 'Open MPI'}
     print('| fault | injected | what each surviving rank reports | time to error (slowest rank) | '
@@ -382,7 +404,7 @@ def table(launches, n):
     print('| --- | --- | --- | --- | --- | --- |' + ' --- |' * (len(launches) - 1))
     ok = True
     for fault, spec in FAULTS.items():
-        if n < spec.get('min_ranks', 1):
+        if n < spec.get('min_ranks', 1) or (only and fault != only):
             continue
         cells = []
         for launch in launches:
@@ -439,7 +461,7 @@ def main():
                                'adapter': os.path.join(b, 'tests', 'adapter_fault_driver')})
                  for m, x, fl, b in a.also]
     if a.table:
-        return table(launches, a.n)
+        return table(launches, a.n, a.fault)
     r = run(launches[0], a.fault, a.n)
     if 'skipped' in r:
         print(f"fault {a.fault} np{a.n}: skipped under {a.mpi}: {r['skipped']}")

@@ -117,7 +117,8 @@ class adaptive : private detail::agreed_feed {
   // Who is late with piece c of step k, for a timeout.
   std::string holder(std::int64_t k, std::size_t c) const;
   // Across hosts: makes this host's steps that nobody here made (trainers that left early), then
-  // waits for the courier to finish, so that the other hosts get every step.
+  // waits for the courier to finish, so that the other hosts get every step. Not while an
+  // exception unwinds.
   void drain() noexcept;
 
   std::unique_ptr<one_to_many<B>> by_producers_;  // where the feed does not balance
@@ -256,7 +257,9 @@ adaptive<B>::~adaptive() {
   // Nobody waits for this trainer's reading again; what it claimed, it made.
   if (board_ && lent_ >= 0) board_->training_ends();
   if (board_) board_->leave();
-  if (courier_line_ > 0) drain();
+  // Destroyed by an exception (a timeout, the trainer's own failure), the job is ending: the
+  // others learn of it by their own timeouts, naming this host, rather than wait on a drain.
+  if (courier_line_ > 0 && std::uncaught_exceptions() == 0) drain();
 }
 
 template <class B>
