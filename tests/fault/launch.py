@@ -30,6 +30,12 @@ LAUNCHERS = {
     'openmpi': dict(name="Open MPI's mpirun", keep_going=['--mca', 'orte_abort_on_non_zero_status', '0']),
 }
 
+# What every rank of host 0 reports when host 1's only trainer stops making its steps (the two
+# claim-*-hosts faults, stalled or dead alike).
+CLAIM_ACROSS_HOSTS = [
+    r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
+    r'across hosts: host 1 makes step \d+, and its courier, world rank {f}, sends it to this host']
+
 # How the driver behaves for each fault (tests/fault/fault.cpp); {f} is the faulty (last) rank,
 # {others} the other ranks as the report lists them, {n} the world size.
 FAULTS = {
@@ -195,8 +201,7 @@ FAULTS = {
                                "step is made on its home host, couriers carry it): rank {f}, alone on host 1, stalls "
                                "for 4x the timeout in the loader of a step it claimed", min_ranks=2,
         mpiexec=[], survivors='others', kind='timeout', guards=False,
-        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
-                r'across hosts: host 1 makes step \d+, and its courier, world rank {f}, sends it to this host'],
+        expect=CLAIM_ACROSS_HOSTS,
         reports='each other rank: `adaptive: step N: timed out after 2000 ms (FLEXCOMM_TIMEOUT); not answered by world '
                 "rank {f}` and `(across hosts: host 1 makes step N, and its courier, world rank {f}, sends it to this "
                 "host's, world rank 0)`"),
@@ -204,8 +209,7 @@ FAULTS = {
         driver='adapter', what="the same, but rank {f} dies in that loader (mpiexec told to keep the job: "
                                "{keep_going})", min_ranks=2,
         mpiexec='keep_going', survivors='others', kind='timeout', guards=False,
-        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
-                r'across hosts: host 1 makes step \d+, and its courier, world rank {f}, sends it to this host'],
+        expect=CLAIM_ACROSS_HOSTS,
         reports='as claim-stall-hosts: every rank of host 0 names world rank {f}, host 1'),
     'claim-stall-messages': dict(
         driver='adapter', what="adaptive feed over 'producers=1 members={f}x1' with shared memory off (claims go "
