@@ -6,9 +6,11 @@
 // while it trains.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,7 +62,6 @@ class board_courier {
  public:
   using communicator = typename B::communicator;
 
-  board_courier() = default;
   // `reads[h]`: the pieces host h reads, ascending; `bytes[c]`: piece c on the wire. The courier
   // starts at once, on the progress engine.
   board_courier(const communicator& couriers, std::shared_ptr<const claim_board<B>> board, std::size_t line,
@@ -76,7 +77,6 @@ class board_courier {
     s.reads = std::move(reads);
     s.bytes = std::move(bytes);
     s.steps = steps;
-    s.who = who;
     for (std::size_t h = 0; h < s.reads.size(); ++h)
       for (std::size_t c : s.reads[h])
         if (static_cast<int>(h) != s.host) s.shipped.push_back(c);
@@ -88,15 +88,13 @@ class board_courier {
   // engine, with the board kept alive until then.
   ~board_courier() { close(); }
 
-  explicit operator bool() const noexcept { return static_cast<bool>(state_); }
-
   // Waits until every home step is shipped and every other host's step received (the feed's end,
   // after the trainers here made their home steps); fails, naming who did not answer, past the
   // timeout.
   void finish() const { task_->wait(engine_wait()); }
 
-  // Why the courier has not put step k on this board, for a timeout: the courier failed, or the
-  // step is not made on its home host yet or still on its way.
+  // What made the courier fail (an MPI error), for a timeout that waits on it; empty while it
+  // has not.
   std::string failure() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return state_->failure;
@@ -107,9 +105,8 @@ class board_courier {
     std::int64_t step;
     std::vector<typename B::request> sends;
   };
-  struct incoming {
+  struct incoming {  // the pieces this host reads, in reads[host] order
     std::int64_t step;
-    std::vector<std::size_t> pieces;
     std::vector<typename B::request> receives;
     std::vector<bool> made;
   };
@@ -126,7 +123,7 @@ class board_courier {
     std::int64_t steps = 0, ship_next = 0, receive_next = 0;
     std::deque<outgoing> sends;
     std::deque<incoming> receives;
-    std::string who, failure;
+    std::string failure;
     bool closed = false;
 
     bool poll() {
@@ -169,7 +166,7 @@ class board_courier {
         const std::int64_t k = receive_next;
         if (homes.of(k) == host || mine.empty()) continue;
         if (!board->slot_free(k)) return;
-        incoming in{k, mine, {}, std::vector<bool>(mine.size(), false)};
+        incoming in{k, {}, std::vector<bool>(mine.size(), false)};
         for (std::size_t c : mine)
           in.receives.push_back(B::irecv(*comm, span<std::uint8_t>(piece(k, c), bytes[c]), homes.of(k), 0));
         receives.push_back(std::move(in));
@@ -178,13 +175,16 @@ class board_courier {
 
     // Marks what arrived made, and gives back the slots of steps whose sends finished.
     void settle() {
+      const auto& mine = reads[static_cast<std::size_t>(host)];
       for (auto& in : receives)
-        for (std::size_t i = 0; i < in.pieces.size(); ++i)
+        for (std::size_t i = 0; i < mine.size(); ++i)
           if (!in.made[i] && in.receives[i].test()) {
-            if (!closed) board->mark_made(in.step, in.pieces[i]);
+            if (!closed) board->mark_made(in.step, mine[i]);
             in.made[i] = true;
           }
-      while (!receives.empty() && all_of(receives.front().made)) receives.pop_front();
+      while (!receives.empty() && std::all_of(receives.front().made.begin(), receives.front().made.end(),
+                                              [](bool made) { return made; }))
+        receives.pop_front();
       while (!sends.empty() && all_done(sends.front().sends)) sends.pop_front();
       // Shipped: every step before the oldest whose sends are out, or before the next to ship.
       board->release_line(line, static_cast<std::uint64_t>(sends.empty() ? ship_next : sends.front().step));
@@ -192,11 +192,6 @@ class board_courier {
 
     std::uint8_t* piece(std::int64_t k, std::size_t c) const {
       return reinterpret_cast<std::uint8_t*>(board->piece(k, c));
-    }
-    static bool all_of(const std::vector<bool>& v) {
-      for (bool b : v)
-        if (!b) return false;
-      return true;
     }
     static bool all_done(std::vector<typename B::request>& requests) {
       bool done = true;
