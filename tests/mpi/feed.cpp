@@ -46,6 +46,13 @@ std::vector<std::string> layouts_for(int n) {
   }
 }
 
+// Whether this run turns shared memory off for every feed (the MPI suite's shm-off runs set
+// FLEXCOMM_SHM=off, which a feed's options cannot turn back on).
+bool shared_memory_off_by_environment() {
+  const char* shm = std::getenv("FLEXCOMM_SHM");
+  return shm && std::string(shm) == "off";
+}
+
 // While alive, every rank pretends its hosts are `blocks` (set identically on every rank).
 struct pretend_hosts {
   explicit pretend_hosts(const std::string& blocks) { setenv("FLEXCOMM_HOSTS", blocks.c_str(), 1); }
@@ -780,9 +787,11 @@ BOOST_AUTO_TEST_CASE(adaptive_makes_every_shard_once_whoever_makes_it) {
         // a piece; over 47, none in twenty.
         // Claims go by message where shared memory is off, and across real hosts (the cluster
         // suite: there one run in four failed so at 2x2 with 23 steps and 2 ms per shard).
-        const char* shm = std::getenv("FLEXCOMM_SHM");
-        const bool off = use == fc::shared_memory_use::off || (shm && std::string(shm) == "off");
-        const bool claims = layout.producers() > 0 && !layout.per_host() && (off || real_hosts().hosts() > 1);
+        const bool off = use == fc::shared_memory_use::off || shared_memory_off_by_environment();
+        // Without a board, round-robin producers take claims by message; without producers it
+        // is all_shared, and with per-host producers one_to_many.
+        const bool by_message = layout.producers() > 0 && !layout.per_host();
+        const bool claims = by_message && (off || real_hosts().hosts() > 1);
         fc::feed_options options;
         options.steps = claims && slow_producers ? 47 : 23;
         options.shard_capacity = 40;
@@ -792,9 +801,6 @@ BOOST_AUTO_TEST_CASE(adaptive_makes_every_shard_once_whoever_makes_it) {
         const auto o = run_adaptive(layout, options, std::chrono::microseconds(slow_producers ? per_shard : 0),
                                     std::chrono::microseconds(slow_producers ? 0 : 2000));
         bool ok = o.exact;
-        // Without a board, round-robin producers take claims by message; without producers it
-        // is all_shared, and with per-host producers one_to_many.
-        const bool by_message = layout.producers() > 0 && !layout.per_host();
         if (use == fc::shared_memory_use::off) ok = ok && o.balancing == by_message;
         // One machine is one host to MPI: every step's readers share a board.
         const bool one_host = real_hosts().hosts() == 1;
@@ -835,8 +841,7 @@ BOOST_AUTO_TEST_CASE(adaptive_without_producers_makes_each_step_on_its_home_host
       const pretend_hosts pretend(blocks);
       const fc::host_map hosts = fc::mpi::hosts(world());
       // Every pretend host on one real host, and shared memory not turned off (the shm-off runs).
-      const char* shm = std::getenv("FLEXCOMM_SHM");
-      bool nests = !(shm && std::string(shm) == "off");
+      bool nests = !shared_memory_off_by_environment();
       for (int r = 0; r < world().size(); ++r)
         nests = nests && real_hosts().host_of(r) == real_hosts().host_of(hosts.leader_of(hosts.host_of(r)));
       fc::feed_options options;
@@ -900,10 +905,9 @@ BOOST_AUTO_TEST_CASE(adaptive_without_producers_makes_each_step_on_its_home_host
 BOOST_AUTO_TEST_CASE(adaptive_across_hosts_a_stalled_maker_is_named_by_the_host_that_waits) {
   const int n = world().size();
   const auto pair = world().split(world().rank() < 2 ? 0 : fc::mpi::communicator::undefined, world().rank(), "ranks 0 and 1");
-  const char* shm = std::getenv("FLEXCOMM_SHM");
   bool ok = true;
   std::string what;
-  if (n >= 2 && !(shm && std::string(shm) == "off")) {
+  if (n >= 2 && !shared_memory_off_by_environment()) {
     const pretend_hosts pretend(n == 2 ? std::string("1+1") : fc::cat("1+1+", n - 2));
     if (world().rank() < 2) {
       fc::feed_options options;
