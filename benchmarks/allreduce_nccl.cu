@@ -90,9 +90,7 @@ int main(int argc, char** argv) {
     if (world.rank() == 0) std::puts("# no CUDA device: nothing to measure");
     return 0;
   }
-  int devices = 1;
-  fc::check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  fc::check_cuda(cudaSetDevice(world.rank() % devices), "cudaSetDevice");
+  fc::cuda::use_local_device(world);
   const int rank = world.rank(), ranks = world.size();
 
   fc::nccl::communicator comm(world, "bench");

@@ -144,12 +144,8 @@ int main(int argc, char** argv) {
     if (world.rank() == 0) std::puts("# no CUDA device: nothing to measure");
     return 0;
   }
+  fc::cuda::use_local_device(world);
   const int rank = world.rank(), ranks = world.size();
-  {
-    int devices = 1;
-    fc::check_cuda(dv::device_count(&devices), "cudaGetDeviceCount");
-    fc::check_cuda(dv::set_device(rank % devices), "cudaSetDevice");
-  }
   const std::size_t min_bytes = std::max<std::size_t>(fc::parse_bytes(min_text, "-b"), 4), max_bytes = fc::parse_bytes(max_text, "-e");
   const int to = (rank + 1) % ranks, from = (rank + ranks - 1) % ranks;
 

@@ -44,6 +44,7 @@
 #if defined(FLEXCOMM_HAVE_CUDA) || defined(FLEXCOMM_DEVICE_STANDIN)
 #include "backend/cuda/device_batch.hpp"
 #include "backend/cuda/error.hpp"
+#include "backend/cuda/local_device.hpp"
 #if defined(__CUDACC__) || defined(FLEXCOMM_DEVICE_STANDIN)
 #include "backend/nccl.hpp"
 #include "backend/staged.hpp"

@@ -25,13 +25,7 @@ struct gpu_fixture {
   gpu_fixture() {
     env = new flexcomm::environment(boost::unit_test::framework::master_test_suite().argc,
                                     boost::unit_test::framework::master_test_suite().argv);
-    MPI_Comm node = MPI_COMM_NULL;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int node_rank = 0, devices = 1;
-    MPI_Comm_rank(node, &node_rank);
-    MPI_Comm_free(&node);
-    check_cuda(device::device_count(&devices), "gpu test: cudaGetDeviceCount");
-    check_cuda(device::set_device(node_rank % devices), "gpu test: cudaSetDevice");
+    cuda::use_local_device(env->world());
   }
   ~gpu_fixture() {
     backend_world.reset();  // device communicators end before MPI does

@@ -4,8 +4,9 @@
 #   tar -xf flexcomm-gpu.tar.xz && cd flexcomm-gpu && bash run.sh      (OUT=dir: where the logs go)
 #
 # Runs the gpu suite at 1-4 ranks, the CUDA trainer's four variants (baseline/streamlined x
-# MPI/NCCL), the device benchmarks and compute-sanitizer's memcheck, each under its own time
-# limit, the whole within five minutes on one H100, and prints one line per run:
+# MPI/NCCL) and baseline against streamlined at four trainers, the device benchmarks and
+# compute-sanitizer's memcheck, each under its own time limit, the whole within five minutes on
+# one H100, and prints one line per run:
 #   PASS name (12.3 s) | FAIL name rc=N (12.3 s) | SKIP name: reason
 # then "N passed, N failed, N skipped". Exit status 0 iff nothing failed. Full logs in $OUT.
 # Needs on the node: the NVIDIA driver, CUDA 13's runtime, NCCL and cuBLAS (installed anywhere,
@@ -185,6 +186,7 @@ run() {
   step=$((step + 1))
   local log
   log=$OUT/$(printf '%02d' "$step")-$(tr -c 'A-Za-z0-9_.=,-' '_' <<< "$name" | sed 's/_*$//').log
+  last_log=$log
   local left=$((budget - ($(date +%s) - start)))
   if [ "$left" -lt 15 ]; then
     line "SKIP $name: the time budget (${budget} s) is spent"
@@ -276,6 +278,26 @@ for v in "baseline mpi 2 members=2x1" "baseline nccl 2 members=2x1" \
   gpu_run "cuda_trainer $pipeline $backend $layout" "$trainer_limit" FLEXCOMM_TIMEOUT=45 -- \
     "$mpx" -n "$n" "${wrap[@]}" "$bin/cuda_trainer" --pipeline "$pipeline" --backend "$backend" \
     --layout "$layout" "${trainer[@]}"
+done
+
+# Baseline against streamlined at four trainers, with preprocessing as costly as a real input
+# pipeline's (--preprocess-us: CPU work per sample in the loader). The baseline's trainers each
+# preprocess between their steps; the streamlined producer preprocesses each step once, ahead.
+# Each member's first rank prints its step time and the share of it spent waiting for data; those
+# lines go to the summary under the run's PASS line, whose seconds are the wall time. On a node
+# with one GPU the four trainers share it (node-local rank % 1 devices; CUDA_VISIBLE_DEVICES per
+# rank cannot spread one GPU), so the step times include four ranks time-slicing it.
+# Both on the same five ranks: the baseline's producer rank has nothing to do.
+preprocess_us=20
+for pipeline in baseline streamlined; do
+  layout="producers=1 members=4x1"
+  last_log=
+  gpu_run "cuda_trainer $pipeline nccl $layout preprocess-us=$preprocess_us" "$trainer_limit" FLEXCOMM_TIMEOUT=45 -- \
+    "$mpx" -n 5 "$bin/nccl_env.sh" "$bin/cuda_trainer" --pipeline "$pipeline" --backend nccl \
+    --layout "$layout" --preprocess-us "$preprocess_us" "${trainer[@]}"
+  if [ -n "$last_log" ] && [ -f "$last_log" ]; then
+    while read -r l; do info "  $l"; done < <(grep -E '^member [0-9]+: .* ms/step' "$last_log")
+  fi
 done
 
 # Device benchmarks, short sizes: that they run and check their results, not the numbers.

@@ -65,6 +65,17 @@ inline long parse_standin_latency(const char* text) {
   return us;
 }
 
+// FLEXCOMM_DEVICE: `local` (device_by_local_rank) or a device index, 0 .. 1023.
+inline constexpr int device_by_local_rank = -1;
+inline int parse_device(const char* text) {
+  if (std::string_view(text) == "local") return device_by_local_rank;
+  char* end = nullptr;
+  const long device = std::strtol(text, &end, 10);
+  check(end && end != text && *end == '\0' && device >= 0 && device <= 1023, "FLEXCOMM_DEVICE",
+        cat("cannot parse '", text, "': expected local or a device index, 0 .. 1023"));
+  return static_cast<int>(device);
+}
+
 namespace detail {
 // Whether this program carries the device backends (a CUDA build's translation units, or the
 // device stand-in's): the settings that only they read apply.
@@ -108,11 +119,14 @@ inline std::vector<std::string> check_settings() {
   check_setting("FLEXCOMM_LAYOUT", [](const char* t) { ensemble_layout::parse(t); });
   check_setting("FLEXCOMM_STAGE_CHUNK", [](const char* t) { parse_stage_chunk(t); });
   check_setting("FLEXCOMM_STANDIN_LATENCY", [](const char* t) { parse_standin_latency(t); });
+  check_setting("FLEXCOMM_DEVICE", [](const char* t) { parse_device(t); });
   std::vector<std::string> idle;
   if (!detail::device_backends_built && setting("FLEXCOMM_STAGE_CHUNK"))
     idle.emplace_back("FLEXCOMM_STAGE_CHUNK does not apply: this program has no device backend (staged)");
   if (!detail::device_standin_built && setting("FLEXCOMM_STANDIN_LATENCY"))
     idle.emplace_back("FLEXCOMM_STANDIN_LATENCY does not apply: this program does not run on the device stand-in");
+  if (!detail::device_backends_built && setting("FLEXCOMM_DEVICE"))
+    idle.emplace_back("FLEXCOMM_DEVICE does not apply: this program has no device backend");
   return idle;
 }
 
