@@ -281,6 +281,8 @@ BAD_SETTINGS = {
     'bad-layout': ('FLEXCOMM_LAYOUT', 'members=', "FLEXCOMM_LAYOUT: cannot parse 'members=': member size is empty"),
     'bad-stage-chunk': ('FLEXCOMM_STAGE_CHUNK', '0',
                         "FLEXCOMM_STAGE_CHUNK: cannot parse '0': expected a chunk size in bytes, 16 .. 2\\^34"),
+    'bad-pinned-bytes': ('FLEXCOMM_PINNED_BYTES', '1K',
+                         "FLEXCOMM_PINNED_BYTES: '1K' holds less than one chunk (FLEXCOMM_STAGE_CHUNK: 1048576 bytes)"),
     'bad-standin-latency': ('FLEXCOMM_STANDIN_LATENCY', '-5',
                             "FLEXCOMM_STANDIN_LATENCY: cannot parse '-5': expected microseconds, 0 .. 1000000"),
 }

@@ -55,6 +55,17 @@ inline std::size_t parse_stage_chunk(const char* text) {
         cat("cannot parse '", text, "': expected a chunk size in bytes, 16 .. 2^34"));
   return static_cast<std::size_t>(bytes);
 }
+inline constexpr std::size_t default_stage_chunk = std::size_t{1} << 20;  // unset: 1 MiB
+
+// FLEXCOMM_PINNED_BYTES: the staged backend's pinned blocks, in bytes (as parse_bytes reads them),
+// at least one chunk of `chunk_bytes`; unset, default_pinned_chunks chunks (64 MiB at 1 MiB).
+inline constexpr std::size_t default_pinned_chunks = 64;
+inline std::size_t parse_pinned_bytes(const char* text, std::size_t chunk_bytes) {
+  const std::size_t bytes = parse_bytes(text, "FLEXCOMM_PINNED_BYTES");
+  check(bytes >= chunk_bytes, "FLEXCOMM_PINNED_BYTES",
+        cat("'", text, "' holds less than one chunk (FLEXCOMM_STAGE_CHUNK: ", chunk_bytes, " bytes)"));
+  return bytes;
+}
 
 // FLEXCOMM_STANDIN_LATENCY: microseconds, 0 .. 1000000.
 inline long parse_standin_latency(const char* text) {
@@ -118,11 +129,17 @@ inline std::vector<std::string> check_settings() {
   check_setting("FLEXCOMM_HOSTS", [](const char* t) { host_map::parse(t); });
   check_setting("FLEXCOMM_LAYOUT", [](const char* t) { ensemble_layout::parse(t); });
   check_setting("FLEXCOMM_STAGE_CHUNK", [](const char* t) { parse_stage_chunk(t); });
+  check_setting("FLEXCOMM_PINNED_BYTES", [](const char* t) {
+    const char* chunk = setting("FLEXCOMM_STAGE_CHUNK");
+    parse_pinned_bytes(t, chunk ? parse_stage_chunk(chunk) : default_stage_chunk);
+  });
   check_setting("FLEXCOMM_STANDIN_LATENCY", [](const char* t) { parse_standin_latency(t); });
   check_setting("FLEXCOMM_DEVICE", [](const char* t) { parse_device(t); });
   std::vector<std::string> idle;
   if (!detail::device_backends_built && setting("FLEXCOMM_STAGE_CHUNK"))
     idle.emplace_back("FLEXCOMM_STAGE_CHUNK does not apply: this program has no device backend (staged)");
+  if (!detail::device_backends_built && setting("FLEXCOMM_PINNED_BYTES"))
+    idle.emplace_back("FLEXCOMM_PINNED_BYTES does not apply: this program has no device backend (staged)");
   if (!detail::device_standin_built && setting("FLEXCOMM_STANDIN_LATENCY"))
     idle.emplace_back("FLEXCOMM_STANDIN_LATENCY does not apply: this program does not run on the device stand-in");
   if (!detail::device_backends_built && setting("FLEXCOMM_DEVICE"))

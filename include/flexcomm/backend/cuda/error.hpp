@@ -140,55 +140,5 @@ class event_pool {
   std::size_t keep_;
 };
 
-// Pinned host memory, recycled: cudaMallocHost costs milliseconds, a staged transfer must not.
-// Blocks are kept per power-of-two size class for the life of the process.
-class pinned_pool {
- public:
-  struct release {
-    std::size_t bytes;
-    void operator()(void* p) const noexcept { pinned_pool::instance().give_back(p, bytes); }
-  };
-  using block = std::unique_ptr<std::byte, release>;
-
-  static pinned_pool& instance() {
-    static pinned_pool* pool = new pinned_pool;  // never destroyed: blocks may outlive statics
-    return *pool;
-  }
-
-  block take(std::size_t bytes, const std::string& what) {
-    const std::size_t size = size_class(bytes);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto& free = free_[size];
-      if (!free.empty()) {
-        void* p = free.back();
-        free.pop_back();
-        return block(static_cast<std::byte*>(p), release{size});
-      }
-    }
-    void* p = nullptr;
-    check_cuda(device::malloc_pinned(&p, size), what, ": cudaMallocHost(", size, " bytes)");
-    return block(static_cast<std::byte*>(p), release{size});
-  }
-
- private:
-  static std::size_t size_class(std::size_t bytes) {
-    std::size_t size = 4096;
-    while (size < bytes) size <<= 1;
-    return size;
-  }
-  void give_back(void* p, std::size_t size) noexcept {
-    std::lock_guard<std::mutex> lock(mutex_);
-    try {
-      free_[size].push_back(p);
-    } catch (...) {
-      device::free_pinned(p);
-    }
-  }
-
-  std::mutex mutex_;
-  std::map<std::size_t, std::vector<void*>> free_;
-};
-
 }  // namespace cuda
 }  // namespace flexcomm

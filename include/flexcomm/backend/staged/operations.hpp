@@ -23,6 +23,7 @@
 #include "../cuda/device_buffer.hpp"
 #include "../cuda/error.hpp"
 #include "../cuda/local_work.hpp"
+#include "../cuda/pinned_pool.hpp"
 #include "../mpi.hpp"
 #include "../operations.hpp"
 #include "communicator.hpp"
@@ -51,9 +52,9 @@ class staged_builder : public unchecked_calls {
   const std::string& what() const { return op_->what; }
   device::stream_t stream() const { return stream_; }
 
-  // Elements per chunk: the whole buffer when direct, else FLEXCOMM_STAGE_CHUNK's worth.
+  // Elements per chunk: FLEXCOMM_STAGE_CHUNK's worth when split, else the whole buffer.
   void chunks(std::size_t n, bool split) {
-    const std::size_t per = split ? std::max<std::size_t>(1, lane_.chunk_bytes / sizeof(T)) : (n ? n : 1);
+    const std::size_t per = split ? lane_.chunk_elements<T>() : (n ? n : 1);
     const std::size_t pieces = n == 0 ? 1 : (n + per - 1) / per;
     op_->chunks.resize(pieces);
     for (std::size_t i = 0; i < pieces; ++i) {
@@ -62,9 +63,19 @@ class staged_builder : public unchecked_calls {
     }
   }
 
+  // Split operations on the host: each chunk moves through a block of the pinned pool (the lane
+  // takes them in call order as they come back), `from`'s slice copied there first (null: nothing
+  // to copy, the chunk receives).
+  void through_blocks(const T* from) {
+    op_->through_blocks = true;
+    op_->from = reinterpret_cast<const std::byte*>(from);
+    op_->element_bytes = sizeof(T);
+  }
+
+  // A host copy of a whole buffer, for an operation that moves as one piece.
   T* host(std::size_t n) {
-    op_->blocks.push_back(cuda::pinned_pool::instance().take(std::max<std::size_t>(n, 1) * sizeof(T), op_->what));
-    return reinterpret_cast<T*>(op_->blocks.back().get());
+    op_->pieces.push_back(cuda::pinned_pool::instance().take_piece(std::max<std::size_t>(n, 1) * sizeof(T), op_->what));
+    return reinterpret_cast<T*>(op_->pieces.back().get());
   }
 
   // Each chunk's slice of `device` is copied to `host` on the caller's stream, marked by an event.
@@ -107,8 +118,7 @@ class staged_builder : public unchecked_calls {
     auto shared = comm_.shared_lane();
     {
       std::lock_guard<std::mutex> lock(lane_.mutex);
-      lane_.starting.push_back(op_);
-      lane_.drive_locked();  // chunks already staged go on the wire now
+      lane_.post_locked(op_, stream_);  // chunks go as far as they can now
     }
     return staged_request<Direct>(shared, op_);
   }
@@ -133,7 +143,24 @@ class staged_builder : public unchecked_calls {
   device::stream_t stream_ = nullptr;
 };
 
-// Copies a chunk's result back: `from` (host or, direct, unused) to the device.
+// Where a chunk's elements are on the wire: its pinned block when staged, `device` when direct.
+template <bool Staged, class T>
+T* on_wire(const staged_chunk& c, T* device) {
+  if constexpr (Staged)
+    return c.host<T>();
+  else
+    return device + c.offset;
+}
+
+// Copies a chunk's result from its block back to the device; true when queued.
+template <class T>
+bool bring_back(const staged_chunk& c, T* device, device::stream_t back) {
+  if (c.count == 0) return false;
+  cuda::copy(device + c.offset, c.host<T>(), c.count * sizeof(T), back);
+  return true;
+}
+
+// A whole-buffer operation's result from its host copy to the device; true when queued.
 template <class T>
 bool bring_back(const T* from, T* to, const staged_chunk& c, device::stream_t back) {
   if (c.count == 0) return false;
@@ -156,20 +183,21 @@ constexpr bool direct_reduction = Direct && !is_f16_like<T>;
 // After a reduced chunk arrived: direct, MPI summed on the device and a kernel averages;
 // staged, MPI averaged on the host and the chunk is copied back. True when work was queued.
 template <bool Direct, class T>
-bool finish_reduced(const T* wire, T* device, op o, int ranks, const staged_chunk& c, device::stream_t back) {
+bool finish_reduced(T* device, op o, int ranks, const staged_chunk& c, device::stream_t back) {
   if constexpr (direct_reduction<Direct, T>) {
     if (o != op::avg || c.count == 0) return false;
     cuda::divide(device + c.offset, c.count, ranks, back);
     return true;
   } else {
-    return bring_back(wire, device, c, back);
+    return bring_back(c, device, back);
   }
 }
 }  // namespace detail
 
 // Direct = false: staged through pinned host buffers. A transfer is cut into chunks of
-// FLEXCOMM_STAGE_CHUNK bytes (default 1 MiB; the same on every rank): the device-to-host copy of
-// chunk i+1 runs while chunk i is on the wire, and chunk i comes back while i+1 travels.
+// FLEXCOMM_STAGE_CHUNK bytes (default 1 MiB; the same on every rank), each through a block of the
+// pinned pool (cuda/pinned_pool.hpp, FLEXCOMM_PINNED_BYTES): the device-to-host copy of chunk i+1
+// runs while chunk i is on the wire, and chunk i comes back while i+1 travels.
 // Direct = true: device pointers go to MPI as they are (reductions of 16-bit floats, which MPI
 // does with flexcomm's host operators, still go through host memory).
 // Device memory, local work on the stream and the host map of its MPI twin: cuda::device_backend.
@@ -239,19 +267,16 @@ struct basic_staged : cuda::device_backend<mpi>,
     const bool at_root = comm.rank() == root;
     b.chunks(buf.size(), !Direct);
     T* device = buf.data();
-    T* wire = device;
-    if constexpr (!Direct) {
-      wire = b.host(buf.size());
-      if (at_root) b.stage(wire, device);
-    } else {
+    if constexpr (!Direct)
+      b.through_blocks(at_root ? device : nullptr);
+    else
       b.mark_all();
-    }
     return b.launch(
-        [t = &comm.transport(), wire, root](detail::staged_chunk& c) {
-          return mpi::ibcast(*t, span<T>(wire + c.offset, c.count), root);
+        [t = &comm.transport(), device, root](detail::staged_chunk& c) {
+          return mpi::ibcast(*t, span<T>(detail::on_wire<!Direct>(c, device), c.count), root);
         },
-        [wire, device, at_root](detail::staged_chunk& c, device::stream_t back) {
-          return !Direct && !at_root && detail::bring_back(wire, device, c, back);
+        [device, at_root](detail::staged_chunk& c, device::stream_t back) {
+          return !Direct && !at_root && detail::bring_back(c, device, back);
         });
   }
 
@@ -262,24 +287,21 @@ struct basic_staged : cuda::device_backend<mpi>,
     b.chunks(recv.size(), !direct);
     const T* from = send.data();
     T* device = recv.data();
-    T* wire = device;
-    if constexpr (!direct) {
-      wire = b.host(recv.size());
-      b.stage(wire, from);
-      from = wire;
-    } else {
+    if constexpr (!direct)
+      b.through_blocks(from);
+    else
       b.mark_all();
-    }
     const int ranks = comm.size();
-    // Direct: MPI sums on the device, a kernel averages; staged: MPI averages on the host.
+    // Direct: MPI sums on the device, a kernel averages; staged: MPI averages on the host, in place.
     const op on_wire = direct && o == op::avg ? op::sum : o;
     return b.launch(
-        [t = &comm.transport(), from, wire, on_wire](detail::staged_chunk& c) {
-          return mpi::iallreduce<T>(*t, span<const T>(from + c.offset, c.count), span<T>(wire + c.offset, c.count),
-                                    on_wire);
+        [t = &comm.transport(), from, device, on_wire](detail::staged_chunk& c) {
+          T* wire = detail::on_wire<!direct>(c, device);
+          const T* source = direct ? from + c.offset : wire;
+          return mpi::iallreduce<T>(*t, span<const T>(source, c.count), span<T>(wire, c.count), on_wire);
         },
-        [wire, device, o, ranks](detail::staged_chunk& c, device::stream_t back) {
-          return detail::finish_reduced<Direct, T>(wire, device, o, ranks, c, back);
+        [device, o, ranks](detail::staged_chunk& c, device::stream_t back) {
+          return detail::finish_reduced<Direct, T>(device, o, ranks, c, back);
         });
   }
 
@@ -292,24 +314,21 @@ struct basic_staged : cuda::device_backend<mpi>,
     b.chunks(send.size(), !direct);
     const T* from = send.data();
     T* device = recv.data();
-    T* wire = at_root ? device : nullptr;
-    if constexpr (!direct) {
-      T* h = b.host(send.size());
-      b.stage(h, from);
-      from = h;
-      wire = h;  // in place at the root
-    } else {
+    if constexpr (!direct)
+      b.through_blocks(from);
+    else
       b.mark_all();
-    }
     const int ranks = comm.size();
     const op on_wire = direct && o == op::avg ? op::sum : o;
     return b.launch(
-        [t = &comm.transport(), from, wire, on_wire, root, at_root](detail::staged_chunk& c) {
-          return mpi::ireduce<T>(*t, span<const T>(from + c.offset, c.count),
-                                 at_root ? span<T>(wire + c.offset, c.count) : span<T>(), on_wire, root);
+        [t = &comm.transport(), from, device, on_wire, root, at_root](detail::staged_chunk& c) {
+          T* wire = detail::on_wire<!direct>(c, device);  // staged: sent from, and in place at the root
+          const T* source = direct ? from + c.offset : wire;
+          return mpi::ireduce<T>(*t, span<const T>(source, c.count), at_root ? span<T>(wire, c.count) : span<T>(),
+                                 on_wire, root);
         },
-        [wire, device, o, ranks, at_root](detail::staged_chunk& c, device::stream_t back) {
-          return at_root && detail::finish_reduced<Direct, T>(wire, device, o, ranks, c, back);
+        [device, o, ranks, at_root](detail::staged_chunk& c, device::stream_t back) {
+          return at_root && detail::finish_reduced<Direct, T>(device, o, ranks, c, back);
         });
   }
 

@@ -43,9 +43,9 @@ class staged_request : public basic_request<staged_request<Direct>> {
     std::lock_guard<std::mutex> lock(lane_->mutex);
     try {
       cuda::device_guard guard(lane_->device, op_->what);
-      lane_->drive_locked();
+      lane_->drive_locked(*op_);
       if (op_->error) std::rethrow_exception(op_->error);
-      if (!lane_->progress_locked(*op_)) return false;
+      if (!op_->done()) return false;
     } catch (...) {
       failed_ = true;
       throw;
