@@ -58,6 +58,16 @@ report() {  # report NAME STATUS: one line, with the seconds since the last one
   if [ "$2" -eq 0 ]; then echo "consumer $1: ok $took"; else echo "consumer $1: FAILED $took"; failed=1; fi
 }
 
+# What is installed is the library: no test double (the device stand-in lives in tests/standin)
+# and nothing a consumer's include path could pick up by mistake.
+installed_tests=$(cd "$prefix" && find . -path '*standin*' -o -path '*/tests/*' -o -name '*fixture*')
+if [ -n "$installed_tests" ]; then
+  echo "--- installed: test files under $prefix:"; echo "$installed_tests"
+  report installed-headers 1
+else
+  report installed-headers 0
+fi
+
 # CMake: find_package(flexcomm) through CMAKE_PREFIX_PATH.
 (step cmake cmake -S "$root/tests/consumers/cmake" -B "$work/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
       -DMPI_CXX_COMPILER="$(command -v "$mpicxx")" &&

@@ -29,14 +29,32 @@ struct gpu_fixture {
   }
   ~gpu_fixture() {
     backend_world.reset();  // device communicators end before MPI does
+    const std::string affinity = device_affinity_problem();
+    if (!affinity.empty()) std::fprintf(stderr, "gpu test: world rank %d: %s\n", env->world().rank(), affinity.c_str());
     const auto& results = boost::unit_test::results_collector.results(
         boost::unit_test::framework::master_test_suite().p_id);
     // A case that left MPI operations that cannot finish ends the job at shutdown (MPI_Abort),
     // before Boost.Test would print its summary: print it now, so one failing case never hides
     // what the others did; should shutdown end the process, it leaves with Boost.Test's status.
     if (watchdog::instance().job_must_end()) boost::unit_test::results_reporter::make_report();
-    env->set_exit_status(results.passed() ? 0 : 201);
+    env->set_exit_status(results.passed() && affinity.empty() ? 0 : 201);
     delete env;
+  }
+  // A rank works on its own device only, from every thread: no context on another device, and
+  // no kernel that reached another device's memory (a sticky error). "" when so.
+  static std::string device_affinity_problem() {
+    int mine = 0, devices = 0;
+    device::get_device(&mine);
+    device::device_count(&devices);
+    std::string problem;
+    if (const auto sticky = device::last_error(); sticky != device::success)
+      problem = cat("a device call failed: ", device::error_name(sticky), " (", device::error_string(sticky), "); ");
+    for (int d = 0; d < devices; ++d) {
+      bool open = false;
+      device::has_context(d, &open);
+      if (open && d != mine) problem += cat("opened a context on device ", d, " besides its own device ", mine, "; ");
+    }
+    return problem;
   }
   static inline flexcomm::environment* env = nullptr;
   static inline std::shared_ptr<void> backend_world;

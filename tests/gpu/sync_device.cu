@@ -5,6 +5,8 @@
 #include "gpu_fixture.hpp"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -78,6 +80,13 @@ bool averages_in_place(const Comm& member, fc::sync_options options, int steps, 
   return ok;
 }
 
+// Hosts of two ranks each (the last of one, for an odd count): "2+2", "2+2+1", ...
+std::string cat_blocks(int ranks) {
+  std::string out;
+  for (int left = ranks; left > 0; left -= 2) out += (out.empty() ? "" : "+") + std::to_string(left >= 2 ? 2 : 1);
+  return out;
+}
+
 fc::sync_options fused(bool when_full) {
   fc::sync_options o;
   o.bucket_bytes = 8192;  // the three small gradients share buckets
@@ -109,6 +118,26 @@ BOOST_AUTO_TEST_CASE(subgroup_allreduce_on_staged) {
 BOOST_AUTO_TEST_CASE(overlapped_ring_on_staged) {
   fc::staged::communicator member(world(), "member");
   BOOST_TEST(fc::testing::all_ranks(averages_in_place<fc::overlapped_ring<fc::staged>>(member, fused(true), 3)));
+}
+
+// A member across hosts averages in tiers (reduce within each host, allreduce across the host
+// leaders, broadcast within each host) on device backends too, on the progress engine's thread;
+// pretend hosts of one and two ranks. On the stand-in each rank has a device of its own.
+BOOST_AUTO_TEST_CASE(the_hierarchical_route_on_device_backends) {
+  const int n = world().size();
+  const std::string hosts = n == 1 ? "1" : n == 2 ? "1+1" : n == 3 ? "2+1" : cat_blocks(n);
+  setenv("FLEXCOMM_HOSTS", hosts.c_str(), 1);
+  auto options = fused(true);
+  options.hierarchical = fc::hierarchy::on;
+  fc::staged::communicator staged_member(world(), "member");
+  const bool ring = averages_in_place<fc::overlapped_ring<fc::staged>>(staged_member, options, 3);
+  const bool staged = averages_in_place<fc::subgroup_allreduce<fc::staged>>(staged_member, options, 3);
+  fc::nccl::communicator nccl_member(world(), "member");
+  const bool nccl = averages_in_place<fc::subgroup_allreduce<fc::nccl>>(nccl_member, options, 3);
+  unsetenv("FLEXCOMM_HOSTS");
+  BOOST_TEST(fc::testing::all_ranks(ring));
+  BOOST_TEST(fc::testing::all_ranks(staged));
+  BOOST_TEST(fc::testing::all_ranks(nccl));
 }
 
 // Trainer code that keeps its gradients in gradient_memory() (on one host's shared memory, reduced
@@ -149,10 +178,16 @@ bool preset_runs_on_host_feed_and_device_sync(const fc::ensemble_layout& layout)
         fc::check_cuda(fc::device::malloc_device(&raw, n * sizeof(float)), "test: cudaMalloc");
         auto* g = static_cast<float*>(raw);
         float last = 0;
-        while (auto batch = ctx.feed().next()) {
-          for (int i = 0; i < batch->shards(); ++i)
-            for (auto b : batch->shard(i))
-              ok = ok && b == std::byte{static_cast<unsigned char>(batch->step() * 16 + batch->first_shard() + i)};
+        // Batches into device memory, as a GPU trainer takes them: this rank's shards of the
+        // step, 64 bytes each, shard k's bytes all step * 16 + k, in consecutive shards.
+        fc::cuda::device_feed<std::remove_reference_t<decltype(ctx.feed())>> device_batches(ctx.feed(), 16 * 64);
+        while (auto batch = device_batches.next()) {
+          std::vector<unsigned char> bytes(batch->bytes().size());
+          fc::check_cuda(fc::device::copy_sync(bytes.data(), batch->bytes().data(), bytes.size()), "test: download batch");
+          ok = ok && !bytes.empty() && bytes.size() % 64 == 0 && bytes[0] >= batch->step() * 16 &&
+               bytes[0] < batch->step() * 16 + 16;
+          for (std::size_t j = 0; j < bytes.size() && ok; ++j)
+            ok = bytes[j] == static_cast<unsigned char>(bytes[0] + j / 64);
           // The member's ranks hand over rank_in_member + step: the average is known.
           const std::vector<float> host(n, static_cast<float>(ctx.rank_in_member() + batch->step()));
           fc::check_cuda(fc::device::copy_sync(g, host.data(), n * sizeof(float)), "test: upload");

@@ -1,4 +1,4 @@
-// The device layer's host stand-in (include/flexcomm/backend/device/standin.hpp) is asynchronous
+// The device layer's host stand-in (tests/standin/flexcomm_standin/device.hpp) is asynchronous
 // the way a GPU is, so that the device backends' ordering bugs show on a CPU: work runs when its
 // stream gets there, events complete when reached, streams not ordered against each other run in
 // any order, the legacy default stream orders blocking streams only, and cudaMemcpy from pageable
@@ -13,6 +13,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace fc = flexcomm;
@@ -20,9 +22,12 @@ namespace device = flexcomm::device;
 
 namespace {
 
-// Up to 2 ms before a queued task runs: long against the host's next step.
+// Up to 2 ms before a queued task runs: long against the host's next step. Three devices.
 struct slow_device {
-  slow_device() { setenv("FLEXCOMM_STANDIN_LATENCY", "2000", 1); }
+  slow_device() {
+    setenv("FLEXCOMM_STANDIN_LATENCY", "2000", 1);
+    setenv("FLEXCOMM_STANDIN_DEVICES", "3", 1);
+  }
 };
 
 void* device_bytes(std::size_t n) {
@@ -135,7 +140,71 @@ BOOST_AUTO_TEST_CASE(every_call_is_counted) {
   device::get_device(&d);
   device::set_device(0);
   BOOST_TEST(device::calls() - before == 2u);
-  BOOST_TEST(device::set_device(1) == device::invalid_device);
+  BOOST_TEST(device::set_device(3) == device::invalid_device);
+  BOOST_TEST(device::set_device(-1) == device::invalid_device);
+}
+
+bool context_open(int d) {
+  bool open = false;
+  fc::check_cuda(device::has_context(d, &open), "test: context");
+  return open;
+}
+
+// CUDA's rules for several devices (Programming Guide, "Multi-Device System"): a thread's device
+// is 0 until it sets one, and is its own; asking which device opens nothing, setting one or
+// allocating on it opens its primary context.
+BOOST_AUTO_TEST_CASE(each_thread_has_its_own_device_and_a_new_one_starts_on_device_0) {
+  int count = 0;
+  device::device_count(&count);
+  BOOST_TEST(count == 3);
+  BOOST_TEST(!context_open(2));
+  fc::check_cuda(device::set_device(1), "test: set");
+  int seen = -1;
+  std::thread([&] {
+    device::get_device(&seen);
+    fc::check_cuda(device::set_device(2), "test: set on a thread");
+  }).join();
+  BOOST_TEST(seen == 0);
+  int here = -1;
+  device::get_device(&here);
+  BOOST_TEST(here == 1);
+  BOOST_TEST(context_open(1));
+  BOOST_TEST(context_open(2));
+  fc::check_cuda(device::set_device(0), "test: set");
+}
+
+// Memory, streams and events belong to the device current when they were made. A kernel goes only
+// into a stream of the current device, an event is recorded only on a stream of its own device;
+// copies, queries and waits cross devices.
+BOOST_AUTO_TEST_CASE(memory_streams_and_events_belong_to_the_device_current_when_made) {
+  fc::check_cuda(device::set_device(1), "test: set");
+  device::stream_t s1 = nullptr;
+  device::event_t e1 = nullptr;
+  fc::check_cuda(device::stream_create(&s1, true), "test: stream");
+  fc::check_cuda(device::event_create(&e1), "test: event");
+  auto* x1 = static_cast<float*>(device_bytes(16));
+  fc::check_cuda(device::set_device(2), "test: set");
+  device::stream_t s2 = nullptr;
+  fc::check_cuda(device::stream_create(&s2, true), "test: stream");
+  auto* x2 = static_cast<float*>(device_bytes(16));
+  BOOST_TEST(device::combine(fc::op::sum, x1, x1, 4, s1) == device::invalid_handle);
+  BOOST_TEST(device::event_record(e1, s2) == device::invalid_handle);
+  const std::vector<float> a{1, 2, 3, 4};
+  BOOST_TEST(device::copy_async(x1, a.data(), 16, s1) == device::success);
+  BOOST_TEST(device::event_record(e1, s1) == device::success);  // both device 1's, whichever is current
+  BOOST_TEST(device::stream_wait(s2, e1) == device::success);
+  BOOST_TEST(device::copy_async(x2, x1, 16, s2) == device::success);  // a copy between devices
+  BOOST_TEST(device::event_synchronize(e1) == device::success);
+  fc::check_cuda(device::stream_synchronize(s2), "test: sync");
+  std::vector<float> got(4);
+  fc::check_cuda(device::copy_sync(got.data(), x2, 16), "test: down");
+  BOOST_TEST(got == a, boost::test_tools::per_element());
+  device::free_device(x1);
+  device::free_device(x2);
+  device::event_destroy(e1);
+  device::stream_destroy(s1);
+  device::stream_destroy(s2);
+  fc::check_cuda(device::set_device(0), "test: set");
 }
 
 #if !defined(__SANITIZE_THREAD__)
@@ -197,3 +266,18 @@ BOOST_AUTO_TEST_CASE(the_legacy_stream_orders_blocking_streams_only) {
   device::stream_destroy(non_blocking);
 }
 #endif
+
+// Last: it poisons this process's context. A kernel that reaches another device's memory (no peer
+// access) faults when it runs; from then on every call fails, as after a GPU's illegal address.
+BOOST_AUTO_TEST_CASE(a_kernel_that_reaches_another_devices_memory_poisons_the_context) {
+  fc::check_cuda(device::set_device(1), "test: set");
+  auto* x1 = static_cast<float*>(device_bytes(16));
+  fc::check_cuda(device::set_device(0), "test: set");
+  auto* x0 = static_cast<float*>(device_bytes(16));
+  BOOST_TEST(device::combine(fc::op::sum, x0, x1, 4, nullptr) == device::success);  // launched; faults later
+  BOOST_TEST(device::device_synchronize() == device::illegal_address);
+  BOOST_TEST(device::last_error() == device::illegal_address);
+  void* more = nullptr;
+  BOOST_TEST(device::malloc_device(&more, 16) == device::illegal_address);
+  BOOST_TEST(std::string(device::error_name(device::illegal_address)) == "cudaErrorIllegalAddress");
+}

@@ -87,6 +87,15 @@ inline int parse_device(const char* text) {
   return static_cast<int>(device);
 }
 
+// FLEXCOMM_STANDIN_DEVICES: 1 .. 16.
+inline int parse_standin_devices(const char* text) {
+  char* end = nullptr;
+  const long devices = std::strtol(text, &end, 10);
+  check(end && end != text && *end == '\0' && devices >= 1 && devices <= 16, "FLEXCOMM_STANDIN_DEVICES",
+        cat("cannot parse '", text, "': expected a device count, 1 .. 16"));
+  return static_cast<int>(devices);
+}
+
 namespace detail {
 // Whether this program carries the device backends (a CUDA build's translation units, or the
 // device stand-in's): the settings that only they read apply.
@@ -134,6 +143,7 @@ inline std::vector<std::string> check_settings() {
     parse_pinned_bytes(t, chunk ? parse_stage_chunk(chunk) : default_stage_chunk);
   });
   check_setting("FLEXCOMM_STANDIN_LATENCY", [](const char* t) { parse_standin_latency(t); });
+  check_setting("FLEXCOMM_STANDIN_DEVICES", [](const char* t) { parse_standin_devices(t); });
   check_setting("FLEXCOMM_DEVICE", [](const char* t) { parse_device(t); });
   std::vector<std::string> idle;
   if (!detail::device_backends_built && setting("FLEXCOMM_STAGE_CHUNK"))
@@ -142,6 +152,8 @@ inline std::vector<std::string> check_settings() {
     idle.emplace_back("FLEXCOMM_PINNED_BYTES does not apply: this program has no device backend (staged)");
   if (!detail::device_standin_built && setting("FLEXCOMM_STANDIN_LATENCY"))
     idle.emplace_back("FLEXCOMM_STANDIN_LATENCY does not apply: this program does not run on the device stand-in");
+  if (!detail::device_standin_built && setting("FLEXCOMM_STANDIN_DEVICES"))
+    idle.emplace_back("FLEXCOMM_STANDIN_DEVICES does not apply: this program does not run on the device stand-in");
   if (!detail::device_backends_built && setting("FLEXCOMM_DEVICE"))
     idle.emplace_back("FLEXCOMM_DEVICE does not apply: this program has no device backend");
   return idle;

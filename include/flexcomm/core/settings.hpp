@@ -34,6 +34,7 @@ inline constexpr setting_doc known_settings[] = {
     {"FLEXCOMM_PINNED_BYTES", "the staged backend's pinned host memory for chunks, in bytes; at least one chunk (default 64 chunks: 64 MiB)"},
     {"FLEXCOMM_DEVICE", "the GPU of a rank, by cuda::use_local_device: local (node-local rank modulo the devices, the default) or a device index"},
     {"FLEXCOMM_STANDIN_LATENCY", "the device stand-in's (tests only) longest delay before a queued copy or kernel runs, in microseconds (default 200)"},
+    {"FLEXCOMM_STANDIN_DEVICES", "how many devices the device stand-in (tests only) has, 1 .. 16 (default 1)"},
 };
 
 // The value of setting `name` (which must be in known_settings), or nullptr when it is unset or

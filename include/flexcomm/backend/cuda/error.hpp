@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../../core/error.hpp"
+#include "../../core/progress.hpp"
 #include "../device/runtime.hpp"
 
 namespace flexcomm {
@@ -37,8 +38,10 @@ inline bool cuda_device_present() {
 
 namespace cuda {
 
-// Makes `device` current on this thread for the guard's life (the progress engine's thread has
-// no device of its own) and restores the previous one.
+// Makes `device` current on this thread for the guard's life, and then the previous one again,
+// but only where that one's context is open: a thread that never chose a device reads device 0,
+// and setting it back would open a context there (cudaSetDevice does since CUDA 12), on a GPU
+// this process does not use. PyTorch's device guards keep the same rule.
 class device_guard {
  public:
   device_guard(int device, const std::string& what) {
@@ -49,33 +52,65 @@ class device_guard {
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
   ~device_guard() {
-    if (previous_ >= 0) device::set_device(previous_);
+    bool open = false;
+    if (previous_ >= 0 && device::has_context(previous_, &open) == device::success && open)
+      device::set_device(previous_);
   }
 
  private:
   int previous_ = -1;
 };
 
+// The device current on this thread (a new thread's is device 0).
+inline int current_device(const std::string& what) {
+  int d = 0;
+  check_cuda(device::get_device(&d), what, ": cudaGetDevice");
+  return d;
+}
+
+// Puts the progress engine's thread on `device`, where a backend made on this thread runs its
+// work: the engine drives that backend's operations, kernels and copies, and a thread's device is
+// device 0 until it sets one. With one device per process (one rank per GPU) this is every
+// device call the engine makes; each operation also guards its own communicator's device.
+inline void engine_on_device(int device) {
+  progress_engine::instance().submit(
+      [device] {
+        int now = -1;
+        if (device::get_device(&now) == device::success && now != device) device::set_device(device);
+        return true;
+      },
+      cat("progress engine: work on device ", device));
+}
+
 // Move-only owner of one runtime handle (an event, a stream), destroyed with `Destroy`.
+// Destroyed on the device it was made on, whichever thread lets it go (the progress engine's,
+// often): a destroy runs on the current device's context and would open one there.
 template <class Handle, device::error_t (*Destroy)(Handle)>
 class owned_handle {
  public:
   owned_handle() = default;
-  owned_handle(owned_handle&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+  owned_handle(owned_handle&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), device_(o.device_) {}
   owned_handle& operator=(owned_handle&& o) noexcept {
     std::swap(handle_, o.handle_);
+    std::swap(device_, o.device_);
     return *this;
   }
   owned_handle(const owned_handle&) = delete;
   owned_handle& operator=(const owned_handle&) = delete;
   ~owned_handle() {
-    if (handle_) Destroy(handle_);
+    if (!handle_) return;
+    try {
+      device_guard guard(device_, "destroy a CUDA handle");
+      Destroy(handle_);
+    } catch (...) {  // the device is gone: nothing left to free
+    }
   }
   Handle get() const noexcept { return handle_; }
   explicit operator bool() const noexcept { return handle_ != nullptr; }
 
  protected:
   Handle handle_ = nullptr;
+  int device_ = 0;  // current when it was made
 };
 
 // A timing-free event: the cheapest marker of "the stream got this far".
@@ -83,6 +118,7 @@ class event : public owned_handle<device::event_t, &device::event_destroy> {
  public:
   static event create(const std::string& what) {
     event e;
+    e.device_ = current_device(what);
     check_cuda(device::event_create(&e.handle_), what, ": cudaEventCreate");
     return e;
   }
@@ -106,6 +142,7 @@ class stream_handle : public owned_handle<device::stream_t, &device::stream_dest
   // non_blocking: not ordered with the legacy default stream (cudaStreamNonBlocking).
   static stream_handle create(const std::string& what, bool non_blocking = false) {
     stream_handle s;
+    s.device_ = current_device(what);
     check_cuda(device::stream_create(&s.handle_, non_blocking), what, ": cudaStreamCreate");
     return s;
   }

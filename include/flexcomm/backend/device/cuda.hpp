@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <mpi.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -26,9 +28,32 @@ inline constexpr error_t not_ready = cudaErrorNotReady;
 inline constexpr bool counts_calls = false;
 inline std::uint64_t calls() noexcept { return 0; }
 
+// The stand-in counts pinned bytes; here the pinned pool keeps its own count.
+inline std::size_t pinned_bytes() { return 0; }
+inline std::size_t pinned_peak() { return 0; }
+
 inline error_t get_device(int* device) { return cudaGetDevice(device); }
 inline error_t set_device(int device) { return cudaSetDevice(device); }
 inline error_t device_count(int* devices) { return cudaGetDeviceCount(devices); }
+// Whether this process holds `device`'s primary context, asked of the driver (the runtime has no
+// such query, and its calls would open the context they ask about); loaded at first use, as
+// PyTorch does, so that linking needs no libcuda.
+inline error_t has_context(int device, bool* active) {
+  using get_state = int (*)(int, unsigned*, int*);
+  // Not loaded yet: no context can be open, and the next call looks again.
+  static std::atomic<get_state> loaded{nullptr};
+  get_state query = loaded.load(std::memory_order_acquire);
+  if (!query) {
+    if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+      query = reinterpret_cast<get_state>(dlsym(driver, "cuDevicePrimaryCtxGetState"));
+      loaded.store(query, std::memory_order_release);
+    }
+  }
+  unsigned flags = 0;
+  int on = 0;
+  *active = query && query(device, &flags, &on) == 0 && on != 0;  // CUdevice is the ordinal
+  return cudaSuccess;
+}
 inline error_t last_error() { return cudaGetLastError(); }
 inline const char* error_name(error_t e) { return cudaGetErrorName(e); }
 inline const char* error_string(error_t e) { return cudaGetErrorString(e); }

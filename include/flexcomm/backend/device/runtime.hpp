@@ -3,7 +3,8 @@
 // backends' logic (chunking, staging, events, deferred groups, aborts) is the same code on a GPU
 // and on a machine without one. Two implementations, chosen here and nowhere else:
 //   device/cuda.hpp     the CUDA runtime and NCCL (the default; needs nvcc for the kernels);
-//   device/standin.hpp  a host stand-in for tests (build with FLEXCOMM_DEVICE_STANDIN): memory in
+//   a host stand-in for tests (build with FLEXCOMM_DEVICE_STANDIN and tests/standin on the include
+//                       path; never installed, tests/standin/flexcomm_standin/device.hpp): memory in
 //                       host RAM, streams as ordered queues run by worker threads, events that
 //                       complete when their queue reaches them, kernels run on the host, and
 //                       NCCL's calls over MPI. Asynchronous the way a GPU is, so a result read
@@ -12,8 +13,9 @@
 // The interface, in both:
 //   types      stream_t, event_t, error_t (success, not_ready), nccl_comm_t, nccl_id_t,
 //              nccl_result_t (nccl_success, nccl_in_progress)
-//   device     get_device, set_device, device_count, last_error, error_name, error_string,
-//              pci_bus_id, device_synchronize
+//   device     get_device, set_device, device_count, has_context (the device's primary context is
+//              open in this process), last_error, error_name, error_string, pci_bus_id,
+//              device_synchronize
 //   memory     malloc_device, free_device, malloc_pinned, free_pinned, is_device_memory,
 //              copy_async (any direction, on a stream), copy_sync (cudaMemcpy), fill (cudaMemset)
 //   streams    stream_create(non_blocking), stream_destroy, stream_synchronize, stream_wait
@@ -26,12 +28,13 @@
 //              nccl_allgather, nccl_reduce_scatter, nccl_send, nccl_recv (element types as
 //              flexcomm dtypes, reductions as flexcomm ops with avg = ncclAvg),
 //              nccl_error_string, nccl_last_error
-//   counting   calls(): how many of these calls this process made (the stand-in counts; the
-//              CUDA build returns 0), for tests of the per-operation cost
+//   counting   calls(): how many of these calls this process made, pinned_bytes() and
+//              pinned_peak(): the pinned host memory held now and at most (the stand-in counts;
+//              the CUDA build returns 0), for tests of the per-operation cost and of bounds
 #pragma once
 
 #if defined(FLEXCOMM_DEVICE_STANDIN)
-#include "standin.hpp"
+#include <flexcomm_standin/device.hpp>  // tests/standin: a test double, not part of the library
 #else
 #include "cuda.hpp"
 #endif

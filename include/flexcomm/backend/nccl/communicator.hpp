@@ -59,6 +59,7 @@ class nccl_communicator {
     auto state = std::make_shared<detail::nccl_state>();
     state->name = name;
     check_cuda(device::get_device(&state->device), what, ": cudaGetDevice");
+    cuda::engine_on_device(state->device);
     device::nccl_comm_t handle = nullptr;
     check_nccl(device::nccl_comm_init(&handle, comm.size(), id, comm.rank(), comm.native()), what);
     adopt(*state, handle, what);

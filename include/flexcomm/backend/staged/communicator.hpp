@@ -93,6 +93,7 @@ class staged_communicator {
             "this MPI library is not CUDA-aware (MPIX_GPU_query_support says no); use flexcomm::staged");
     auto lane = std::make_shared<detail::staged_lane>();
     check_cuda(device::get_device(&lane->device), what, ": cudaGetDevice");
+    cuda::engine_on_device(lane->device);
     lane->own = cuda::stream_handle::create(what);
     lane->back = cuda::stream_handle::create(what, true);
     lane->chunk_bytes = detail::stage_chunk_bytes();

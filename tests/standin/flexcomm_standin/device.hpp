@@ -1,5 +1,7 @@
-// flexcomm's device layer on the host, for tests (see runtime.hpp for the interface): the device
-// backends' logic runs unchanged on a machine without a GPU, in CI and under the sanitizers.
+// flexcomm's device layer on the host, for tests (see flexcomm/backend/device/runtime.hpp for the
+// interface): the device backends' logic runs unchanged on a machine without a GPU, in CI and under
+// the sanitizers. A test double, so it lives under tests/ and is never installed: programs built
+// with FLEXCOMM_DEVICE_STANDIN put tests/standin on their include path.
 //
 // Asynchronous the way a GPU is. Each stream is an ordered queue run by a worker thread of its
 // own; a queued copy or kernel runs only after a random delay (up to FLEXCOMM_STANDIN_LATENCY
@@ -12,6 +14,18 @@
 // go over MPI, each communicator a private MPI communicator whose operations are handed to MPI
 // in the order they were issued, as NCCL runs them; a group runs as one task on its first
 // stream, the group's other streams joined to it, as NCCL does.
+//
+// Several devices (FLEXCOMM_STANDIN_DEVICES, default 1), with CUDA's rules for them (the CUDA C++
+// Programming Guide, "Multi-Device System"): each host thread has a current device, device 0 until
+// it sets one; memory, streams and events belong to the device current when they were made, and
+// each device has its own legacy default stream. A kernel launched into another device's stream
+// fails (invalid resource handle), as does recording an event on another device's stream; copies,
+// event queries and stream waits across devices succeed. A kernel that touches another device's
+// memory (peer access is never enabled) faults when it runs: an illegal address, sticky, so every
+// later call fails as a poisoned context does. NCCL refuses a buffer of another device than its
+// communicator's. Every runtime call but the few that need no context (get/set device aside:
+// cudaSetDevice opens one since CUDA 12) opens the primary context of the current device, and
+// contexts() says which devices this process opened one on.
 #pragma once
 
 #include <mpi.h>
@@ -30,6 +44,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,11 +55,12 @@
 #include <utility>
 #include <vector>
 
-#include "../../core/datatype.hpp"
-#include "../../core/reduce.hpp"
-#include "../../core/setting_values.hpp"
-#include "../../core/settings.hpp"
-#include "../mpi_types.hpp"
+#include <flexcomm/core/datatype.hpp>
+#include <flexcomm/core/error.hpp>
+#include <flexcomm/core/reduce.hpp>
+#include <flexcomm/core/setting_values.hpp>
+#include <flexcomm/core/settings.hpp>
+#include <flexcomm/backend/mpi_types.hpp>
 
 namespace flexcomm::device {
 
@@ -64,6 +80,7 @@ inline constexpr error_t invalid_value{1};
 inline constexpr error_t invalid_device{101};
 inline constexpr error_t invalid_handle{400};
 inline constexpr error_t not_ready{600};
+inline constexpr error_t illegal_address{700};
 
 using nccl_comm_t = standin::nccl_state*;
 struct nccl_id_t {
@@ -71,6 +88,7 @@ struct nccl_id_t {
 };
 enum nccl_result_t : int {};
 inline constexpr nccl_result_t nccl_success{0};
+inline constexpr nccl_result_t nccl_unhandled_cuda_error{1};
 inline constexpr nccl_result_t nccl_system_error{2};
 inline constexpr nccl_result_t nccl_invalid_argument{4};
 inline constexpr nccl_result_t nccl_invalid_usage{5};
@@ -93,13 +111,15 @@ struct task {
 };
 
 struct stream_state {
-  bool blocking = true;  // ordered with the legacy default stream
+  int device = 0;
+  bool blocking = true;  // ordered with its device's legacy default stream
   std::deque<task> queue;
   std::uint64_t enqueued = 0, completed = 0;
   bool closing = false;
 };
 
 struct event_state {
+  int device = 0;
   mark at;  // empty: never recorded, reads as reached
 };
 
@@ -107,14 +127,23 @@ struct allocation {
   std::size_t bytes;
   bool pinned;
   std::size_t capacity;  // of the block behind it
+  int device;            // -1: pinned host memory, which every device reaches
 };
+
+// The calling thread's current device: 0 until it sets one, as in CUDA.
+inline int& current_device() {
+  thread_local int device = 0;
+  return device;
+}
 
 // The process's device: every field under `mutex`, every change announced on `progress`.
 struct engine {
   std::mutex mutex;
   std::condition_variable progress;
-  std::shared_ptr<stream_state> legacy;
+  std::vector<std::shared_ptr<stream_state>> legacy;               // each device's default stream
   std::map<stream_state*, std::shared_ptr<stream_state>> streams;  // live, legacy included
+  std::vector<int> contexts;                                       // per device: 1 once opened
+  std::atomic<int> sticky{0};  // a kernel faulted: the context is poisoned, every call fails
   std::map<const std::byte*, allocation> memory;
   // Released device blocks, by capacity, kept for later device allocations only: on a GPU a
   // device address never becomes a host one, and the nccl backend remembers device pointers by
@@ -124,29 +153,42 @@ struct engine {
   std::multimap<std::size_t, std::byte*> released;
   std::atomic<std::uint64_t> calls{0};
   std::chrono::microseconds latency{200};
+  std::size_t pinned_now = 0, pinned_peak = 0;  // bytes of pinned host memory
 
   static engine& instance() {
     static engine* e = [] {
       auto* made = new engine;  // never destroyed: detached workers wait on it until exit
       if (const char* text = setting("FLEXCOMM_STANDIN_LATENCY"))
         made->latency = std::chrono::microseconds(parse_standin_latency(text));
+      const int devices = setting("FLEXCOMM_STANDIN_DEVICES") ? parse_standin_devices(setting("FLEXCOMM_STANDIN_DEVICES")) : 1;
       std::lock_guard<std::mutex> lock(made->mutex);
-      made->legacy = made->start_locked(true);
+      made->contexts.assign(static_cast<std::size_t>(devices), 0);
+      for (int d = 0; d < devices; ++d) made->legacy.push_back(made->start_locked(true, d));
       return made;
     }();
     return *e;
   }
 
-  std::shared_ptr<stream_state> start_locked(bool blocking) {
+  int devices() const { return static_cast<int>(legacy.size()); }
+
+  // A call that needs a context: opens the current device's, and fails once the context is poisoned.
+  error_t use_context_locked() {
+    contexts[static_cast<std::size_t>(current_device())] = 1;
+    return static_cast<error_t>(sticky.load());
+  }
+
+  std::shared_ptr<stream_state> start_locked(bool blocking, int device) {
     auto s = std::make_shared<stream_state>();
+    s->device = device;
     s->blocking = blocking;
     streams.emplace(s.get(), s);
     std::thread([this, s] { work(s); }).detach();
     return s;
   }
 
+  // nullptr: the current device's legacy default stream.
   std::shared_ptr<stream_state> resolve_locked(stream_t s) {
-    if (!s) return legacy;
+    if (!s) return legacy[static_cast<std::size_t>(current_device())];
     auto it = streams.find(s);
     return it == streams.end() ? nullptr : it->second;
   }
@@ -163,12 +205,13 @@ struct engine {
   // mark of its completion.
   mark enqueue_locked(const std::shared_ptr<stream_state>& s, std::function<void()> run, std::vector<mark> after = {}) {
     task t{std::move(run), std::move(after), when()};
-    if (s == legacy) {
+    const auto& own_legacy = legacy[static_cast<std::size_t>(s->device)];
+    if (s == own_legacy) {
       for (auto& [raw, other] : streams)
-        if (other != legacy && other->blocking && other->enqueued > other->completed)
+        if (other != own_legacy && other->device == s->device && other->blocking && other->enqueued > other->completed)
           t.after.push_back({other, other->enqueued});
-    } else if (s->blocking && legacy->enqueued > legacy->completed) {
-      t.after.push_back({legacy, legacy->enqueued});
+    } else if (s->blocking && own_legacy->enqueued > own_legacy->completed) {
+      t.after.push_back({own_legacy, own_legacy->enqueued});
     }
     s->queue.push_back(std::move(t));
     ++s->enqueued;
@@ -217,10 +260,25 @@ struct engine {
     return b < it->first + std::max<std::size_t>(it->second.bytes, 1) ? &it->second : nullptr;
   }
 
-  void synchronize_all_locked(std::unique_lock<std::mutex>& lock) {
+  // Waits for every stream of `device` (all devices: -1).
+  void synchronize_all_locked(std::unique_lock<std::mutex>& lock, int device = -1) {
     std::vector<mark> all;
-    for (auto& [raw, s] : streams) all.push_back({s, s->enqueued});
+    for (auto& [raw, s] : streams)
+      if (device < 0 || s->device == device) all.push_back({s, s->enqueued});
     for (const auto& m : all) wait_locked(lock, m);
+  }
+
+  // The device whose memory `p` is, or -1 for host memory (pinned or not).
+  int device_of_locked(const void* p) const {
+    const auto* a = find_locked(p);
+    return a ? a->device : -1;
+  }
+
+  // A kernel on `s` reading or writing `p`: true when that is another device's memory, which the
+  // kernel cannot reach without peer access.
+  bool faults_locked(const stream_state& s, const void* p) const {
+    const int d = device_of_locked(p);
+    return d >= 0 && d != s.device;
   }
 };
 
@@ -248,6 +306,10 @@ inline void set_poisoned(const void* p, std::size_t bytes, bool poisoned) {
 
 inline error_t allocate(void** p, std::size_t bytes, bool pinned) {
   auto& e = the();
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    if (const error_t rc = e.use_context_locked()) return rc;
+  }
   const std::size_t wanted = std::max<std::size_t>(bytes, 1);
   std::byte* m = nullptr;
   std::size_t capacity = wanted;
@@ -267,7 +329,9 @@ inline error_t allocate(void** p, std::size_t bytes, bool pinned) {
   // Fresh device memory holds whatever was there: a pattern no result plausibly is.
   std::memset(m, 0xa5, wanted);
   std::lock_guard<std::mutex> lock(e.mutex);
-  e.memory[m] = {bytes, pinned, capacity};
+  e.memory[m] = {bytes, pinned, capacity, pinned ? -1 : current_device()};
+  e.pinned_now += pinned ? capacity : 0;
+  e.pinned_peak = std::max(e.pinned_peak, e.pinned_now);
   *p = m;
   return success;
 }
@@ -276,12 +340,14 @@ inline error_t release(void* p, bool pinned) {
   if (!p) return success;
   auto& e = the();
   std::unique_lock<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   auto it = e.memory.find(static_cast<const std::byte*>(p));
   if (it == e.memory.end() || it->second.pinned != pinned) return invalid_value;
   e.synchronize_all_locked(lock);  // cudaFree and cudaFreeHost wait for the device
   const allocation a = it->second;
   e.memory.erase(it);
   if (pinned) {
+    e.pinned_now -= a.capacity;
     ::operator delete(p, std::align_val_t{256});
   } else {
     set_poisoned(p, a.capacity, true);
@@ -296,21 +362,44 @@ inline error_t release(void* p, bool pinned) {
 inline constexpr bool counts_calls = true;
 inline std::uint64_t calls() noexcept { return standin::engine::instance().calls.load(std::memory_order_relaxed); }
 
+// Pinned host memory this process holds now, and the most it held (the stand-in counts).
+inline std::size_t pinned_bytes() {
+  auto& e = standin::engine::instance();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  return e.pinned_now;
+}
+inline std::size_t pinned_peak() {
+  auto& e = standin::engine::instance();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  return e.pinned_peak;
+}
+
 inline error_t get_device(int* device) {
   standin::the();
-  *device = 0;
+  *device = standin::current_device();
   return success;
 }
+// Opens the device's primary context, as cudaSetDevice does since CUDA 12.
 inline error_t set_device(int device) {
-  standin::the();
-  return device == 0 ? success : invalid_device;
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (device < 0 || device >= e.devices()) return invalid_device;
+  standin::current_device() = device;
+  return e.use_context_locked();
 }
 inline error_t device_count(int* devices) {
-  standin::the();
-  *devices = 1;
+  *devices = standin::the().devices();
   return success;
 }
-inline error_t last_error() { return success; }
+// Whether this process has opened `device`'s primary context (cuDevicePrimaryCtxGetState).
+inline error_t has_context(int device, bool* active) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (device < 0 || device >= e.devices()) return invalid_device;
+  *active = e.contexts[static_cast<std::size_t>(device)] != 0;
+  return success;
+}
+inline error_t last_error() { return static_cast<error_t>(standin::engine::instance().sticky.load()); }
 namespace standin {
 // The codes the stand-in returns, with CUDA's name and text for each.
 struct error_text {
@@ -323,7 +412,8 @@ inline const error_text& text_of(error_t e) {
                                          {1, "cudaErrorInvalidValue", "invalid argument"},
                                          {101, "cudaErrorInvalidDevice", "invalid device ordinal"},
                                          {400, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
-                                         {600, "cudaErrorNotReady", "device not ready"}};
+                                         {600, "cudaErrorNotReady", "device not ready"},
+                                         {700, "cudaErrorIllegalAddress", "an illegal memory access was encountered"}};
   static constexpr error_text unknown{-1, "cudaErrorUnknown", "unknown error"};
   for (const auto& k : known)
     if (k.code == static_cast<int>(e)) return k;
@@ -340,8 +430,9 @@ inline error_t pci_bus_id(char* out, int length, int) {
 inline error_t device_synchronize() {
   auto& e = standin::the();
   std::unique_lock<std::mutex> lock(e.mutex);
-  e.synchronize_all_locked(lock);
-  return success;
+  if (const error_t rc = e.use_context_locked()) return rc;
+  e.synchronize_all_locked(lock, standin::current_device());
+  return static_cast<error_t>(e.sticky.load());
 }
 
 inline error_t malloc_device(void** p, std::size_t bytes) { return standin::allocate(p, bytes, false); }
@@ -351,9 +442,8 @@ inline error_t free_pinned(void* p) { return standin::release(p, true); }
 inline error_t is_device_memory(const void* p, bool* on_device) {
   auto& e = standin::the();
   std::lock_guard<std::mutex> lock(e.mutex);
-  const auto* a = e.find_locked(p);
-  *on_device = a && !a->pinned;
-  return success;
+  *on_device = e.device_of_locked(p) >= 0;
+  return e.use_context_locked();  // cudaPointerGetAttributes initializes the runtime
 }
 
 // cudaMemcpyAsync: pageable host memory is read at the call (CUDA stages it before returning) and
@@ -361,7 +451,8 @@ inline error_t is_device_memory(const void* p, bool* on_device) {
 inline error_t copy_async(void* dst, const void* src, std::size_t bytes, stream_t s) {
   auto& e = standin::the();
   std::unique_lock<std::mutex> lock(e.mutex);
-  auto stream = e.resolve_locked(s);
+  if (const error_t rc = e.use_context_locked()) return rc;
+  auto stream = e.resolve_locked(s);  // another device's stream is allowed for a copy
   if (!stream) return invalid_handle;
   if (bytes == 0) return success;
   const bool pageable_src = !e.find_locked(src), pageable_dst = !e.find_locked(dst);
@@ -381,40 +472,45 @@ inline error_t copy_async(void* dst, const void* src, std::size_t bytes, stream_
 inline error_t copy_sync(void* dst, const void* src, std::size_t bytes) {
   auto& e = standin::the();
   std::unique_lock<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   if (bytes == 0) return success;
+  const auto legacy = e.resolve_locked(nullptr);
   const bool pageable_src = !e.find_locked(src), device_dst = e.find_locked(dst) != nullptr;
   if (pageable_src && device_dst) {
-    e.wait_locked(lock, e.enqueue_locked(e.legacy, {}));  // "a stream sync is performed before"
+    e.wait_locked(lock, e.enqueue_locked(legacy, {}));  // "a stream sync is performed before"
     auto staged = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(src),
                                                           static_cast<const std::byte*>(src) + bytes);
-    e.enqueue_locked(e.legacy, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    e.enqueue_locked(legacy, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
     return success;
   }
-  e.wait_locked(lock, e.enqueue_locked(e.legacy, [dst, src, bytes] { std::memmove(dst, src, bytes); }));
-  return success;
+  e.wait_locked(lock, e.enqueue_locked(legacy, [dst, src, bytes] { std::memmove(dst, src, bytes); }));
+  return static_cast<error_t>(e.sticky.load());
 }
 
 // cudaMemset on device memory: queued on the legacy default stream.
 inline error_t fill(void* dst, int value, std::size_t bytes) {
   auto& e = standin::the();
   std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   if (!e.find_locked(dst)) return invalid_value;
-  if (bytes) e.enqueue_locked(e.legacy, [dst, value, bytes] { std::memset(dst, value, bytes); });
+  if (bytes) e.enqueue_locked(e.resolve_locked(nullptr), [dst, value, bytes] { std::memset(dst, value, bytes); });
   return success;
 }
 
 inline error_t stream_create(stream_t* s, bool non_blocking) {
   auto& e = standin::the();
   std::lock_guard<std::mutex> lock(e.mutex);
-  *s = e.start_locked(!non_blocking).get();
+  if (const error_t rc = e.use_context_locked()) return rc;
+  *s = e.start_locked(!non_blocking, standin::current_device()).get();
   return success;
 }
 // Returns at once, as cudaStreamDestroy does: the queued work still runs.
 inline error_t stream_destroy(stream_t s) {
   auto& e = standin::the();
   std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);
-  if (!stream || stream == e.legacy) return invalid_handle;
+  if (!stream || stream->device < 0 || stream == e.legacy[static_cast<std::size_t>(stream->device)]) return invalid_handle;
   stream->closing = true;
   e.progress.notify_all();
   return success;
@@ -422,14 +518,17 @@ inline error_t stream_destroy(stream_t s) {
 inline error_t stream_synchronize(stream_t s) {
   auto& e = standin::the();
   std::unique_lock<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);
   if (!stream) return invalid_handle;
   e.wait_locked(lock, e.enqueue_locked(stream, {}));
-  return success;
+  return static_cast<error_t>(e.sticky.load());
 }
+// Across devices too: the way devices wait for each other.
 inline error_t stream_wait(stream_t s, event_t ev) {
   auto& e = standin::the();
   std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);
   if (!stream || !ev) return invalid_handle;
   if (ev->at.stream) e.enqueue_locked(stream, {}, {ev->at});
@@ -437,56 +536,77 @@ inline error_t stream_wait(stream_t s, event_t ev) {
 }
 
 inline error_t event_create(event_t* ev) {
-  standin::the();
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   *ev = new standin::event_state;
+  (*ev)->device = standin::current_device();
   return success;
 }
 inline error_t event_destroy(event_t ev) {
   auto& e = standin::the();
   std::lock_guard<std::mutex> lock(e.mutex);
+  e.use_context_locked();  // cudaEventDestroy runs on the current device's context
   delete ev;
   return success;
 }
+// The event and the stream must belong to one device.
 inline error_t event_record(event_t ev, stream_t s) {
   auto& e = standin::the();
   std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);
-  if (!stream || !ev) return invalid_handle;
+  if (!stream || !ev || ev->device != stream->device) return invalid_handle;
   ev->at = e.enqueue_locked(stream, {});  // a marker, so the legacy stream's ordering applies to it too
   return success;
 }
+// Query and synchronize succeed whichever device is current (and open its context).
 inline error_t event_query(event_t ev) {
   auto& e = standin::the();
   std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   if (!ev) return invalid_handle;
-  return standin::engine::reached(ev->at) ? success : not_ready;
+  if (!standin::engine::reached(ev->at)) return not_ready;
+  return static_cast<error_t>(e.sticky.load());
 }
 inline error_t event_synchronize(event_t ev) {
   auto& e = standin::the();
   std::unique_lock<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
   if (!ev) return invalid_handle;
   e.wait_locked(lock, ev->at);
-  return success;
+  return static_cast<error_t>(e.sticky.load());
 }
 
 // Kernels: the host reference loops, run when the stream gets there.
+namespace standin {
+// A kernel launch: into a stream of the current device only; a kernel that reaches another
+// device's memory faults when it runs, and the fault is sticky.
+template <class Kernel>
+error_t launch_kernel(stream_t s, bool runs, std::initializer_list<const void*> touches, Kernel&& kernel) {
+  auto& e = the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
+  auto stream = e.resolve_locked(s);
+  if (!stream || stream->device != current_device()) return invalid_handle;
+  if (!runs) return success;
+  bool faults = false;
+  for (const void* p : touches) faults = faults || e.faults_locked(*stream, p);
+  if (faults)
+    e.enqueue_locked(stream, [&e] { e.sticky.store(static_cast<int>(illegal_address)); });
+  else
+    e.enqueue_locked(stream, std::forward<Kernel>(kernel));
+  return success;
+}
+}  // namespace standin
+
 template <class T>
 error_t combine(op o, T* inout, const T* in, std::size_t n, stream_t s) {
-  auto& e = standin::the();
-  std::lock_guard<std::mutex> lock(e.mutex);
-  auto stream = e.resolve_locked(s);
-  if (!stream) return invalid_handle;
-  if (n) e.enqueue_locked(stream, [o, inout, in, n] { flexcomm::combine(o, inout, in, n); });
-  return success;
+  return standin::launch_kernel(s, n > 0, {inout, in}, [o, inout, in, n] { flexcomm::combine(o, inout, in, n); });
 }
 template <class T>
 error_t divide(T* buf, std::size_t n, int ranks, stream_t s) {
-  auto& e = standin::the();
-  std::lock_guard<std::mutex> lock(e.mutex);
-  auto stream = e.resolve_locked(s);
-  if (!stream) return invalid_handle;
-  if (n && ranks > 1) e.enqueue_locked(stream, [buf, n, ranks] { flexcomm::divide_by(buf, n, ranks); });
-  return success;
+  return standin::launch_kernel(s, n > 0 && ranks > 1, {buf}, [buf, n, ranks] { flexcomm::divide_by(buf, n, ranks); });
 }
 
 // NCCL over MPI.
@@ -497,6 +617,7 @@ namespace standin {
 struct nccl_state {
   MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL, connect = MPI_COMM_NULL;
   int rank = 0, size = 1;
+  int device = 0;  // the device current when it was made, as NCCL's cudaDev
   std::uint64_t issued = 0, posted = 0;  // under the engine's mutex
   std::atomic<bool> aborted{false};
   std::atomic<int> active{0};  // operations handed to MPI and not yet complete
@@ -554,10 +675,11 @@ inline std::shared_ptr<nccl_state> find(nccl_comm_t c) {
   auto it = nccl_registry().find(c);
   return it == nccl_registry().end() ? nullptr : it->second;
 }
-inline nccl_comm_t adopt(MPI_Comm ops, MPI_Comm control) {
+inline nccl_comm_t adopt(MPI_Comm ops, MPI_Comm control, int device) {
   auto state = std::make_shared<nccl_state>();
   state->ops = ops;
   state->control = control;
+  state->device = device;
   MPI_Comm_dup(ops, &state->connect);
   MPI_Comm_rank(ops, &state->rank);
   MPI_Comm_size(ops, &state->size);
@@ -688,7 +810,8 @@ inline nccl_result_t launch(std::vector<call> calls) {
 
 enum class kind { collective, point_to_point };
 
-inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::function<void(MPI_Comm, std::vector<MPI_Request>&)> post,
+inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::initializer_list<const void*> buffers,
+                            std::function<void(MPI_Comm, std::vector<MPI_Request>&)> post,
                             std::function<void()> after = {}, kind what = kind::collective) {
   auto comm = find(c);
   if (!comm) return nccl_fail(nccl_invalid_argument, "invalid communicator");
@@ -697,7 +820,20 @@ inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::function<void(MPI_Co
   {
     auto& e = engine::instance();
     std::lock_guard<std::mutex> lock(e.mutex);
+    if (e.sticky.load()) return nccl_fail(nccl_unhandled_cuda_error, "Cuda failure 'an illegal memory access was encountered'");
+    e.contexts[static_cast<std::size_t>(comm->device)] = 1;  // NCCL works on its communicator's device
     stream = e.resolve_locked(s);
+    // NCCL checks each buffer's device against the communicator's (argcheck), and its kernels
+    // cannot run in another device's stream.
+    for (const void* b : buffers) {
+      const int d = e.device_of_locked(b);
+      if (d >= 0 && d != comm->device)
+        return nccl_fail(nccl_invalid_argument, cat("buffer allocated on device ", d, " mismatches with NCCL device ",
+                                                    comm->device));
+    }
+    if (stream && stream->device != comm->device)
+      return nccl_fail(nccl_unhandled_cuda_error, cat("Cuda failure 'invalid resource handle': a stream of device ",
+                                                      stream->device, " for NCCL device ", comm->device));
   }
   if (!stream) return nccl_fail(nccl_invalid_argument, "invalid stream");
   const bool connecting = what == kind::collective && comm->connect_for_collective();
@@ -739,7 +875,11 @@ inline nccl_result_t nccl_get_unique_id(nccl_id_t* id) {
 // Collective over `over`, whose ranks are the communicator's (the CUDA build's NCCL finds them by
 // the unique id instead).
 inline nccl_result_t nccl_comm_init(nccl_comm_t* comm, int ranks, const nccl_id_t&, int rank, MPI_Comm over) {
-  standin::the();
+  {
+    auto& e = standin::the();
+    std::lock_guard<std::mutex> lock(e.mutex);
+    if (e.use_context_locked()) return standin::nccl_fail(nccl_unhandled_cuda_error, "the CUDA context is poisoned");
+  }
   MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL;
   int size = 0, me = -1;
   MPI_Comm_size(over, &size);
@@ -748,7 +888,7 @@ inline nccl_result_t nccl_comm_init(nccl_comm_t* comm, int ranks, const nccl_id_
     return standin::nccl_fail(nccl_invalid_argument, "ranks differ from the MPI communicator's");
   if (MPI_Comm_dup(over, &ops) != MPI_SUCCESS || MPI_Comm_dup(over, &control) != MPI_SUCCESS)
     return standin::nccl_fail(nccl_system_error, "MPI_Comm_dup failed");
-  *comm = standin::adopt(ops, control);
+  *comm = standin::adopt(ops, control, standin::current_device());
   return nccl_success;
 }
 inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_comm_t* out) {
@@ -763,7 +903,7 @@ inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_
     return nccl_success;
   }
   MPI_Comm_dup(control, &ops);
-  *out = standin::adopt(ops, control);
+  *out = standin::adopt(ops, control, parent->device);
   return nccl_success;
 }
 inline nccl_result_t nccl_comm_count(nccl_comm_t comm, int* size) {
@@ -822,7 +962,7 @@ inline nccl_result_t nccl_allreduce(const void* send, void* recv, std::size_t co
   auto c = standin::find(comm);
   const int ranks = c ? c->size : 1;
   return standin::submit(
-      comm, s,
+      comm, s, {send, recv},
       [=](MPI_Comm m, std::vector<MPI_Request>& r) {
         MPI_Request q = MPI_REQUEST_NULL;
         standin::post_checked(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count),
@@ -834,7 +974,7 @@ inline nccl_result_t nccl_allreduce(const void* send, void* recv, std::size_t co
 inline nccl_result_t nccl_broadcast(const void* send, void* recv, std::size_t count, dtype t, int root,
                                     nccl_comm_t comm, stream_t s) {
   standin::the();
-  return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+  return standin::submit(comm, s, {send, recv}, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
     int me = 0;
     MPI_Comm_rank(m, &me);
     if (me == root && send != recv) std::memmove(recv, send, standin::bytes_of(t, count));
@@ -849,7 +989,7 @@ inline nccl_result_t nccl_reduce(const void* send, void* recv, std::size_t count
   const int ranks = c ? c->size : 1;
   const bool at_root = c && c->rank == root;
   return standin::submit(
-      comm, s,
+      comm, s, {send, at_root ? recv : nullptr},
       [=](MPI_Comm m, std::vector<MPI_Request>& r) {
         MPI_Request q = MPI_REQUEST_NULL;
         standin::post_checked(MPI_Ireduce(at_root && send == recv ? MPI_IN_PLACE : send, at_root ? recv : nullptr,
@@ -864,7 +1004,7 @@ inline nccl_result_t nccl_allgather(const void* send, void* recv, std::size_t co
   standin::the();
   auto c = standin::find(comm);
   const int me = c ? c->rank : 0;
-  return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+  return standin::submit(comm, s, {send, recv}, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
     const auto type = flexcomm::detail::mpi_type(t);
     const bool in_place = static_cast<const std::byte*>(send) ==
                           static_cast<const std::byte*>(recv) + standin::bytes_of(t, count) * static_cast<std::size_t>(me);
@@ -880,7 +1020,7 @@ inline nccl_result_t nccl_reduce_scatter(const void* send, void* recv, std::size
   auto c = standin::find(comm);
   const int ranks = c ? c->size : 1;
   return standin::submit(
-      comm, s,
+      comm, s, {send, recv},
       [=](MPI_Comm m, std::vector<MPI_Request>& r) {
         MPI_Request q = MPI_REQUEST_NULL;
         standin::post_checked(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count),
@@ -892,14 +1032,14 @@ inline nccl_result_t nccl_reduce_scatter(const void* send, void* recv, std::size
 // NCCL has no tags: one tag keeps MPI's order between a pair of ranks, as NCCL's issue order.
 inline nccl_result_t nccl_send(const void* buf, std::size_t count, dtype t, int peer, nccl_comm_t comm, stream_t s) {
   standin::the();
-  return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+  return standin::submit(comm, s, {buf}, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
     MPI_Request q = MPI_REQUEST_NULL;
     standin::post_checked(MPI_Isend(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
   }, {}, standin::kind::point_to_point);
 }
 inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, nccl_comm_t comm, stream_t s) {
   standin::the();
-  return standin::submit(comm, s, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
+  return standin::submit(comm, s, {buf}, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
     MPI_Request q = MPI_REQUEST_NULL;
     standin::post_checked(MPI_Irecv(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
   }, {}, standin::kind::point_to_point);
@@ -907,6 +1047,7 @@ inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, 
 inline const char* nccl_error_string(nccl_result_t r) {
   switch (static_cast<int>(r)) {
     case 0: return "no error";
+    case 1: return "unhandled cuda error";
     case 2: return "unhandled system error";
     case 4: return "invalid argument";
     case 5: return "invalid usage";
