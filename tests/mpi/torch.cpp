@@ -535,3 +535,22 @@ BOOST_AUTO_TEST_CASE(a_loop_shorter_than_the_dataset_is_refused) {
   });
   BOOST_TEST(all_ranks(contains(message, "fewer epochs than")));
 }
+
+// Where the build has no CUDA (Debian's libtorch), batches asked on a CUDA device are refused,
+// naming the way to a CUDA build; an unknown device backend is refused on every rank before
+// anything is set up.
+BOOST_AUTO_TEST_CASE(cuda_without_a_cuda_build_is_refused_saying_why) {
+  if (!FLEXCOMM_TORCH_CUDA) {
+    const auto none = [] { return std::optional<fc::typed_batch>(); };
+    const auto message = error_of([&] { fi::data_loader(none, torch::kCUDA); });
+    BOOST_TEST(contains(message, "libtorch on the GPU"));
+  }
+  counting data;
+  fi::ensemble_options options{"baseline", 1};
+  options.device_backend = "gloo";
+  options.end_job_on_error = false;
+  const auto message = error_of([&] {
+    fi::train_ensemble(world(), options, fi::dataset_of(data, 4), [](fi::trainer&) {}, [](const fi::evaluation&) {});
+  });
+  BOOST_TEST(all_ranks(contains(message, "unknown device_backend 'gloo'")));
+}

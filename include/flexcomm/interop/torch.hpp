@@ -11,6 +11,11 @@
 //
 // With handover::within_backward backward() itself leaves the averages in p.grad(), as
 // DistributedDataParallel does; interop/torch_ensemble.hpp runs a whole ensemble that way.
+//
+// CPU tensors go to Syncs on host backends (mpi). CUDA tensors, where libtorch and the build have
+// CUDA and nvcc compiles (interop/torch_cuda.hpp, FLEXCOMM_TORCH_CUDA), go to Syncs on device
+// backends (nccl, staged) by their device pointers, ordered with torch's current stream, and
+// batches can be delivered into device memory (make_data_loader(feed, torch::kCUDA)).
 #pragma once
 
 #include <torch/csrc/autograd/engine.h>
@@ -28,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend/contract.hpp"
 #include "../core/cache_line.hpp"
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
@@ -36,6 +42,7 @@
 #include "../patterns/feed/dataset.hpp"
 #include "../patterns/collect/many_to_one.hpp"
 #include "../patterns/feed/typed_batch.hpp"
+#include "torch_cuda.hpp"
 
 namespace flexcomm::interop {
 
@@ -70,15 +77,23 @@ dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs = 1);
 namespace detail {
 // Where an epoch's batches come from: a typed feed's next(), whatever the feed's type.
 using next_batch = std::function<std::optional<typed_batch>()>;
+// ... and the tensors of each: views of the host batch (tensors empty), or its copy on a device.
+struct batch_source {
+  next_batch next;
+  std::function<torch::data::Example<>(const typed_batch&)> tensors;
+};
+// A source of batches on `device`: the host batches as they are, or copied to a CUDA device
+// (device_batches) where the interop has CUDA.
+inline batch_source source_on(next_batch next, const torch::Device& device);
 
 // Walks one epoch: Examples of samples<float>() and labels<std::int64_t>() (views, valid until
-// the walk moves on), ending after the epoch's last step, or with the stream.
+// the walk moves on, on the source's device), ending after the epoch's last step, or with the stream.
 class epoch_iterator {
  public:
   epoch_iterator() = default;
   // A walk that finds the stream over is refused: a loop of more epochs than the dataset's would
   // otherwise get empty ones, silently.
-  explicit epoch_iterator(next_batch* next) : next_(next) {
+  explicit epoch_iterator(batch_source* next) : next_(next) {
     advance();
     check(next_ != nullptr, "interop::data_loader",
           "every epoch of the dataset has been walked: the loop asks for one more than the feed's dataset has "
@@ -100,7 +115,7 @@ class epoch_iterator {
 
  private:
   void advance();
-  next_batch* next_ = nullptr;
+  batch_source* next_ = nullptr;
   std::optional<typed_batch> batch_;
   torch::data::Example<> example_;
 };
@@ -114,12 +129,12 @@ class epoch_iterator {
 template <class TypedFeed>
 class epoch {
  public:
-  explicit epoch(TypedFeed& feed) : next_([&feed] { return feed.next(); }) {}
+  explicit epoch(TypedFeed& feed) : next_{[&feed] { return feed.next(); }, {}} {}
   detail::epoch_iterator begin() { return detail::epoch_iterator(&next_); }
   detail::epoch_iterator end() { return {}; }
 
  private:
-  detail::next_batch next_;
+  detail::batch_source next_;
 };
 
 // A typed feed as torch::data::make_data_loader gives a dataset: every range-for over *loader
@@ -127,30 +142,34 @@ class epoch {
 //   auto loader = fi::make_data_loader(ctx.batches());     // or trainer::loader()
 //   for (int epoch = 1; epoch <= epochs; ++epoch)
 //     for (auto& batch : *loader) { batch.data; batch.target; }
-// Not tied to the feed's type: a trainer compiled once serves every preset.
+// Not tied to the feed's type: a trainer compiled once serves every preset. On a CUDA `device`
+// (where the interop has CUDA) each batch arrives in device memory (device_batches: copied while
+// the previous step runs, torch's current stream waiting for the copy on the GPU).
 class data_loader {
  public:
-  explicit data_loader(std::function<std::optional<typed_batch>()> next) : next_(std::move(next)) {}
+  explicit data_loader(std::function<std::optional<typed_batch>()> next, const torch::Device& device = torch::kCPU)
+      : next_(detail::source_on(std::move(next), device)) {}
   detail::epoch_iterator begin() { return detail::epoch_iterator(&next_); }
   detail::epoch_iterator end() { return {}; }
 
  private:
-  detail::next_batch next_;
+  detail::batch_source next_;
 };
 template <class TypedFeed>
-std::unique_ptr<data_loader> make_data_loader(TypedFeed& feed) {
-  return std::make_unique<data_loader>([&feed] { return feed.next(); });
+std::unique_ptr<data_loader> make_data_loader(TypedFeed& feed, const torch::Device& device = torch::kCPU) {
+  return std::make_unique<data_loader>([&feed] { return feed.next(); }, device);
 }
 
 // sync.ready(index, grad) for a tensor: the average lands in `grad` itself by sync.finish(), so
-// the tensor must stay alive, and not be reallocated, until then.
+// the tensor must stay alive, and not be reallocated, until then. A CPU tensor goes to a Sync on a
+// host backend; a CUDA tensor (where the interop has CUDA) to one on a device backend, by its
+// device pointer, once the Sync's device work is ordered after torch's current stream; after
+// sync.finish(), averages_ready(grad) orders torch's current stream after the averages.
 template <class Sync>
-void ready(Sync& sync, int index, const torch::Tensor& grad) {
-  visit_scalar_type(grad, "interop::ready", [&](auto element) {
-    using T = decltype(element);
-    sync.ready(index, elements<T>(grad, cat("interop::ready: gradient ", index)));
-  });
-}
+void ready(Sync& sync, int index, const torch::Tensor& grad);
+// After sync.finish(): torch's current stream waits for the averages of CUDA gradients handed over
+// with ready() (nothing for a CPU tensor: finish() returned with the averages in place).
+inline void averages_ready(const torch::Tensor& grad);
 
 // How gradient_sync hands a module's gradients over.
 enum class handover {
@@ -282,6 +301,54 @@ template <> struct scalar_type_of<double> { static constexpr auto value = torch:
 template <> struct scalar_type_of<std::int32_t> { static constexpr auto value = torch::kInt32; };
 template <> struct scalar_type_of<std::int64_t> { static constexpr auto value = torch::kInt64; };
 template <> struct scalar_type_of<std::uint8_t> { static constexpr auto value = torch::kUInt8; };
+
+// Where a Sync takes gradients: its backend's memory space, or either for a Sync without a
+// backend (a trainer's own of ready/finish).
+enum class gradient_place { host, device, either };
+template <class Sync, class = void>
+struct gradient_place_of : std::integral_constant<gradient_place, gradient_place::either> {};
+template <class Sync>
+struct gradient_place_of<Sync, std::void_t<decltype(Sync::backend::memory)>>
+    : std::integral_constant<gradient_place, Sync::backend::memory == memory_space::device ? gradient_place::device
+                                                                                           : gradient_place::host> {};
+
+// What a Sync needs of a device, and what this build offers: an error naming the way out.
+inline void check_place(gradient_place place, const torch::Device& device, const std::string& what) {
+  if (device.is_cuda()) {
+    if (!FLEXCOMM_TORCH_CUDA)
+      fail(what, cat("the tensor is on ", device.str(), "; this build of the torch interop takes CPU tensors (CUDA "
+                     "tensors need a CUDA libtorch, a build with CUDA, FLEXCOMM_HAVE_CUDA, and nvcc compiling this "
+                     "file, nvcc -x cu: docs/cuda.md, \"libtorch on the GPU\")"));
+    if (place == gradient_place::host)
+      fail(what, cat("the tensor is on ", device.str(), " and this Sync's backend keeps gradients in host memory: use "
+                     "a device Sync (subgroup_allreduce<nccl>, subgroup_allreduce<staged>, overlapped_ring<staged>), "
+                     "or train_ensemble, which makes one for a CUDA module"));
+  } else if (!device.is_cpu()) {
+    fail(what, cat("the tensor is on ", device.str(), "; the torch interop takes CPU and CUDA tensors"));
+  } else if (place == gradient_place::device) {
+    fail(what, "the tensor is on the CPU and this Sync's backend keeps gradients in device memory: move the module "
+               "to its GPU (module.to(torch::kCUDA)), or use a Sync on a host backend (mpi)");
+  }
+}
+
+// A gradient's elements for a Sync: a CPU tensor's as elements() reads them, a CUDA tensor's by its
+// device pointer, once flexcomm's device work is ordered after torch's current stream.
+template <class T>
+span<T> gradient_elements(const torch::Tensor& t, gradient_place place, const std::string& what) {
+  check(t.defined(), what, "the tensor is undefined (a gradient before any backward?)");
+  check_place(place, t.device(), what);
+  if (!t.is_cuda()) return elements<T>(t, what);
+#if FLEXCOMM_TORCH_CUDA
+  check(t.scalar_type() == scalar_type_of<T>::value, what,
+        cat("the tensor holds ", c10::toString(t.scalar_type()), ", expected ",
+            c10::toString(scalar_type_of<T>::value)));
+  check(t.is_contiguous(), what, "the tensor is not contiguous; .contiguous() makes a copy that is");
+  flexcomm_after_torch(device_index(t));
+  return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
+#else
+  return {};  // refused by check_place
+#endif
+}
 
 // [count / (product of trailing), trailing...]; an error when trailing does not divide count.
 inline std::vector<std::int64_t> shape_of(std::size_t count, const std::vector<std::int64_t>& trailing,
@@ -420,12 +487,41 @@ decltype(auto) visit_scalar_type(const torch::Tensor& t, const std::string& what
 }
 
 inline void detail::epoch_iterator::advance() {
-  batch_ = (*next_)();
+  batch_ = next_->next();
   if (!batch_) {
     next_ = nullptr;
     return;
   }
-  example_ = {samples<float>(*batch_), labels<std::int64_t>(*batch_)};
+  example_ = next_->tensors ? next_->tensors(*batch_)
+                            : torch::data::Example<>{samples<float>(*batch_), labels<std::int64_t>(*batch_)};
+}
+
+inline detail::batch_source detail::source_on(next_batch next, const torch::Device& device) {
+  if (device.is_cpu()) return {std::move(next), {}};
+  check_place(gradient_place::either, device, "interop::data_loader");  // a CUDA device, and the interop has CUDA
+#if FLEXCOMM_TORCH_CUDA
+  auto batches = std::make_shared<device_batches>(std::move(next), device);
+  return {[batches] { return batches->next(); }, [batches](const typed_batch&) { return batches->example(); }};
+#else
+  return {};
+#endif
+}
+
+template <class Sync>
+void ready(Sync& sync, int index, const torch::Tensor& grad) {
+  visit_scalar_type(grad, "interop::ready", [&](auto element) {
+    using T = decltype(element);
+    sync.ready(index, detail::gradient_elements<T>(grad, detail::gradient_place_of<Sync>::value,
+                                                   cat("interop::ready: gradient ", index)));
+  });
+}
+
+inline void averages_ready(const torch::Tensor& grad) {
+#if FLEXCOMM_TORCH_CUDA
+  if (grad.defined() && grad.is_cuda()) torch_after_flexcomm(device_index(grad));
+#else
+  (void)grad;
+#endif
 }
 
 template <class Sync>
@@ -433,8 +529,22 @@ gradient_sync<Sync>::gradient_sync(Sync& sync, torch::nn::Module& module, handov
   for (auto& p : module.parameters())
     if (p.requires_grad()) params_.push_back(p);
   check(!params_.empty(), "interop::gradient_sync", "the module has no parameter that requires grad");
+  // One device for all, and one the Sync takes: a CUDA module goes to a device Sync.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    check(params_[i].device() == params_[0].device(), "interop::gradient_sync",
+          cat("parameter ", i, " is on ", params_[i].device().str(), ", parameter 0 on ", params_[0].device().str(),
+              "; one Sync averages the parameters of one device"));
+    detail::check_place(detail::gradient_place_of<Sync>::value, params_[i].device(),
+                        cat("interop::gradient_sync: parameter ", i));
+  }
   staged_.assign(params_.size(), 0);
   if (how_ == handover::after_backward) return;
+#if FLEXCOMM_TORCH_CUDA
+  // The staging memory belongs to the parameters' device (gradient_memory() allocates on the
+  // current one).
+  std::optional<c10::cuda::CUDAGuard> on;
+  if (params_[0].is_cuda()) on.emplace(params_[0].device());
+#endif
   // The staging tensors lie in the Sync's gradient_memory() where it has one (the library's do;
   // collective over the member: every rank attaches the same module), each on a cache line: on
   // one host, shared memory, where a bucket of one parameter is reduced where the hook wrote it
@@ -442,8 +552,6 @@ gradient_sync<Sync>::gradient_sync(Sync& sync, torch::nn::Module& module, handov
   std::vector<std::size_t> at;
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    check(params_[i].device().is_cpu(), "interop::gradient_sync",
-          cat("parameter ", i, " is on ", params_[i].device().str(), "; the torch interop takes CPU tensors"));
     at.push_back(bytes);
     bytes += flexcomm::detail::round_up(static_cast<std::size_t>(params_[i].numel() * params_[i].element_size()));
   }
@@ -523,6 +631,7 @@ void gradient_sync<Sync>::step() {
   const std::string which = std::move(twice_);
   twice_.clear();
   sync_.finish();
+  averages_ready(params_[0]);  // on a GPU, torch's current stream waits for the averages
   if (how_ != handover::after_backward)
     for (std::size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad().copy_(staging_[k]);
   if (!which.empty()) {

@@ -22,8 +22,17 @@
 // broadcasts them, as DistributedDataParallel does), print once per member (quiet_replicas), and
 // an error ends the job on every rank with its flexcomm: rank N: message, exit status 1.
 //
-// MPI and CPU tensors (the presets' default backend). For options this does not take (bucket
-// sizes, feed depth), build the pipeline with presets::visit and wrap its context in a trainer.
+// Batches and outputs travel over MPI in host memory (the presets' feed and collect). A CPU
+// module's gradients are averaged by the preset's Sync over MPI. A module on a CUDA device (a
+// CUDA libtorch, a build with CUDA, and this file compiled by nvcc: interop/torch_cuda.hpp) gets
+// a device Sync of the same kind, made when average_gradients() sees the module's device:
+// subgroup_allreduce on NCCL (or staged: ensemble_options::device_backend), overlapped_ring on
+// staged; its gradients are averaged in device memory, in the order of torch's current stream, and
+// loader() delivers its batches into device memory. Each trainer rank then uses the GPU of its
+// node-local rank (cuda::use_local_device; FLEXCOMM_DEVICE overrides), which torch::kCUDA names.
+// So upstream's `torch::cuda::is_available() ? kCUDA : kCPU` trains on the GPU unchanged.
+// For options this does not take (bucket sizes, feed depth), build the pipeline with
+// presets::visit and wrap its context in a trainer.
 #pragma once
 
 #include <fcntl.h>
@@ -48,16 +57,110 @@
 #include "../core/settings.hpp"
 #include "../pipeline/presets.hpp"
 #include "torch.hpp"
+// A module on a GPU (torch.hpp sets FLEXCOMM_TORCH_CUDA, where nvcc compiles): each rank's
+// device, and the device Syncs.
+#if FLEXCOMM_TORCH_CUDA
+#include "../backend/cuda/local_device.hpp"
+#include "../backend/nccl.hpp"
+#include "../backend/staged.hpp"
+#endif
 
 namespace flexcomm::interop {
+
+namespace detail {
+// The device of a module's parameters that require grad (the CPU when it has none).
+inline torch::Device device_of(torch::nn::Module& module) {
+  for (const auto& p : module.parameters())
+    if (p.requires_grad()) return p.device();
+  return torch::kCPU;
+}
+
+template <class Sync>
+struct is_ring : std::false_type {};
+template <class B>
+struct is_ring<overlapped_ring<B>> : std::true_type {};
+template <class Sync, class = void>
+struct has_options : std::false_type {};
+template <class Sync>
+struct has_options<Sync, std::void_t<decltype(std::declval<const Sync&>().options())>> : std::true_type {};
+
+// The backends a CUDA module's gradients can be averaged on (ensemble_options::device_backend).
+inline void check_device_backend(const std::string& name) {
+  check(name == "nccl" || name == "staged", "interop::train_ensemble",
+        cat("unknown device_backend '", name, "' (known: nccl, staged)"));
+}
+
+// A Sync of its own for a module, and the module's gradient_sync on it.
+template <class Sync>
+class owning_gradients final : public gradients {
+ public:
+  owning_gradients(const typename Sync::backend::communicator& member, const sync_options& options,
+                   torch::nn::Module& module, handover how)
+      : sync_(member, options), grads_(sync_, module, how) {}
+  void finish() override { grads_.finish(); }
+  handover mode() const noexcept override { return grads_.mode(); }
+  std::size_t parameters() const noexcept override { return grads_.parameters(); }
+
+ private:
+  Sync sync_;
+  gradient_sync<Sync> grads_;  // after sync_: its hooks go first
+};
+
+// The member's Sync for a module on CUDA device `device`, made collectively over the member's
+// ranks (each attaches its module at the same point, as the replicas' broadcast needs): a `ring`
+// (overlapped_ring) on staged, NCCL matching messages in issue order; else subgroup_allreduce on
+// `backend`.
+inline std::unique_ptr<gradients> device_gradients(const mpi::communicator& member, const sync_options& options,
+                                                   bool ring, const std::string& backend, torch::nn::Module& module,
+                                                   handover how, int device) {
+  check_device_backend(backend);
+#if FLEXCOMM_TORCH_CUDA
+  const c10::cuda::CUDAGuard on(static_cast<c10::DeviceIndex>(device));  // the communicators' and buffers' device
+  if (ring) {
+    const staged::communicator comm(member, cat(member.name(), " torch staged"));
+    return std::make_unique<owning_gradients<overlapped_ring<staged>>>(comm, options, module, how);
+  }
+  if (backend == "staged") {
+    const staged::communicator comm(member, cat(member.name(), " torch staged"));
+    return std::make_unique<owning_gradients<subgroup_allreduce<staged>>>(comm, options, module, how);
+  }
+  const nccl::communicator comm(member, cat(member.name(), " torch nccl"));
+  return std::make_unique<owning_gradients<subgroup_allreduce<nccl>>>(comm, options, module, how);
+#else
+  (void)member, (void)options, (void)ring, (void)module, (void)how;
+  fail("interop::trainer: average_gradients",
+       cat("the module is on cuda:", device, "; this build of the torch interop takes CPU modules (a module on the "
+           "GPU needs a CUDA libtorch, a build with CUDA, FLEXCOMM_HAVE_CUDA, and nvcc compiling this file, nvcc -x "
+           "cu: docs/cuda.md, \"libtorch on the GPU\")"));
+#endif
+}
+
+// The module's gradients on the member's Sync where it takes the module's device; a CUDA module
+// of a Sync on a host backend (the presets' mpi) gets a device Sync of the same kind and options.
+template <class Sync>
+std::unique_ptr<gradients> attach(Sync& sync, const mpi::communicator& member, torch::nn::Module& module, handover how,
+                                  const std::string& device_backend) {
+  if constexpr (gradient_place_of<Sync>::value == gradient_place::host) {
+    const torch::Device device = device_of(module);
+    if (device.is_cuda()) {
+      sync_options options;
+      if constexpr (has_options<Sync>::value) options = sync.options();
+      return device_gradients(member, options, is_ring<Sync>::value, device_backend, module, how,
+                              device.has_index() ? device.index() : 0);
+    }
+  }
+  return std::make_unique<gradient_sync<Sync>>(sync, module, how);
+}
+}  // namespace detail
 
 // What a trainer function gets: which member it trains, its batches, and the member's Sync, the
 // same type under every preset (a pipeline context of any preset, type-erased).
 class trainer {
  public:
-  // `evaluates`: the runner takes evaluated()'s rounds (train_ensemble with a report).
+  // `evaluates`: the runner takes evaluated()'s rounds (train_ensemble with a report);
+  // `device_backend`: what averages a CUDA module's gradients (ensemble_options::device_backend).
   template <class Context>
-  explicit trainer(Context& ctx, bool evaluates = false)
+  explicit trainer(Context& ctx, bool evaluates = false, std::string device_backend = "nccl")
       : member_(ctx.member()),
         rank_in_member_(ctx.rank_in_member()),
         member_size_(ctx.member_size()),
@@ -65,8 +168,8 @@ class trainer {
         evaluates_(evaluates),
         comm_(&ctx.comm()),
         next_([&ctx] { return ctx.batches().next(); }),
-        attach_([&ctx](torch::nn::Module& module, handover how) -> std::unique_ptr<gradients> {
-          return std::make_unique<gradient_sync<std::decay_t<decltype(ctx.sync())>>>(ctx.sync(), module, how);
+        attach_([&ctx, device_backend](torch::nn::Module& module, handover how) {
+          return detail::attach(ctx.sync(), ctx.comm(), module, how, device_backend);
         }),
         submit_([&ctx](const torch::Tensor& t) {
           if (t.defined()) {
@@ -88,10 +191,13 @@ class trainer {
 
   // This trainer's share of every batch, as torch::data::make_data_loader gives a dataset: each
   // range-for over *loader walks the next epoch (fi::data_loader); one more than the dataset's
-  // epochs is an error, and so is returning before the last (the epochs are stated once).
-  std::unique_ptr<data_loader> loader() {
+  // epochs is an error, and so is returning before the last (the epochs are stated once). On the
+  // device of the module average_gradients() attached (the CPU before one is): a CUDA module's
+  // batches arrive in device memory, copied while the previous step runs.
+  std::unique_ptr<data_loader> loader() { return loader(module_device_); }
+  std::unique_ptr<data_loader> loader(const torch::Device& device) {
     loader_made_ = true;
-    return std::make_unique<data_loader>([this] { return next(); });
+    return std::make_unique<data_loader>([this] { return next(); }, device);
   }
 
   // Makes the member's replicas equal, broadcasting the module's parameters and buffers from the
@@ -102,8 +208,11 @@ class trainer {
   // Sync numbers one module's parameters); the hooks stay until the trainer function returns.
   gradients& average_gradients(torch::nn::Module& module, handover how = handover::within_backward) {
     check(!attached_, "interop::trainer", "average_gradients() attaches one module per trainer; it was called twice");
+    const torch::Device device = detail::device_of(module);
+    agree_on_device(device);
     replicate(module);
     attached_ = attach_(module, how);
+    module_device_ = device;
     return *attached_;
   }
 
@@ -152,13 +261,25 @@ class trainer {
     targets_.clear();
   }
 
+  // A member's ranks attach the module on one kind of device, or every one of them fails (the
+  // Syncs they would make differ: a hang otherwise).
+  void agree_on_device(const torch::Device& device) const {
+    if (member_size_ < 2) return;
+    int cuda[2] = {device.is_cuda() ? 1 : 0, device.is_cuda() ? -1 : 0};  // max, and -min
+    mpi::iallreduce(*comm_, span<int>(cuda, 2), op::max).wait();
+    check(cuda[0] == -cuda[1], "interop::trainer: average_gradients",
+          cat("the member's ranks hold the module on different kinds of device (this one on ", device.str(),
+              "); every rank of a member trains on the CPU, or every one on a GPU"));
+  }
+
+  // CUDA tensors go through host memory: once, before training.
   void replicate(torch::nn::Module& module) const {
     if (member_size_ < 2) return;
     torch::NoGradGuard plain;
     std::vector<torch::Tensor> state = module.parameters();
     for (auto& b : module.buffers()) state.push_back(b);
     for (auto& t : state) {
-      torch::Tensor dense = t.contiguous();
+      torch::Tensor dense = t.is_cuda() ? t.to(torch::kCPU).contiguous() : t.contiguous();
       visit_scalar_type(dense, "interop::trainer: average_gradients", [&](auto element) {
         using T = decltype(element);
         mpi::ibcast(*comm_, elements<T>(dense, "interop::trainer: average_gradients (the module's state)"), 0).wait();
@@ -174,6 +295,7 @@ class trainer {
   std::function<std::unique_ptr<gradients>(torch::nn::Module&, handover)> attach_;
   std::function<void(const torch::Tensor&)> submit_;
   std::unique_ptr<gradients> attached_;
+  torch::Device module_device_{torch::kCPU};  // the attached module's
   bool loader_made_ = false, stream_over_ = false, epoch_starts_ = true, pending_ = false;
   std::vector<torch::Tensor> outputs_, targets_;
 };
@@ -191,6 +313,11 @@ struct ensemble_options {
   // An error ends the job on every rank that has it: its message (flexcomm: rank N: ...) on
   // stderr, then MPI_Abort(1), instead of std::terminate. false: it is thrown (tests).
   bool end_job_on_error = true;
+  // A module on a CUDA device (a CUDA libtorch and build, this file compiled by nvcc): the backend
+  // that averages its gradients, "nccl" or "staged" (MPI through pinned memory, where NCCL cannot
+  // run: ranks sharing a GPU, say). Sync "ring" runs on staged whatever this says (NCCL matches
+  // messages in issue order, the ring needs tags).
+  std::string device_backend = "nccl";
 };
 
 // The layout train_ensemble runs on: o.layout, else FLEXCOMM_LAYOUT (either must have o.members
@@ -328,6 +455,21 @@ void ending_job_on_error(const mpi::communicator& world, bool end_job, F&& f) {
   std::_Exit(1);
 }
 
+// Where libtorch sees a GPU, every trainer rank uses the one of its node-local rank from here on
+// (torch::kCUDA names it): cuda::use_local_device, collective over `world` (FLEXCOMM_DEVICE
+// overrides). Nothing elsewhere. A rank that sees no GPU takes none.
+inline void use_local_device(const mpi::communicator& world, const ensemble_layout& layout) {
+#if FLEXCOMM_TORCH_CUDA
+  int sees = torch::cuda::is_available() ? 1 : 0, any = sees;
+  mpi::iallreduce(world, span<int>(&any, 1), op::max).wait();
+  if (!any) return;
+  const bool trains = !layout.is_placed() || layout.role_of(world.rank()).kind != role::producer;
+  cuda::use_local_device(world, trains && sees);
+#else
+  (void)world, (void)layout;
+#endif
+}
+
 // One epoch's evaluation from its two rounds (outputs, then targets), checked: the members
 // evaluated the same samples in the same order.
 inline evaluation evaluation_of(int epoch, gathered<float>& outputs, gathered<float>& targets) {
@@ -378,15 +520,18 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
     check(evaluation.defined() && evaluation.dim() > 0 && evaluation.size(0) > 0, what,
           "the evaluation set is empty; the members' outputs on it are what the aggregator gets");
     const std::int64_t samples = evaluation.size(0);
+    detail::check_device_backend(o.device_backend);
     presets::visit(o.preset, o.sync, [&](auto preset) {
       using Preset = decltype(preset);
-      typename Preset::pipeline pipe(world, ensemble_layout_for<Preset>(world.size(), o), Preset::configure({}));
+      const auto layout = ensemble_layout_for<Preset>(world.size(), o);
+      typename Preset::pipeline pipe(world, layout, Preset::configure({}));
+      detail::use_local_device(world, layout);
       pipe.run(
           std::move(data),
           [&](auto& ctx) {
             torch::Tensor out;
             {
-              trainer t(ctx);
+              trainer t(ctx, false, o.device_backend);
               detail::quiet_stdout quiet(o.quiet_replicas && !t.reports());
               out = train(t, evaluation_slice(evaluation, ctx));
               t.finish();
@@ -431,9 +576,12 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
                            const std::function<void(trainer&)>& train,
                            const std::function<void(const evaluation&)>& report) {
   detail::ending_job_on_error(world, o.end_job_on_error, [&] {
+    detail::check_device_backend(o.device_backend);
     presets::visit(o.preset, o.sync, [&](auto preset) {
       using Preset = decltype(preset);
-      typename Preset::pipeline pipe(world, ensemble_layout_for<Preset>(world.size(), o), Preset::configure({}));
+      const auto layout = ensemble_layout_for<Preset>(world.size(), o);
+      typename Preset::pipeline pipe(world, layout, Preset::configure({}));
+      detail::use_local_device(world, layout);
       std::optional<detail::quiet_stdout> quiet;  // while this rank's trainer function runs
       std::optional<gathered<float>> outputs;      // the epoch's first round, until its targets come
       int rounds = 0;
@@ -451,7 +599,7 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
       pipe.run(
           std::move(data),
           [&](auto& ctx) {
-            trainer t(ctx, true);
+            trainer t(ctx, true, o.device_backend);
             quiet.emplace(o.quiet_replicas && !t.reports());
             {
               detail::running current(t);
