@@ -127,6 +127,10 @@ while IFS=$'\t' read -r exe ranks wrappers env; do
   printf '%s\t%s\t%s\t%s\n' "$(basename "$exe")" "$ranks" "${names[*]:--}" "$env"
 done <<< "$suite" > "$out/suite.tsv"
 cp "$dataset"/*.gz "$out/data/"
+# libtorch on the GPU (docs/cuda.md): its test and the MNIST port, built against PyPI's CUDA torch
+# where it is installed (tests/gpu/torch_cuda.sh); outside bin/, so libtorch is not packed.
+bash "$src/tests/gpu/torch_cuda.sh" build "" "$out/torch_cuda" ||
+  echo "pack.sh: no CUDA libtorch here: torch_cuda left out" >&2
 
 # Shared libraries: what ldd resolves for every program, less what the node must bring itself.
 # glibc (and its loader) has to be the node's own: a second one in the path breaks every program.

@@ -280,6 +280,13 @@ for v in "baseline mpi 2 members=2x1" "baseline nccl 2 members=2x1" \
     --layout "$layout" "${trainer[@]}"
 done
 
+# libtorch on the GPU: CUDA tensors through the device Syncs at 1-4 ranks, then the unchanged MNIST
+# port (docs/porting.md) under baseline and single_broadcast, with the node's own libtorch.
+if [ -x "$here/torch_cuda/gpu_torch_cuda" ]; then
+  gpu_run "torch_cuda (libtorch on the GPU)" 420 MPIEXEC="$mpx" -- \
+    bash "$here/torch_cuda/torch_cuda.sh" run "$here/torch_cuda" "$here/data"
+fi
+
 # Baseline against streamlined at four trainers, with preprocessing as costly as a real input
 # pipeline's (--preprocess-us: CPU work per sample in the loader). The baseline's trainers each
 # preprocess between their steps; the streamlined producer preprocesses each step once, ahead.
