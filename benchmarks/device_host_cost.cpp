@@ -23,7 +23,7 @@
 #include <mpi.h>
 
 #include <flexcomm/flexcomm.hpp>
-#include <flexcomm/backend/device/runtime.hpp>
+#include <flexcomm/backend/cuda/runtime.hpp>
 
 #include "../examples/common/counts.hpp"
 

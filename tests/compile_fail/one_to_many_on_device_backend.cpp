@@ -1,6 +1,6 @@
 // A loader writes each batch into host memory: a feed on a backend whose buffers live on the
 // device (as NCCL's do) cannot fill that slot, and that is known at compile time.
-#include <flexcomm/patterns/one_to_many.hpp>
+#include <flexcomm/patterns/feed/one_to_many.hpp>
 #include "device_backend.hpp"
 namespace fc = flexcomm;
 fc::one_to_many<device_backend>* instantiate(const fc::mpi::communicator& world, const fc::ensemble_layout& layout,

@@ -1,7 +1,7 @@
 // overlapped_ring keeps several buckets and segments in flight to each neighbour and tells them
 // apart by tag; a backend that pairs messages in issue order (NCCL) cannot carry it.
 #include <flexcomm/backend/mpi.hpp>
-#include <flexcomm/patterns/overlapped_ring.hpp>
+#include <flexcomm/patterns/sync/overlapped_ring.hpp>
 namespace fc = flexcomm;
 struct order_matched : fc::mpi {
 #ifdef FLEXCOMM_CONTROL

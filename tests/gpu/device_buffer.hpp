@@ -5,7 +5,7 @@
 #pragma once
 
 #include <flexcomm/backend/cuda/error.hpp>
-#include <flexcomm/backend/device/runtime.hpp>
+#include <flexcomm/backend/cuda/runtime.hpp>
 
 #include "../test_buffer.hpp"
 

@@ -8,7 +8,7 @@
 #include <boost/test/results_reporter.hpp>
 #include <boost/test/unit_test.hpp>
 
-#include <flexcomm/backend/device/runtime.hpp>
+#include <flexcomm/backend/cuda/runtime.hpp>
 #include <flexcomm/flexcomm.hpp>
 
 #include <algorithm>

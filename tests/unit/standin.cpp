@@ -9,7 +9,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <flexcomm/backend/cuda/error.hpp>
-#include <flexcomm/backend/device/runtime.hpp>
+#include <flexcomm/backend/cuda/runtime.hpp>
 
 #include <cstdlib>
 #include <cstring>

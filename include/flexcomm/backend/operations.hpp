@@ -34,7 +34,7 @@ template <class T>
 using identity_t = typename identity<T>::type;
 
 // The agreement hooks of a backend whose calls are checked elsewhere: staged's chunks are MPI
-// operations on its transport, each checked there by the MPI backend (call_check.hpp).
+// operations on its transport, each checked there by the MPI backend (mpi/call_check.hpp).
 struct unchecked_calls {
   void agree_on(op) noexcept {}
   void agree_on_root(int) noexcept {}

@@ -1,4 +1,4 @@
-// flexcomm's device layer on the host, for tests (see flexcomm/backend/device/runtime.hpp for the
+// flexcomm's device layer on the host, for tests (see flexcomm/backend/cuda/runtime.hpp for the
 // interface): the device backends' logic runs unchanged on a machine without a GPU, in CI and under
 // the sanitizers. A test double, so it lives under tests/ and is never installed: programs built
 // with FLEXCOMM_DEVICE_STANDIN put tests/standin on their include path.
@@ -60,7 +60,7 @@
 #include <flexcomm/core/reduce.hpp>
 #include <flexcomm/core/setting_values.hpp>
 #include <flexcomm/core/settings.hpp>
-#include <flexcomm/backend/mpi_types.hpp>
+#include <flexcomm/backend/mpi/types.hpp>
 
 namespace flexcomm::device {
 

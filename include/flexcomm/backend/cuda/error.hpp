@@ -1,6 +1,6 @@
 // CUDA return codes as flexcomm::error, and the few RAII handles the device backends share
 // (events, streams, pinned host memory), so no CUDA failure passes unchecked or leaks. Written
-// over the device layer (device/runtime.hpp): the same on a GPU and on the host stand-in.
+// over the device layer (runtime.hpp): the same on a GPU and on the host stand-in.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +14,7 @@
 
 #include "../../core/error.hpp"
 #include "../../core/progress.hpp"
-#include "../device/runtime.hpp"
+#include "runtime.hpp"
 
 namespace flexcomm {
 

@@ -6,7 +6,7 @@
 
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
-#include "../device/runtime.hpp"
+#include "runtime.hpp"
 #include "error.hpp"
 
 namespace flexcomm::cuda {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "../../core/error.hpp"
-#include "../device/runtime.hpp"
+#include "runtime.hpp"
 #include "error.hpp"
 
 namespace flexcomm::cuda {

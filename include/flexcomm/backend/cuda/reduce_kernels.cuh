@@ -1,6 +1,6 @@
 // Device-side reductions for every flexcomm element type and op, the GPU twin of core/reduce.hpp:
 // same arithmetic in the same order, so a device result equals the host reference bit for bit.
-// The CUDA half of the device layer's kernels (device/cuda.hpp); callers use cuda::combine and
+// The CUDA half of the device layer's kernels (runtime_cuda.hpp); callers use cuda::combine and
 // cuda::divide (cuda/local_work.hpp), which run on the host stand-in as well.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The MPI backend's communicator: a move-only owner of an MPI communicator, its name for
-// errors ("member 2"), and the watchdog's bookkeeping for it (mpi_watchdog.hpp).
+// errors ("member 2"), and the watchdog's bookkeeping for it (watchdog.hpp).
 #pragma once
 
 #include <mpi.h>
@@ -15,10 +15,10 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "deferred_post.hpp"
-#include "../mpi_implementation.hpp"
-#include "../mpi_setup.hpp"
-#include "../mpi_types.hpp"
-#include "../mpi_watchdog.hpp"
+#include "implementation.hpp"
+#include "setup.hpp"
+#include "types.hpp"
+#include "watchdog.hpp"
 
 namespace flexcomm {
 
@@ -32,7 +32,7 @@ class mpi_communicator {
   mpi_communicator() = default;
 
   // Takes ownership of `comm` (freed on destruction); errors return instead of aborting.
-  // Collective over `comm`: it also makes the watchdog's side channel (see mpi_watchdog.hpp).
+  // Collective over `comm`: it also makes the watchdog's side channel (see watchdog.hpp).
   mpi_communicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
     if (comm_ != MPI_COMM_NULL) {
       check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), cat(name_, ": set error handler"));

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "../../core/error.hpp"
-#include "../mpi_types.hpp"
-#include "../mpi_watchdog.hpp"
+#include "types.hpp"
+#include "watchdog.hpp"
 
 namespace flexcomm::detail {
 

@@ -33,7 +33,7 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "../mpi.hpp"
-#include "../mpi_implementation.hpp"
+#include "implementation.hpp"
 #include "trace.hpp"
 
 namespace flexcomm {

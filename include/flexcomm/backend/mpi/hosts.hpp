@@ -13,7 +13,7 @@
 #include "../../core/settings.hpp"
 #include "../../core/hosts.hpp"
 #include "operations.hpp"
-#include "../mpi_setup.hpp"
+#include "setup.hpp"
 
 namespace flexcomm {
 

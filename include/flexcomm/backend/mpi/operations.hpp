@@ -22,13 +22,13 @@
 #include "../../core/watchdog.hpp"
 #include "../contract.hpp"
 #include "../operations.hpp"
-#include "../call_check.hpp"
+#include "call_check.hpp"
 #include "communicator.hpp"
 #include "deferred_post.hpp"
-#include "../mpi_implementation.hpp"
+#include "implementation.hpp"
 #include "request.hpp"
-#include "../mpi_types.hpp"
-#include "../mpi_watchdog.hpp"
+#include "types.hpp"
+#include "watchdog.hpp"
 
 namespace flexcomm {
 

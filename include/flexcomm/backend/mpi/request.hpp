@@ -18,12 +18,12 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "../request.hpp"
-#include "../call_check.hpp"
+#include "call_check.hpp"
 #include "communicator.hpp"
 #include "deferred_post.hpp"
-#include "../mpi_implementation.hpp"
-#include "../mpi_types.hpp"
-#include "../mpi_watchdog.hpp"
+#include "implementation.hpp"
+#include "types.hpp"
+#include "watchdog.hpp"
 
 namespace flexcomm {
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "../../core/error.hpp"
-#include "../mpi_setup.hpp"
-#include "../mpi_types.hpp"
+#include "setup.hpp"
+#include "types.hpp"
 #include "../shm/host_group.hpp"
 #include "../shm/host_reducer.hpp"
 #include "../shm/host_window.hpp"

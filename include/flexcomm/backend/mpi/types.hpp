@@ -1,3 +1,103 @@
-// Moved to backend/mpi_types.hpp (shared by the backends over MPI ranks); this forward goes after one release.
+// How flexcomm's element types and reductions map onto MPI's, and MPI's return codes onto
+// flexcomm::error: the vocabulary every backend over MPI ranks speaks (mpi, nccl's control
+// communicator, staged's transport, the device stand-in), which include it from here.
 #pragma once
-#include "../mpi_types.hpp"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/reduce.hpp"
+
+namespace flexcomm {
+
+namespace detail {
+inline std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return cat("MPI error code ", code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+}  // namespace detail
+
+// Ends every rank of the job with `code`: what a request's destructor does when its pending
+// operation fails there (a destructor cannot throw, and the peers would wait for it for ever).
+inline void abort_mpi_job(int code) noexcept { MPI_Abort(MPI_COMM_WORLD, code); }
+
+// Turns an MPI return code into a flexcomm::error naming the operation.
+inline void check_mpi(int code, const std::string& operation) {
+  if (code != MPI_SUCCESS) fail(operation, detail::mpi_error_text(code));
+}
+
+namespace detail {
+inline int mpi_count(std::size_t n, const std::string& operation) {
+  check(n <= static_cast<std::size_t>(INT_MAX), operation,
+        cat("count ", n, " exceeds what one MPI call carries (", INT_MAX, ")"));
+  return static_cast<int>(n);
+}
+
+inline MPI_Datatype mpi_type(dtype t) {
+  switch (t) {
+    case dtype::f32: return MPI_FLOAT;
+    case dtype::f64: return MPI_DOUBLE;
+    case dtype::i32: return MPI_INT32_T;
+    case dtype::i64: return MPI_INT64_T;
+    case dtype::u8: return MPI_UINT8_T;
+    case dtype::f16: case dtype::bf16: return MPI_UINT16_T;  // reduced by flexcomm's own MPI_Ops
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// MPI has no 16-bit floats: reductions on them use user-defined operators, made once and
+// freed when MPI_Finalize deletes MPI_COMM_SELF's attributes.
+template <class T, op O>
+void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine(O, static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len));
+}
+
+struct mpi_f16_ops {
+  MPI_Op ops[2][4] = {};  // [half, bfloat16][sum, prod, min, max]
+};
+
+inline int free_f16_ops(MPI_Comm, int, void* ops, void*) {
+  auto* table = static_cast<mpi_f16_ops*>(ops);
+  for (auto& row : table->ops)
+    for (auto& o : row)
+      if (o != MPI_OP_NULL) MPI_Op_free(&o);
+  delete table;
+  return MPI_SUCCESS;
+}
+
+inline mpi_f16_ops& f16_ops() {
+  static mpi_f16_ops* table = [] {
+    auto* t = new mpi_f16_ops;
+    MPI_Op_create(&mpi_user_reduce<half, op::sum>, 1, &t->ops[0][0]);
+    MPI_Op_create(&mpi_user_reduce<half, op::prod>, 1, &t->ops[0][1]);
+    MPI_Op_create(&mpi_user_reduce<half, op::min>, 1, &t->ops[0][2]);
+    MPI_Op_create(&mpi_user_reduce<half, op::max>, 1, &t->ops[0][3]);
+    MPI_Op_create(&mpi_user_reduce<bfloat16, op::sum>, 1, &t->ops[1][0]);
+    MPI_Op_create(&mpi_user_reduce<bfloat16, op::prod>, 1, &t->ops[1][1]);
+    MPI_Op_create(&mpi_user_reduce<bfloat16, op::min>, 1, &t->ops[1][2]);
+    MPI_Op_create(&mpi_user_reduce<bfloat16, op::max>, 1, &t->ops[1][3]);
+    int key = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_f16_ops, &key, nullptr);
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, t);
+    return t;
+  }();
+  return *table;
+}
+
+inline MPI_Op mpi_op(op o, dtype t) {
+  const int index = o == op::avg ? 0 : static_cast<int>(o);  // avg = sum, divided afterwards
+  if (t == dtype::f16 || t == dtype::bf16) return f16_ops().ops[t == dtype::f16 ? 0 : 1][index];
+  static const MPI_Op native[] = {MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
+  return native[index];
+}
+}  // namespace detail
+
+}  // namespace flexcomm

@@ -1,3 +1,339 @@
-// Moved to backend/mpi_watchdog.hpp (shared by the backends over MPI ranks); this forward goes after one release.
+// The MPI side of the watchdog (core/watchdog.hpp): each communicator's private side channel,
+// the arrival protocol that names the ranks that did not arrive, and the collective signatures.
+// The MPI backend's communicators keep it, and so does nccl's control communicator.
+//
+// Every flexcomm MPI communicator owns a duplicate of itself, the side channel, that carries only
+// watchdog traffic, so none of it can match the communicator's own messages or collectives:
+//  - arrival: a rank whose wait timed out sends its state (oldest operation in flight, last
+//    enqueued and completed sequence numbers) to every peer of every communicator it has, then
+//    listens for the peers' states on the communicator it waited on, for a grace period. Peers
+//    that are waiting too time out at about the same time and answer; a rank that stalls outside
+//    flexcomm, or died, never does, and one that answers with a lower sequence number is behind.
+//  - consistency (FLEXCOMM_CHECK): beside every collective, a nonblocking MIN allreduce of
+//    (signature, -signature) on the side channel, i.e. the minimum and maximum of each field; when
+//    they differ, the ranks swap signatures point-to-point so that each names who disagrees.
 #pragma once
-#include "../mpi_watchdog.hpp"
+
+#include <mpi.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../core/agreement.hpp"
+#include "../../core/datatype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/reduce.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/hosts.hpp"
+#include "../../core/watchdog.hpp"
+#include "setup.hpp"
+
+namespace flexcomm::detail {
+
+// Operation names as numbers on the wire; the order is fixed.
+inline const char* const mpi_op_names[] = {"isend", "irecv", "ibcast", "iallreduce", "ireduce",
+                                           "igatherv", "iallgather", "iallgatherv", "ireduce_scatter"};
+inline int mpi_op_code(const char* op) {
+  for (int i = 0; i < 9; ++i)
+    if (std::strcmp(mpi_op_names[i], op) == 0) return i;
+  return -1;
+}
+inline const char* mpi_op_name(long long code) { return code >= 0 && code < 9 ? mpi_op_names[code] : "?"; }
+
+// What a collective looks like to one rank; every rank of the communicator must agree on it.
+struct mpi_signature {
+  enum field { kind, type, count, redop, root, counts_hash, label, fields };
+  std::array<long long, fields> value{};
+
+  std::string str() const {
+    std::string s = cat(mpi_op_name(value[kind]), " ");
+    if (value[count] >= 0) s += cat(value[count], " x ");
+    s += name_of(static_cast<dtype>(value[type]));
+    if (value[redop] >= 0) s += cat(" ", name_of(static_cast<op>(value[redop])));
+    if (value[root] >= 0) s += cat(" root ", value[root]);
+    if (value[counts_hash] != 0) s += cat(" counts#", value[counts_hash] % 100000);
+    if (value[label] >= 0) s += cat(" label ", value[label]);
+    return s;
+  }
+};
+
+inline long long hash_counts(const int* counts, std::size_t n) {
+  fingerprint f;
+  for (std::size_t i = 0; i < n; ++i) f.add(static_cast<std::uint32_t>(counts[i]));
+  return static_cast<long long>(f.folded() | 1);  // positive and never 0, so that -h cannot overflow
+}
+
+class mpi_comm_state final : public watched {
+ public:
+  static constexpr int announce_tag = 1;
+  static constexpr int signature_tag = 2;
+  static constexpr int announce_fields = 8;
+
+  mpi_comm_state(MPI_Comm comm, std::string name) : name_(std::move(name)) {
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &size_);
+    world_ranks_.resize(static_cast<std::size_t>(size_));
+    MPI_Group mine, world;
+    MPI_Comm_group(comm, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> ranks(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) ranks[static_cast<std::size_t>(r)] = r;
+    MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_ranks_.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    // Without a side channel the watchdog only names this rank's own stall: not worth failing for.
+    try {
+      side_ = duplicate_of(comm, cat(name_, ": the watchdog's side channel"));
+      MPI_Comm_set_errhandler(side_, MPI_ERRORS_RETURN);
+    } catch (const error&) {
+      side_ = MPI_COMM_NULL;
+    }
+  }
+
+  ~mpi_comm_state() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (side_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&side_);
+  }
+
+  mpi_comm_state(const mpi_comm_state&) = delete;
+  mpi_comm_state& operator=(const mpi_comm_state&) = delete;
+
+  const std::string& name() const override { return name_; }
+  const flight_recorder& recorder() const override { return recorder_; }
+  flight_recorder& recorder() { return recorder_; }
+  MPI_Comm side() const noexcept { return side_; }
+  int world_rank(int r) const { return r >= 0 && r < size_ ? world_ranks_[static_cast<std::size_t>(r)] : -1; }
+  std::string who(int r) const { return cat(r, " (world ", world_rank(r), on_host(world_rank(r)), ")"); }
+
+  // The per-communicator timeout; unset: FLEXCOMM_TIMEOUT's.
+  timeout_limit limit;
+  std::chrono::milliseconds timeout() const { return limit.get(); }
+
+  bool poisoned() const noexcept { return poisoned_.load(std::memory_order_acquire); }
+  std::string poison_reason() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return poison_reason_;
+  }
+  void poison(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (poisoned_.load(std::memory_order_relaxed)) return;
+      poison_reason_ = why;
+    }
+    poisoned_.store(true, std::memory_order_release);
+    watchdog::instance().must_end();
+  }
+
+  void announce() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (announced_.load(std::memory_order_relaxed) || side_ == MPI_COMM_NULL || size_ < 2) return;
+    announced_.store(true, std::memory_order_release);
+    // Sent once and never freed: the send may outlive this communicator (its peer may be dead),
+    // and the job is ending anyway.
+    auto* msg = new long long[announce_fields];
+    const std::uint64_t oldest = recorder_.oldest_in_flight();
+    const op_record r = oldest ? recorder_.find(oldest) : op_record{};
+    msg[0] = world_rank(rank_);
+    msg[1] = static_cast<long long>(oldest);
+    msg[2] = oldest ? mpi_op_code(r.op) : -1;
+    msg[3] = static_cast<long long>(r.count);
+    msg[4] = static_cast<long long>(recorder_.last_enqueued());
+    msg[5] = static_cast<long long>(recorder_.last_completed());
+    msg[6] = static_cast<long long>(recorder_.in_flight());
+    msg[7] = 0;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      MPI_Request req;
+      if (MPI_Isend(msg, announce_fields, MPI_LONG_LONG, p, announce_tag, side_, &req) == MPI_SUCCESS)
+        MPI_Request_free(&req);
+    }
+  }
+
+  void answer_queries() override {
+    if (announced_.load(std::memory_order_acquire) || side_ == MPI_COMM_NULL || size_ < 2) return;
+    int flag = 0;
+    // Probe only: the peer's message stays queued for this rank's own diagnose().
+    if (MPI_Iprobe(MPI_ANY_SOURCE, announce_tag, side_, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) announce();
+  }
+
+  std::string diagnose(std::uint64_t seq, std::chrono::milliseconds grace) override {
+    std::lock_guard<std::mutex> lock(diagnose_mutex_);
+    if (!diagnosis_.empty()) return diagnosis_;  // the peers answer once
+    const op_record waiting = recorder_.find(seq);
+    std::string s = cat("  on '", name_, "' (rank ", rank_, " of ", size_, ", world ", world_rank(rank_), "): ");
+    s += waiting.seq ? cat("waiting in ", waiting.str()) : cat("waiting in #", seq);
+    s += cat("; this rank last enqueued #", recorder_.last_enqueued(), ", last completed #",
+             recorder_.last_completed(), ", ", recorder_.in_flight(), " in flight");
+    std::vector<std::array<long long, announce_fields>> answers;
+    const auto answered = gather(announce_tag, nullptr, answers, grace);
+    std::vector<std::string> missing;
+    std::string peers;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const auto& a = answers[static_cast<std::size_t>(p)];
+      if (!answered[static_cast<std::size_t>(p)]) {
+        missing.push_back(who(p));
+        peers += cat("\n    rank ", who(p), ": no answer within ", grace.count(),
+                     " ms: not waiting in flexcomm (stalled, busy elsewhere or dead)");
+        continue;
+      }
+      const auto enqueued = static_cast<std::uint64_t>(a[4]);
+      std::string where = a[1] > 0 ? cat("waiting in #", a[1], " ", mpi_op_name(a[2]), " (", a[3], " elements)")
+                                   : std::string("nothing in flight here");
+      if (enqueued < seq) {
+        missing.push_back(who(p));
+        peers += cat("\n    rank ", who(p), ": behind, last enqueued #", a[4], ", last completed #", a[5], ", ",
+                     where);
+      } else {
+        peers += cat("\n    rank ", who(p), ": arrived, last enqueued #", a[4], ", last completed #", a[5], ", ",
+                     where);
+      }
+    }
+    if (size_ > 1) {
+      if (missing.empty()) {
+        s += "\n  every rank arrived";
+      } else {
+        s += cat("\n  ranks that did not arrive: ");
+        for (std::size_t i = 0; i < missing.size(); ++i) s += cat(i ? ", " : "", missing[i]);
+      }
+    }
+    s += peers;
+    s += "\n" + recorder_.dump(cat("'", name_, "'"));
+    diagnosis_ = s;
+    return s;
+  }
+
+  // The fields of `mine` vs everyone's: every rank calls it once the MIN/MAX allreduce showed a
+  // difference. Names the groups of ranks that agree.
+  std::string disagreement(const mpi_signature& mine, std::chrono::milliseconds grace) {
+    std::vector<std::array<long long, announce_fields>> answers;
+    std::array<long long, announce_fields> out{};
+    std::copy(mine.value.begin(), mine.value.end(), out.begin());
+    const auto answered = gather(signature_tag, out.data(), answers, grace);
+    std::map<std::array<long long, mpi_signature::fields>, std::vector<int>> groups;
+    std::vector<int> silent;
+    for (int p = 0; p < size_; ++p) {
+      mpi_signature sig = mine;
+      if (p != rank_) {
+        if (!answered[static_cast<std::size_t>(p)]) { silent.push_back(p); continue; }
+        std::copy(answers[static_cast<std::size_t>(p)].begin(),
+                  answers[static_cast<std::size_t>(p)].begin() + mpi_signature::fields, sig.value.begin());
+      }
+      groups[sig.value].push_back(p);
+    }
+    std::string s = "ranks disagree:";
+    for (const auto& [value, ranks] : groups) {
+      mpi_signature sig;
+      sig.value = value;
+      s += cat(" rank", ranks.size() > 1 ? "s " : " ");
+      for (std::size_t i = 0; i < ranks.size(); ++i) s += cat(i ? "," : "", ranks[i]);
+      s += cat(": ", sig.str(), value == mine.value ? " (this rank);" : ";");
+    }
+    if (!silent.empty()) {
+      s += " no signature from rank";
+      for (int p : silent) s += cat(" ", p);
+      s += ";";
+    }
+    s.pop_back();
+    return s;
+  }
+
+ private:
+  // Sends `out` (when given) to every peer on the side channel with `tag`, and receives one
+  // message from each, for up to `grace`. Buffers are leaked on purpose where a receive could not
+  // be cancelled: MPI may still write into them.
+  std::vector<bool> gather(int tag, const long long* out, std::vector<std::array<long long, announce_fields>>& in,
+                           std::chrono::milliseconds grace) {
+    const auto n = static_cast<std::size_t>(size_);
+    std::vector<bool> answered(n, false);
+    in.assign(n, {});
+    if (side_ == MPI_COMM_NULL || size_ < 2) return answered;
+    auto* box = new std::array<long long, announce_fields>[n];
+    std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      if (MPI_Irecv(box[p].data(), announce_fields, MPI_LONG_LONG, p, tag, side_, &recvs[static_cast<std::size_t>(p)]) !=
+          MPI_SUCCESS)
+        recvs[static_cast<std::size_t>(p)] = MPI_REQUEST_NULL;
+      if (out) {
+        auto* msg = new long long[announce_fields];  // may outlive this call: see announce()
+        std::memcpy(msg, out, sizeof(long long) * announce_fields);
+        MPI_Request req;
+        if (MPI_Isend(msg, announce_fields, MPI_LONG_LONG, p, tag, side_, &req) == MPI_SUCCESS) MPI_Request_free(&req);
+      }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    for (unsigned round = 0;; ++round) {
+      bool all = true;
+      for (std::size_t p = 0; p < n; ++p) {
+        if (recvs[p] == MPI_REQUEST_NULL) continue;
+        int flag = 0;
+        if (MPI_Test(&recvs[p], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+          recvs[p] = MPI_REQUEST_NULL;  // a dead peer: no answer
+          continue;
+        }
+        if (flag) answered[p] = true;
+        else all = false;
+      }
+      if (all || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(round < 10 ? 10 : 500));
+    }
+    bool leak = false;
+    for (std::size_t p = 0; p < n; ++p) {
+      if (recvs[p] == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&recvs[p]);
+      MPI_Request_free(&recvs[p]);
+      leak = true;
+    }
+    for (std::size_t p = 0; p < n; ++p)
+      if (answered[p]) in[p] = box[p];
+    if (!leak) delete[] box;
+    return answered;
+  }
+
+  std::string name_;
+  int rank_ = -1, size_ = 0;
+  std::vector<int> world_ranks_;
+  MPI_Comm side_ = MPI_COMM_NULL;
+  flight_recorder recorder_;
+  mutable std::mutex mutex_;
+  std::mutex diagnose_mutex_;
+  std::atomic<bool> poisoned_{false};
+  std::string poison_reason_;
+  std::atomic<bool> announced_{false};
+  std::string diagnosis_;
+};
+
+// The consistency check riding beside one collective: MIN over (signature, -signature) gives the
+// minimum and maximum of every field across the ranks in one small allreduce.
+struct mpi_signature_check {
+  mpi_signature mine;
+  std::array<long long, 2 * mpi_signature::fields> in{}, out{};
+  MPI_Request req = MPI_REQUEST_NULL;
+
+  bool post(MPI_Comm side) {
+    for (int i = 0; i < mpi_signature::fields; ++i) {
+      in[static_cast<std::size_t>(i)] = mine.value[static_cast<std::size_t>(i)];
+      in[static_cast<std::size_t>(i + mpi_signature::fields)] = -mine.value[static_cast<std::size_t>(i)];
+    }
+    return MPI_Iallreduce(in.data(), out.data(), 2 * mpi_signature::fields, MPI_LONG_LONG, MPI_MIN, side, &req) ==
+           MPI_SUCCESS;
+  }
+  bool agreed() const {
+    for (int i = 0; i < mpi_signature::fields; ++i)
+      if (out[static_cast<std::size_t>(i)] != -out[static_cast<std::size_t>(i + mpi_signature::fields)]) return false;
+    return true;
+  }
+};
+
+}  // namespace flexcomm::detail

@@ -2,7 +2,7 @@
 // from an MPI communicator, with the MPI twin (control) that carries its small host exchanges.
 #pragma once
 
-#include "../device/runtime.hpp"
+#include "../cuda/runtime.hpp"
 
 #include <chrono>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // their native half: the record of one operation, the memory-space check, and the NCCL calls.
 #pragma once
 
-#include "../device/runtime.hpp"
+#include "../cuda/runtime.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -23,8 +23,8 @@
 #include "../cuda/error.hpp"
 #include "../cuda/local_work.hpp"
 #include "../mpi.hpp"
+#include "../mpi/call_check.hpp"
 #include "../operations.hpp"
-#include "../call_check.hpp"
 #include "communicator.hpp"
 #include "request.hpp"
 #include "state.hpp"
@@ -45,7 +45,7 @@ inline const std::shared_ptr<mpi_comm_state>& usable_watch(const nccl_communicat
   return st.watch;
 }
 
-// One operation being issued (call_check.hpp), recorded and checked in the bookkeeping kept
+// One operation being issued (mpi/call_check.hpp), recorded and checked in the bookkeeping kept
 // over the control communicator.
 class nccl_op_start : public operation_record {
  public:

@@ -16,7 +16,7 @@
 #include "../../core/error.hpp"
 #include "../../core/watchdog.hpp"
 #include "../request.hpp"
-#include "../call_check.hpp"
+#include "../mpi/call_check.hpp"
 #include "communicator.hpp"
 #include "state.hpp"
 #include "types.hpp"

@@ -3,7 +3,7 @@
 // recorder, timeout, the watchdog's side channel), so that NCCL's timeouts name ranks as MPI's do.
 #pragma once
 
-#include "../device/runtime.hpp"
+#include "../cuda/runtime.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include "../../core/trace.hpp"
 #include "../../core/wait.hpp"
 #include "../cuda/error.hpp"
-#include "../mpi_watchdog.hpp"
+#include "../mpi/watchdog.hpp"
 #include "types.hpp"
 
 namespace flexcomm {

@@ -6,7 +6,7 @@
 
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
-#include "../device/runtime.hpp"
+#include "../cuda/runtime.hpp"
 
 namespace flexcomm {
 

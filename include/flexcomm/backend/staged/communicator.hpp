@@ -2,7 +2,7 @@
 // with the streams and ordering its staged operations need, and an MPI twin for control traffic.
 #pragma once
 
-#include "../device/runtime.hpp"
+#include "../cuda/runtime.hpp"
 
 #include <chrono>
 #include <memory>

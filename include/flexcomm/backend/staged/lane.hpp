@@ -3,7 +3,7 @@
 // MPI -> device.
 #pragma once
 
-#include "../device/runtime.hpp"
+#include "../cuda/runtime.hpp"
 #include <mpi.h>
 
 #include <algorithm>
@@ -23,11 +23,11 @@
 #include "../cuda/error.hpp"
 #include "../cuda/pinned_pool.hpp"
 #include "../mpi.hpp"
-#include "../mpi_implementation.hpp"
+#include "../mpi/implementation.hpp"
 
 namespace flexcomm {
 
-// Whether this MPI library reads and writes device memory (mpi_implementation.hpp asks it).
+// Whether this MPI library reads and writes device memory (mpi/implementation.hpp asks it).
 inline bool mpi_is_cuda_aware() { return mpi_implementation::cuda_aware(); }
 
 namespace detail {

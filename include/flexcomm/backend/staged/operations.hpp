@@ -4,7 +4,7 @@
 // half: each operation cut into chunks, staged, sent as MPI operations, and brought back.
 #pragma once
 
-#include "../device/runtime.hpp"
+#include "../cuda/runtime.hpp"
 #include <mpi.h>
 
 #include <algorithm>

@@ -1,8 +1,10 @@
 // The lowest layer of the device backends: the few CUDA runtime and NCCL calls that nccl, staged
 // and cuda_aware_mpi make, behind one small interface in namespace flexcomm::device, so that the
 // backends' logic (chunking, staging, events, deferred groups, aborts) is the same code on a GPU
-// and on a machine without one. Two implementations, chosen here and nowhere else:
-//   device/cuda.hpp     the CUDA runtime and NCCL (the default; needs nvcc for the kernels);
+// and on a machine without one. It is the bottom of cuda/: it, runtime_cuda.hpp and the kernels
+// (reduce_kernels.cuh) include no other file of the folder, and the rest of cuda/ stands on them.
+// Two implementations, chosen here and nowhere else:
+//   runtime_cuda.hpp    the CUDA runtime and NCCL (the default; needs nvcc for the kernels);
 //   a host stand-in for tests (build with FLEXCOMM_DEVICE_STANDIN and tests/standin on the include
 //                       path; never installed, tests/standin/flexcomm_standin/device.hpp): memory in
 //                       host RAM, streams as ordered queues run by worker threads, events that
@@ -36,5 +38,5 @@
 #if defined(FLEXCOMM_DEVICE_STANDIN)
 #include <flexcomm_standin/device.hpp>  // tests/standin: a test double, not part of the library
 #else
-#include "cuda.hpp"
+#include "runtime_cuda.hpp"
 #endif

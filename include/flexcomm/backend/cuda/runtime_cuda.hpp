@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "../../core/datatype.hpp"
-#include "../cuda/reduce_kernels.cuh"
+#include "reduce_kernels.cuh"
 
 namespace flexcomm::device {
 

@@ -1,3 +1,0 @@
-// Moved to patterns/collect/many_to_one.hpp; this forward goes after one release.
-#pragma once
-#include "collect/many_to_one.hpp"
