@@ -77,6 +77,8 @@ int main(int argc, char** argv) {
       {"bad-stage-chunk", "FLEXCOMM_STAGE_CHUNK", "0"},
       {"bad-pinned-bytes", "FLEXCOMM_PINNED_BYTES", "1K"},
       {"bad-standin-latency", "FLEXCOMM_STANDIN_LATENCY", "-5"},
+      {"bad-standin-devices", "FLEXCOMM_STANDIN_DEVICES", "0"},
+      {"bad-device", "FLEXCOMM_DEVICE", "gpu1"},
       {"idle-stage-chunk", "FLEXCOMM_STAGE_CHUNK", "4096"},
   };
   for (const auto& b : bad_settings)

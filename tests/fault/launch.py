@@ -285,6 +285,9 @@ BAD_SETTINGS = {
                          "FLEXCOMM_PINNED_BYTES: '1K' holds less than one chunk (FLEXCOMM_STAGE_CHUNK: 1048576 bytes)"),
     'bad-standin-latency': ('FLEXCOMM_STANDIN_LATENCY', '-5',
                             "FLEXCOMM_STANDIN_LATENCY: cannot parse '-5': expected microseconds, 0 .. 1000000"),
+    'bad-standin-devices': ('FLEXCOMM_STANDIN_DEVICES', '0',
+                            "FLEXCOMM_STANDIN_DEVICES: cannot parse '0': expected a device count, 1 .. 16"),
+    'bad-device': ('FLEXCOMM_DEVICE', 'gpu1', "FLEXCOMM_DEVICE: cannot parse 'gpu1': expected local or a device index"),
 }
 for name, (setting, value, message) in BAD_SETTINGS.items():
     FAULTS[name] = dict(
