@@ -1,8 +1,7 @@
 // doorbell: lets a rank sleep in shared memory until a peer on its host says something may
 // have changed, instead of waking on a timer to look. A producer of the adaptive feed that is a
-// whole board ahead waits a whole training step for a slot; with backoff it woke about seven
-// times per step to find nothing, which where preprocessing is cheap (1 ms against 50 ms of
-// training) was a quarter of the job's CPU (benchmarks/feed_sweep). On Linux it is a futex on
+// whole board ahead waits a whole training step for a slot, and waking on a timer to find nothing
+// costs CPU where preprocessing is cheap (benchmarks/history/feed.md). On Linux it is a futex on
 // the shared page, so the kernel wakes exactly the sleepers, across processes; elsewhere
 // sleep_unless sleeps a bounded slice, as backoff would.
 #pragma once

@@ -176,8 +176,8 @@ enum class flat_algorithm {
 // host holds more than one of its ranks (one rank per host is the flat algorithm already). Against
 // the ring, only where the ring would cross hosts more than once per host: a ring over ranks in
 // host blocks sends at most 2(n-1)/n of a bucket across each host's link, against the tiers'
-// 2(H-1)/H, and measured across simulated hosts (docs/benchmarks.md) the unpipelined tiers cost
-// more than that saves; against MPICH's allreduce they were up to 6.9x faster (0.94x at worst).
+// 2(H-1)/H, and across hosts the unpipelined tiers cost more than that saves; against MPICH's
+// own allreduce they pay (docs/benchmarks.md).
 inline bool use_hierarchy(hierarchy h, const host_map& member, flat_algorithm flat) {
   if (h == hierarchy::on) return true;
   if (h == hierarchy::off) return false;

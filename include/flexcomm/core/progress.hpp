@@ -79,11 +79,9 @@ class progress_engine {
       check(!stopping_, "progress engine", cat("cannot accept '", done->what(), "': engine is stopped"));
       incoming_.push_back({std::move(poll), done});
       // A task counts as background polling from here, not from when the engine's thread wakes
-      // to take it: a waiter that yields meanwhile (a trainer in finish()) keeps the core that
-      // thread needs, for milliseconds on Linux 6.18, whose scheduler lets a yielding thread run
-      // on while the woken one has used more than its share. Measured at 2 ranks, overlapped_ring
-      // shm at 1 MiB: one bucket in ten waited 0.6-3.5 ms for the engine's first poll, at most
-      // 0.5 ms with this.
+      // to take it: a waiter that yields meanwhile (a trainer in finish()) can keep the core that
+      // thread needs for milliseconds, since Linux lets a yielding thread run on while the woken
+      // one has used more than its share (docs/architecture.md, "Waiting and progress").
       detail::background_pollers().fetch_add(1, std::memory_order_relaxed);
       pending_names_.insert(done->what());
       ++outstanding_;

@@ -36,8 +36,8 @@ inline std::size_t parse_bytes(const std::string& text, const char* what) {
 }
 
 // The smallest bucket or segment a job script may ask for: below a page, the count of messages
-// grows by orders of magnitude for nothing (FLEXCOMM_SEGMENT_BYTES=1 sent 1000x more messages
-// than needed). Code that sets sync_options itself may go lower (the tests do).
+// grows by orders of magnitude for nothing. Code that sets sync_options itself may go lower (the
+// tests do).
 inline constexpr std::size_t smallest_setting_bytes = 4096;
 
 inline std::size_t parse_setting_bytes(const std::string& text, const char* what) {

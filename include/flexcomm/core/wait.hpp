@@ -93,9 +93,9 @@ struct wait_policy {
   // backoff first yields (a peer rank waiting for this core runs at once), then sleeps with
   // doubling length: a sleeping rank neither steals the core nor inflates CPU-time figures.
   // While the progress engine has work, every wait backs off: spinning or yielding beside it
-  // keeps the core and MPICH's lock from the thread that does the work (measured: a 4 KiB
-  // ring allreduce at 2 ranks took 0.4-1.6 ms instead of about 50 us). A waiter that drives its
-  // own work (`drives`) yields instead of sleeping where it would otherwise spin.
+  // keeps the core and MPICH's lock from the thread that does the work (docs/architecture.md,
+  // "Waiting and progress"). A waiter that drives its own work (`drives`) yields instead of
+  // sleeping where it would otherwise spin.
   void pause(unsigned round) const {
     const bool beside_engine = detail::background_pollers().load(std::memory_order_relaxed) > 0;
     wait_kind now = kind;
@@ -104,9 +104,7 @@ struct wait_policy {
   }
   // The progress engine's own pause between two rounds over its tasks: the rule above is for the
   // threads beside it. Where this policy would spin it yields instead (the trainer shares its
-  // core). Counted among the threads beside the engine, it slept up to 100 us between the chunks
-  // of VGG-16's 6 MiB shared-memory bucket, which then took 1.5 ms during backward instead of
-  // the 0.5 ms it takes on the trainer's thread.
+  // core): backing off, it would sleep between the chunks of a large shared-memory bucket.
   void pause_engine(unsigned round) const { pause_as(kind == wait_kind::spin ? wait_kind::yield : kind, round); }
 
  private:

@@ -113,8 +113,8 @@ inline bool thread_reads(long tid, int fd, int samples = 1) {
   return true;
 }
 
-// Calls MPI_Finalize on this (the main) thread, which must be the thread that finalizes: done
-// from another thread, the hang below was seen 8 times in 24 runs instead of 0. A guard thread
+// Calls MPI_Finalize on this (the main) thread, which must be the thread that finalizes: from
+// another thread the hang below is far more frequent (docs/reliability.md). A guard thread
 // waits up to `limit` (zero: forever); if MPI_Finalize has not returned by then, the guard says
 // so and ends the process with `status`, the status the program leaves with.
 inline void finalize_within(std::chrono::milliseconds limit, int status) {
@@ -224,7 +224,7 @@ class environment {
   //      flight after that is a request outliving the environment: reported, and the job ends;
   //   3. a world barrier, bounded by FLEXCOMM_TIMEOUT and named by the watchdog if a rank
   //      never arrives, proves every rank done with flexcomm;
-  //   4. MPI_Finalize, on a thread of its own: MPICH 4.0.2 over UCX's TCP transport sometimes
+  //   4. MPI_Finalize, under a guard thread: MPICH 4.0.2 over UCX's TCP transport sometimes
   //      never returns from it. If it has not returned FLEXCOMM_FINALIZE_TIMEOUT seconds after
   //      the barrier, this rank says so and leaves with the exit status the program gives.
   ~environment() {
@@ -273,12 +273,9 @@ class environment {
   }
 
   // How long MPI_Finalize may take once every rank is known to be done: FLEXCOMM_FINALIZE_TIMEOUT
-  // seconds; 0 waits forever. By default 0.5 on MPICH: the shutdown barrier has proved every rank
-  // done, and a finalize that works takes 12-40 ms across the simulated hosts, so half a second
-  // bounds what MPICH 4.0.2's finalize hang over UCX costs a job (docs/reliability.md; it was
-  // 10 s, and most 3-host jobs ended 10 s after their work). 10 on Open MPI, whose finalize has
-  // not hung here (60-190 ms across the simulated hosts) and whose mpirun reports a rank that
-  // leaves without it as failed: there the guard is a backstop that no run has needed.
+  // seconds; 0 waits forever. By default 0.5 on MPICH, well above a finalize that works, to bound
+  // what its finalize hang over UCX costs a job; 10 on Open MPI, whose finalize has not hung and
+  // whose mpirun reports a rank that leaves without it as failed (docs/reliability.md, "Shutdown").
   static std::chrono::milliseconds finalize_timeout() {
     const char* text = setting("FLEXCOMM_FINALIZE_TIMEOUT");
     if (!text) return mpi_implementation::default_finalize_timeout;

@@ -3,10 +3,8 @@
 // ranks keeps (watchdog.hpp).
 //
 // Why: MPICH's blocking calls busy-poll, and where ranks outnumber cores a spinning rank holds
-// the core its peers need to arrive. Measured at 3 ranks on 2 cores: MPI_Comm_dup 8 ms,
-// MPI_Comm_split_type 49 ms, MPI_Ibarrier waited with backoff 0.5 ms. An adapter's constructor
-// made about ten such calls (250 ms per subgroup_allreduce); a trainer that builds adapters per
-// epoch, and every test, paid it each time.
+// the core its peers need to arrive; an adapter's constructor makes about ten such calls
+// (benchmarks/history/costs.md, "Wait policy").
 #pragma once
 
 #include <mpi.h>
@@ -54,8 +52,8 @@ inline MPI_Comm duplicate_of(MPI_Comm comm, const std::string& what) {
 }
 
 // MPI_Comm_split's result (ranks ordered by key, then by rank), made from one nonblocking
-// allgather and MPI_Comm_create_group, which waits only for the new communicator's own ranks
-// (4 ranks on 2 cores: 5.6 ms against MPI_Comm_split's 32 ms). MPI_UNDEFINED: MPI_COMM_NULL.
+// allgather and MPI_Comm_create_group, which waits only for the new communicator's own ranks.
+// MPI_UNDEFINED: MPI_COMM_NULL.
 inline MPI_Comm split_of(MPI_Comm comm, int color, int key, const std::string& what) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);

@@ -58,10 +58,9 @@ class nccl_op_start : public operation_record {
 // NCCL connects a communicator's ranks at its first collective, so on a nonblocking communicator
 // a rank missing there leaves the enqueue itself in progress. That is reported as a wait that
 // timed out is (nccl_request::timed_out): the ranks that did not arrive, asked over the side
-// channel, and the communicator aborted with the job free to go on. Failing it as a post instead
-// left the call's consistency check out with no operation behind it, which poisoned the control
-// communicator and ended the job (the first GPU run's gpu_nccl_backend at 2-4 ranks). Called with
-// the state's mutex held.
+// channel, and the communicator aborted with the job free to go on. Failed as a post, it would
+// leave the call's consistency check out with no operation behind it, poisoning the control
+// communicator. Called with the state's mutex held.
 [[noreturn]] inline void enqueue_timed_out(nccl_state& st, nccl_op_start& start) {
   const auto limit = st.timeout();
   std::string report;

@@ -30,10 +30,8 @@
 //     have, each checks the others' descriptions against its own, reduces its share from every
 //     rank's region into its own and writes the result into every peer's, and publishes; once
 //     all have, every rank holds the result. Per rank that reads the data once and writes it once,
-//     where the slots above read and write it about twice (2 ranks: the probe in
-//     benchmarks/allreduce, which reduces data already in one shared mapping, went 1.1-1.8x
-//     faster than the slots from 64 KiB up). A rank whose data is not where it should be, or
-//     that reduces something else, is an error on every rank before anyone writes.
+//     where the slots above read and write it about twice. A rank whose data is not where it
+//     should be, or that reduces something else, is an error on every rank before anyone writes.
 // An allreduce may carry a landing: what to do with its result (a fused bucket's copy back into
 // its gradients), run by the thread that finishes it, right then, so that a bucket the engine
 // reduces during backward is also copied out during backward, not in finish().

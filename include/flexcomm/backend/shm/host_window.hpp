@@ -6,10 +6,9 @@
 //
 // One POSIX shared-memory file, made by rank 0 and unlinked once every rank has mapped it:
 // setting it up takes an allgather, a broadcast and a reduction over the group (host_group.hpp;
-// the MPI backend's are nonblocking and waited through the wait policy: an
-// MPI_Win_allocate_shared took 90 ms at 4 ranks on 2 cores, busy-polling), and releasing it is a
-// local munmap, so a rank that leaves early never holds its
-// peers in a collective. The file's pages start zeroed; each rank allocates its own region's
+// the MPI backend's are nonblocking and waited through the wait policy, where
+// MPI_Win_allocate_shared busy-polls), and releasing it is a local munmap, so a rank that leaves
+// early never holds its peers in a collective. The file's pages start zeroed; each rank allocates its own region's
 // while the window is made (placing them near itself), so a /dev/shm without room is an error on
 // every rank then, not a SIGBUS later.
 #pragma once

@@ -1,17 +1,11 @@
 // How a rank writes into its shared-memory slots, which peers on other cores read next: with
 // ordinary stores, or with streaming (non-temporal) stores, whichever this rank finds faster.
 //
-// Ordinary stores leave the lines in the writer's caches, where a peer sharing them reads them
-// at once; but each store must first take the line back from the peer that read it last time.
-// When that peer, or the slot's memory, is far (another die or socket; on this project's VM,
-// one process in two or three at random), every such line is a round trip: a 64 MiB allreduce
-// at 2 ranks took 40-50 ms instead of 8-14 (the same-run probe, which writes no slot it reads
-// back, 8-16). Streaming stores go to memory without taking the line: 11-19 ms in those
-// processes, but 1.5x slower than ordinary stores where the peer is near. Neither wins
-// everywhere, and the difference shows only by timing, so each rank times its allreduces and
-// keeps the faster kind (slot_writer), trying the other now and then. The choice is local:
-// readers see the same bytes either way, since a streaming write ends with a store fence,
-// before the release store of the step that publishes it.
+// Ordinary stores must first take each line back from the peer that read it last, a round trip
+// where that peer or the memory is far; streaming stores skip that but make a near reader fetch
+// from memory. Only timing tells which wins (docs/architecture.md), so each rank times its own.
+// The choice is local: a streaming write ends with a store fence, before the release store of
+// the step that publishes it, so readers see the same bytes either way.
 #pragma once
 
 #include <algorithm>
@@ -90,10 +84,8 @@ class slot_writer {
   }
   // A task of class `cls` with stores of kind `k` took `ns_per_byte`. Callable from any thread
   // (a race only blurs the estimate). The estimate falls at once and rises slowly: the kernel only
-  // ever makes a task slower, so a faster sample is the better estimate, and a slower one counts
-  // for at most twice the estimate, while a real change of placement lasts and moves it 1.125x
-  // per task. (Halving the distance instead let one preempted task among the first four keep the
-  // slower kind for a dozen tasks, as long as a benchmark's whole run at one size.)
+  // ever makes a task slower, so a faster sample is the better estimate, while a real change of
+  // placement lasts and still moves it (benchmarks/history/allreduce.md, "The store learner").
   void learn(int cls, kind k, double ns_per_byte) noexcept {
     std::atomic<double>& cost = cost_[cls][k];
     const double old = cost.load(std::memory_order_relaxed);

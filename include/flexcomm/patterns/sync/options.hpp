@@ -56,8 +56,7 @@ struct sync_options {
   shared_memory_use shared_memory = shared_memory_from_env();
   // Bytes of each of a rank's two large slots of the segment (N ranks: 2N of them); a larger
   // bucket goes through in chunks, alternating between the two. 1 MiB: the slots then stay in
-  // cache while the buffers stream through; with 16 MiB slots a 64 MiB allreduce at 2 ranks took
-  // twice as long on a quiet machine (docs/benchmarks.md).
+  // cache while the buffers stream through (benchmarks/history/allreduce.md).
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
 };
 

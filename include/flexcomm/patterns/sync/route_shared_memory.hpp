@@ -90,8 +90,8 @@ class host_shared {
   // latency_bytes is only started: whoever drives the segment next finishes it (the engine with
   // a later bucket, or the trainer in finish(), whose step check goes through the same segment),
   // as the flight's `driven`. The hop to the engine's thread and back would cost more than the
-  // reduction (2 ranks, 64 KiB: 20-25 us on the engine, 10-14 us without), and unlike a blocking
-  // reduction here it never holds the trainer until its peers reach the bucket.
+  // reduction (docs/architecture.md), and unlike a blocking reduction here it never holds the
+  // trainer until its peers reach the bucket.
   // `in_place`: the bucket lies in allocate()'s memory on every rank (fixed with the plan), and is
   // reduced there, with nothing copied in or out.
   template <class T>
