@@ -7,7 +7,8 @@
 #   which name no concrete library and include only core/ and one another, and the umbrellas
 #   (mpi.hpp, nccl.hpp, staged.hpp), each of which gathers its own folder and nothing else;
 # - each backend is whole in its folder, and the folders stand on one another one way:
-#     shm/    the shared-memory transport: core/ only, and no MPI
+#     shm/    the shared-memory transport: core/ only, and no MPI; shm/feed/ holds the feeds'
+#             shared-memory protocols (host_slots, claim_board, board_courier), generic over B
 #     mpi/    all MPI code: shm/ (which it plugs in) and the generic headers
 #     cuda/   device buffers, events, kernels and, at its bottom, the device runtime layer
 #             (runtime.hpp, runtime_cuda.hpp, reduce_kernels.cuh: the CUDA runtime and NCCL, or
@@ -16,7 +17,9 @@
 #   a folder may include its own files, core/, the generic headers, the folders below it and their
 #   umbrellas; within cuda/ the runtime layer includes no other cuda/ file;
 # - only cuda/'s runtime layer names CUDA or NCCL headers; mpi/ and nccl/, staged/ may name <mpi.h>;
-# - patterns/, pipeline/ and interop/ reach a backend through backend/contract.hpp alone;
+# - patterns/, pipeline/ and interop/ reach a backend through backend/contract.hpp alone, but for
+#   patterns/feed/, which also includes its shared-memory protocols in backend/shm/feed/ (and
+#   nothing else of shm/);
 # - patterns/feed/, sync/ and collect/ include none of one another.
 # The exceptions below are what still breaks a rule, each with its reason; a new one fails.
 # Usage: include_graph.sh <include/flexcomm>
@@ -129,7 +132,9 @@ while IFS= read -r path; do
             complain "$rel" "$to" "an umbrella gathers its own folder"
         fi ;;
       patterns/* | pipeline/* | interop/*)
-        if [[ $to == backend/* && $to != backend/contract.hpp ]]; then
+        if [[ $to == backend/shm/feed/* && $rel == patterns/feed/* ]]; then
+          :
+        elif [[ $to == backend/* && $to != backend/contract.hpp ]]; then
           complain "$rel" "$to" "a concrete backend (include backend/contract.hpp)"
         elif [[ $rel == patterns/*/* && $to == patterns/*/* && $to_folder != "$folder" ]]; then
           complain "$rel" "$to" "feed, sync and collect include none of one another"
@@ -137,5 +142,5 @@ while IFS= read -r path; do
     esac
   done < <(grep -E '^#include ' "$path")
 done < <(find "$root" -name '*.hpp' -o -name '*.cuh' | sort)
-[ $bad = 0 ] && echo "include graph: $files headers, $edges includes in the tree: layers in order, backend folders one way (shm < mpi < cuda < nccl, staged; cuda's runtime layer at its bottom), backend/ top level generic and umbrellas, patterns/pipeline/interop through contract.hpp, ${#allowed[@]} stated exceptions"
+[ $bad = 0 ] && echo "include graph: $files headers, $edges includes in the tree: layers in order, backend folders one way (shm < mpi < cuda < nccl, staged; cuda's runtime layer at its bottom), backend/ top level generic and umbrellas, patterns/pipeline/interop through contract.hpp (feed/ also shm/feed/), ${#allowed[@]} stated exceptions"
 exit $bad

@@ -213,4 +213,13 @@ class progress_engine {
   std::thread thread_;
 };
 
+namespace detail {
+// How a thread waits for the progress engine: as the process's policy says, but never spinning,
+// because the engine's thread needs the core the waiter would spin on.
+inline wait_policy engine_wait() {
+  wait_policy p = default_wait();
+  return p.kind == wait_kind::spin ? wait_policy::backoff() : p;
+}
+}  // namespace detail
+
 }  // namespace flexcomm

@@ -2,8 +2,10 @@
 // Busy polling is ruinous when ranks outnumber cores, so every wait in flexcomm goes through one.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -13,6 +15,7 @@
 #include <sys/prctl.h>
 #endif
 
+#include "doorbell.hpp"
 #include "error.hpp"
 #include "settings.hpp"
 
@@ -250,5 +253,78 @@ class timeout_limit {
  private:
   std::atomic<long long> ms_{-1};
 };
+
+// ---------------------------------------------------------------------------------------------
+// Waits that answer the watchdog. A peer that timed out first asks where this rank stands; a
+// long wait replies now and then through `answer()` (a communicator's answer_queries(), or
+// watchdog::instance().answer_queries() for all of them; watchdog.hpp, which includes this file).
+
+// How long a wait runs before it starts answering peers' queries (watchdog::answer_after).
+inline constexpr std::chrono::milliseconds answer_queries_after{100};
+
+// Waits until `done()` under `policy` for up to `limit`; true when done. Past
+// answer_queries_after, `answer()` is called now and then to reply to peers.
+template <class Done, class Answer>
+bool wait_answering(const wait_policy& policy, std::chrono::milliseconds limit, Done&& done, Answer&& answer) {
+  if (done()) return true;  // no clock read for a wait that is over at once (a small allreduce's)
+  const auto start = std::chrono::steady_clock::now();
+  unsigned round = 0;
+  return policy.until(
+      [&] {
+        if (done()) return true;
+        if ((++round & 255u) == 0 && std::chrono::steady_clock::now() - start > answer_queries_after) answer();
+        return false;
+      },
+      limit);
+}
+
+namespace detail {
+
+// Past FLEXCOMM_TIMEOUT, `what` fails naming who has not moved (`late`), in the words a wait on
+// messages uses (patterns/feed/steps_in_flight.hpp): for waits in shared memory, and for claims
+// by message.
+[[noreturn]] inline void timed_out_waiting(const std::string& what, std::chrono::milliseconds limit,
+                                           const std::string& late) {
+  fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late));
+}
+
+// A wait on peers' counters in shared memory: through the wait policy, answering the watchdog's
+// queries; past FLEXCOMM_TIMEOUT it fails naming `late()`.
+template <class Done, class Answer, class Late>
+void wait_in_shared_memory(Done&& done, Answer&& answer, const std::string& what, Late&& late,
+                           const wait_policy& policy = default_wait()) {
+  if (done()) return;
+  const auto limit = default_timeout();
+  if (!wait_answering(policy, limit, done, answer)) timed_out_waiting(what, limit, late());
+}
+
+// The same wait for a change that whoever makes it announces on `bell` (on one of `channels`):
+// where the policy backs off (the ranks outnumber the cores) the waiter sleeps until a ring
+// rather than waking on a timer to look, and looks at least every answer_queries_after to
+// answer the watchdog and keep the timeout. Where the policy spins or yields, or work waits for
+// this rank's gaps, it is the wait above.
+template <class Done, class Answer, class Late>
+void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, Answer&& answer, const std::string& what,
+                      Late&& late, const wait_policy& policy = default_wait()) {
+  if (policy.kind != wait_kind::backoff || gap_work().load(std::memory_order_acquire))
+    return wait_in_shared_memory(done, answer, what, late, policy);
+  if (done()) return;
+  const auto limit = default_timeout();
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const auto waited = std::chrono::steady_clock::now() - start;
+    auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(answer_queries_after);
+    if (limit.count() > 0) {
+      if (waited >= limit) break;
+      slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(limit - waited));
+    }
+    if (waited >= answer_queries_after) answer();
+    bell.sleep_unless(done, slice, channels);
+    if (done()) return;
+  }
+  if (!done()) timed_out_waiting(what, limit, late());
+}
+
+}  // namespace detail
 
 }  // namespace flexcomm

@@ -155,8 +155,8 @@ class watchdog {
   // completions): every communicator with operations in flight answers peers that timed out.
   void answer_queries();
 
-  // How long a wait runs before it starts answering peers' queries.
-  static constexpr std::chrono::milliseconds answer_after{100};
+  // How long a wait runs before it starts answering peers' queries (wait.hpp).
+  static constexpr std::chrono::milliseconds answer_after = answer_queries_after;
 
   // Operations in flight over every live communicator (the soak test watches it).
   std::size_t in_flight() const;
@@ -178,23 +178,6 @@ class watchdog {
   std::atomic<bool> must_end_{false};
   std::atomic<std::size_t> abandoned_{0};
 };
-
-// Waits until `done()` under `policy` for up to `limit`; true when done. A peer that timed out
-// first asks where this rank stands: past watchdog::answer_after, `answer()` (a communicator's
-// answer_queries(), or the watchdog's for all of them) is called now and then to reply.
-template <class Done, class Answer>
-bool wait_answering(const wait_policy& policy, std::chrono::milliseconds limit, Done&& done, Answer&& answer) {
-  if (done()) return true;  // no clock read for a wait that is over at once (a small allreduce's)
-  const auto start = std::chrono::steady_clock::now();
-  unsigned round = 0;
-  return policy.until(
-      [&] {
-        if (done()) return true;
-        if ((++round & 255u) == 0 && std::chrono::steady_clock::now() - start > watchdog::answer_after) answer();
-        return false;
-      },
-      limit);
-}
 
 // ---------------------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 // shm::host_window: one shared-memory mapping for the ranks of a group that share a host, each
 // owning a region of the size it asked for; a backend offers it as B::host_window (contract.hpp:
 // has_host_window; the MPI backend's is mpi/shared_memory.hpp). The intra-host allreduce
-// (host_reducer.hpp) and the feeds' in-place batches (patterns/feed/host_slots.hpp) lay out their
+// (host_reducer.hpp) and the feeds' in-place batches (feed/host_slots.hpp) lay out their
 // flags and slots in it.
 //
 // One POSIX shared-memory file, made by rank 0 and unlinked once every rank has mapped it:

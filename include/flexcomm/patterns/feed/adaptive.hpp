@@ -24,8 +24,8 @@
 #include "vocabulary.hpp"
 #include "agreement.hpp"
 #include "all_shared.hpp"
-#include "board_courier.hpp"
-#include "claim_board.hpp"
+#include "../../backend/shm/feed/board_courier.hpp"
+#include "../../backend/shm/feed/claim_board.hpp"
 #include "one_to_many.hpp"
 #include "wire.hpp"
 
@@ -270,6 +270,7 @@ void adaptive<B>::drain() noexcept {
       for (std::size_t c : here_) {
         if (board_->claimed(k, c)) continue;
         detail::wait_in_shared_memory([&] { return board_->claimed(k, c) || board_->slot_free(k); },
+                                      detail::answer_watchdog,
                                       cat("adaptive: slot of step ", k), [&] { return board_->holder(k, c); });
         if (board_->try_claim(k, c)) make(k, c);
       }
@@ -332,6 +333,7 @@ void adaptive<B>::produce() {
       }
       detail::wait_on_doorbell(board_->freed(), board_->freed_channel(k),
                                [&] { return board_->claimed(k, c) || board_->slot_free(k); },
+                               detail::answer_watchdog,
                                cat("adaptive: slot of step ", k), [&] { return board_->holder(k, c); });
       if (board_->try_claim(k, c)) make(k, c);
     }
@@ -424,7 +426,8 @@ void adaptive<B>::make_until_ready(std::int64_t k) {
       patient.max_sleep = per_piece / 16;
       patient.first_sleep = patient.max_sleep / 8;
     }
-    detail::wait_in_shared_memory([&] { return ready(k) || can_make(k); }, cat("adaptive: step ", k),
+    detail::wait_in_shared_memory([&] { return ready(k) || can_make(k); }, detail::answer_watchdog,
+                                  cat("adaptive: step ", k),
                                   [&] { return holder(k, waiting_for); }, patient);
   }
 }

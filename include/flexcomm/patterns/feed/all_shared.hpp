@@ -17,7 +17,7 @@
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
 #include "agreement.hpp"
-#include "host_slots.hpp"
+#include "../../backend/shm/feed/host_slots.hpp"
 #include "step_source.hpp"
 #include "wire.hpp"
 

@@ -23,7 +23,6 @@
 #include "../../core/hosts.hpp"
 #include "../../core/watchdog.hpp"
 #include "../../core/wait.hpp"
-#include "host_slots.hpp"
 #include "steps_in_flight.hpp"
 
 namespace flexcomm::detail {

@@ -20,7 +20,7 @@
 #include "vocabulary.hpp"
 #include "agreement.hpp"
 #include "claims.hpp"
-#include "host_slots.hpp"
+#include "../../backend/shm/feed/host_slots.hpp"
 #include "step_source.hpp"
 #include "steps_in_flight.hpp"
 #include "wire.hpp"
@@ -108,6 +108,8 @@ class one_to_many : private detail::agreed_feed {
     return detail::piece_bytes(pieces_[static_cast<std::size_t>(piece)].shards, options_.shard_capacity);
   }
 
+  // Producer side.
+  struct production;
   // Shared memory on producers' hosts.
   void setup_host_slots(const communicator& world);
   // Where piece c lies in producer p's shared slot.
@@ -415,138 +417,170 @@ void one_to_many<B>::finish_claims_after(std::int64_t s) {
   c.finish();
 }
 
+// A producer's run of produce(): the pieces it ships, where the trainers read them, and its steps
+// in flight. The steps are addressed by k, this producer's k-th step, not by the step: its steps
+// are P apart, and every one of the slots is to be used. Entry k holds the pieces (or, in shared
+// memory, the sends from its slot) and the credits of step k, asked for `depth` <= slots steps
+// ahead: the credits of k + depth go into an entry whose credits of earlier step were awaited.
 template <class B>
-void one_to_many<B>::produce() {
-  check(role_.kind == role::producer, "one_to_many", "produce() is for producer ranks; this rank is a trainer");
-  check(!produced_, "one_to_many", "produce() runs once per feed");
-  produced_ = true;
-  const int me = role_.producer;
+struct one_to_many<B>::production {
+  production(one_to_many& feed, const communicator& credits);
+  production(const production&) = delete;  // the desk's maker points at it
+  production& operator=(const production&) = delete;
+
+  bool in_place(int world_rank) const { return here && here->holds(world_rank); }
+  span<std::byte> piece_memory(std::int64_t k, std::size_t i) {
+    if (!here) return span<std::byte>(ring.at(k).pieces[i]);
+    return span<std::byte>(here->slot(0, k) + feed.slot_offset(me, mine[i]), feed.piece_bytes(mine[i]) + detail::guard_bytes);
+  }
+  void ask_credits(std::int64_t s, std::int64_t k);
+  void make_piece(std::int64_t s, std::size_t i, span<std::byte> slot);
+  void await(detail::in_flight<request>& part, const std::string& what) {
+    if (desk) desk.serve_until([&] { return ring.done(part); }, [&] { ring.fail_timed_out(part, what, default_timeout()); });
+    ring.await(part, what);
+  }
+  void ship(std::int64_t s, std::int64_t k);
+
+  one_to_many& feed;
+  const int me;
   // Round-robin: steps me, me + P, ...; a per-host producer: every step.
-  const std::int64_t first = layout_.per_host() ? 0 : me, P = layout_.per_host() ? 1 : layout_.producers();
-  const std::int64_t depth = options_.depth;
-  const communicator& credits = credit_comms_[static_cast<std::size_t>(me)];
-  if (credits.size() == 1) return;  // a host without trainers: nobody to feed
+  const std::int64_t first, P, depth;
+  const communicator& credits;
   std::vector<int> mine;  // the pieces this producer loads and ships
-  for (std::size_t c = 0; c < pieces_.size(); ++c)
-    if (ships_[index_of(me, static_cast<int>(c))]) mine.push_back(static_cast<int>(c));
   // The slots of this producer's host, where trainers there read its steps in place; the other
   // trainers get messages sent from the same bytes.
-  const detail::host_slots<B>* here = host_[static_cast<std::size_t>(me)] ? &host_[static_cast<std::size_t>(me)] : nullptr;
-  auto in_place = [&](int world_rank) { return here && here->holds(world_rank); };
-  // The steps in flight are addressed by k, this producer's k-th step, not by the step: its steps
-  // are P apart, and every one of the slots is to be used. Entry k holds the pieces (or, in shared
-  // memory, the sends from its slot) and the credits of step k, asked for `depth` <= slots steps
-  // ahead: the credits of k + depth go into an entry whose credits of earlier step were awaited.
+  const detail::host_slots<B>* here;
   detail::steps_in_flight<request, shipment> ring;
+  // The world rank behind every rank of each communicator this producer posts on, named when
+  // a wait times out.
+  std::vector<int> credit_peers;
+  std::vector<std::vector<int>> piece_peers;
+  bool messages = false;  // credits come as messages only from the trainers that are sent messages
+  std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
+  // Under claims every wait of this producer answers them (claims.hpp): a trainer's claim comes
+  // when its step has not, which is when the producer is making or waiting.
+  detail::claim_desk<B> desk;
+};
+
+template <class B>
+one_to_many<B>::production::production(one_to_many& f, const communicator& credit_comm)
+    : feed(f), me(f.role_.producer), first(f.layout_.per_host() ? 0 : me), P(f.layout_.per_host() ? 1 : f.layout_.producers()),
+      depth(f.options_.depth), credits(credit_comm),
+      here(f.host_[static_cast<std::size_t>(me)] ? &f.host_[static_cast<std::size_t>(me)] : nullptr) {
+  for (std::size_t c = 0; c < feed.pieces_.size(); ++c)
+    if (feed.ships_[feed.index_of(me, static_cast<int>(c))]) mine.push_back(static_cast<int>(c));
   ring.allocate(here ? here->slots() : static_cast<std::size_t>(depth), [&](shipment& t) {
     t.credits_in.resize(static_cast<std::size_t>(credits.size()));
     if (here) return;  // the pieces are written into shared memory
-    for (int c : mine) t.pieces.emplace_back(piece_bytes(c) + detail::guard_bytes);
+    for (int c : mine) t.pieces.emplace_back(feed.piece_bytes(c) + detail::guard_bytes);
   });
-  auto piece_memory = [&](std::int64_t k, std::size_t i) {
-    if (!here) return span<std::byte>(ring.at(k).pieces[i]);
-    return span<std::byte>(here->slot(0, k) + slot_offset(me, mine[i]), piece_bytes(mine[i]) + detail::guard_bytes);
-  };
-  // The world rank behind every rank of each communicator this producer posts on, named when
-  // a wait times out.
   auto world_ranks = [](const communicator& comm) {
     std::vector<int> out(static_cast<std::size_t>(comm.size()));
     for (int r = 0; r < comm.size(); ++r) out[static_cast<std::size_t>(r)] = comm.world_rank_of(r);
     return out;
   };
-  const std::vector<int> credit_peers = world_ranks(credits);
-  std::vector<std::vector<int>> piece_peers;
-  for (int c : mine) piece_peers.push_back(world_ranks(comm_of(me, c)));
-  // Credits come as messages only from the trainers that are sent messages.
-  bool messages = false;
+  credit_peers = world_ranks(credits);
+  for (int c : mine) piece_peers.push_back(world_ranks(feed.comm_of(me, c)));
   for (std::size_t trainer = 1; trainer < credit_peers.size(); ++trainer) messages = messages || !in_place(credit_peers[trainer]);
-  // The credits of step s (the k-th of this producer) are asked for `depth` steps ahead.
-  auto ask_credits = [&](std::int64_t s, std::int64_t k) {
-    shipment& r = ring.at(k);
-    r.credits.clear();
-    for (int trainer = 1; trainer < credits.size(); ++trainer)
-      if (!in_place(credit_peers[static_cast<std::size_t>(trainer)]))
-        r.credits.post(
-            B::irecv(credits, span<int>(&r.credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
-            credit_peers[static_cast<std::size_t>(trainer)]);
-    ring.start(k, r.credits, cat("one_to_many: credits of step ", s));
-  };
-
-  // Under claims every wait of this producer answers them (claims.hpp): a trainer's claim comes
-  // when its step has not, which is when the producer is making or waiting.
-  std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
-  detail::claim_desk<B> desk;
-  // Piece i of mine for step s into `slot`; a failed one travels as that step's verdict, and the
-  // other pieces and steps go on, so that only its owners stop.
-  auto make_piece = [&](std::int64_t s, std::size_t i, span<std::byte> slot) {
-    const auto& piece = pieces_[static_cast<std::size_t>(mine[i])];
-    const auto start = std::chrono::steady_clock::now();
-    detail::fill_piece(load_, s, piece.first_shard, piece.shards, options_.shard_capacity, slot);
-    if (desk) {
-      desk.note_make_time(std::chrono::steady_clock::now() - start);
-      ++made_;
-    }
-    if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
-      failure.assign(slot.begin(), slot.end());
-  };
-  if (claims_) {
+  if (feed.claims_) {
     std::vector<std::size_t> bytes;
-    for (int c : mine) bytes.push_back(piece_bytes(c));
-    desk = detail::claim_desk<B>(credits, mine, std::move(bytes), first, P, options_.steps,
-                                 std::max<std::int64_t>(4 * depth, credits.size() - 1), make_piece, "adaptive");
+    for (int c : mine) bytes.push_back(feed.piece_bytes(c));
+    desk = detail::claim_desk<B>(credits, mine, std::move(bytes), first, P, feed.options_.steps,
+                                 std::max<std::int64_t>(4 * depth, credits.size() - 1),
+                                 [this](std::int64_t s, std::size_t i, span<std::byte> slot) { make_piece(s, i, slot); },
+                                 "adaptive");
   }
-  auto await = [&](typename detail::in_flight<request>& part, const std::string& what) {
-    if (desk) desk.serve_until([&] { return ring.done(part); }, [&] { ring.fail_timed_out(part, what, default_timeout()); });
-    ring.await(part, what);
-  };
+}
 
-  if (messages)
-    for (std::int64_t k = 0; k < depth && first + k * P < options_.steps; ++k) ask_credits(first + k * P, k);
-  std::int64_t k = 0;
-  for (std::int64_t s = first; s < options_.steps; s += P, ++k) {
-    shipment& t = ring.at(k);
-    // Its sends finished: the slot can be refilled.
-    if (t.sends.started) await(t.sends, cat("one_to_many: send of step ", t.step));
-    if (desk) desk.begin(s);
-    if (here) {  // and the trainers here let go of it
-      const std::string what = cat("one_to_many: credits of step ", s);
-      if (desk) desk.serve_until([&] { return here->is_free(k); }, [&] { here->wait_free(k, what); });
-      here->wait_free(k, what);
-    }
-    for (std::size_t i = 0; i < mine.size(); ++i)
-      if (!desk || desk.take(i)) make_piece(s, i, piece_memory(k, i));  // else a trainer makes it, or made it ahead
-    if (desk) {
-      desk.all_taken();
-      desk.collect(s, [&](std::size_t i) { return piece_memory(k, i); });
-    }
-    if (here) here->publish(k);
-    t.sends.clear();
-    if (!messages) {
-      if (desk) desk.shipped(s);
-      continue;
-    }
-    await(t.credits, cat("one_to_many: credits of step ", s));
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const span<std::byte> slot = piece_memory(k, i);
-      const std::size_t bytes = slot.size() - detail::guard_bytes;
-      const communicator& comm = comm_of(me, mine[i]);
-      for (int r = 1; r < comm.size(); ++r)
-        if (!in_place(piece_peers[i][static_cast<std::size_t>(r)]))
-          t.sends.post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes),
-                                r, piece_tag),
-                       piece_peers[i][static_cast<std::size_t>(r)]);
-    }
-    t.step = s;
-    ring.start(k, t.sends, cat("one_to_many: send of step ", s));
-    if (desk) desk.shipped(s);
-    if (s + depth * P < options_.steps) ask_credits(s + depth * P, k + depth);
+// The credits of step s (the k-th of this producer) are asked for `depth` steps ahead.
+template <class B>
+void one_to_many<B>::production::ask_credits(std::int64_t s, std::int64_t k) {
+  shipment& r = ring.at(k);
+  r.credits.clear();
+  for (int trainer = 1; trainer < credits.size(); ++trainer)
+    if (!in_place(credit_peers[static_cast<std::size_t>(trainer)]))
+      r.credits.post(B::irecv(credits, span<int>(&r.credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
+                     credit_peers[static_cast<std::size_t>(trainer)]);
+  ring.start(k, r.credits, cat("one_to_many: credits of step ", s));
+}
+
+// Piece i of mine for step s into `slot`; a failed one travels as that step's verdict, and the
+// other pieces and steps go on, so that only its owners stop.
+template <class B>
+void one_to_many<B>::production::make_piece(std::int64_t s, std::size_t i, span<std::byte> slot) {
+  const auto& piece = feed.pieces_[static_cast<std::size_t>(mine[i])];
+  const auto start = std::chrono::steady_clock::now();
+  detail::fill_piece(feed.load_, s, piece.first_shard, piece.shards, feed.options_.shard_capacity, slot);
+  if (desk) {
+    desk.note_make_time(std::chrono::steady_clock::now() - start);
+    ++feed.made_;
   }
-  ring.for_each([&](shipment& t) {
-    if (t.sends.started) await(t.sends, cat("one_to_many: send of step ", t.step));
+  if (failure.empty() && reinterpret_cast<const detail::piece_header*>(slot.data())->status != detail::piece_ok)
+    failure.assign(slot.begin(), slot.end());
+}
+
+// Step s, this producer's k-th: once its slot is free, makes its pieces there (or collects those
+// trainers made), publishes it to the trainers here and sends it to the others.
+template <class B>
+void one_to_many<B>::production::ship(std::int64_t s, std::int64_t k) {
+  shipment& t = ring.at(k);
+  // Its sends finished: the slot can be refilled.
+  if (t.sends.started) await(t.sends, cat("one_to_many: send of step ", t.step));
+  if (desk) desk.begin(s);
+  if (here) {  // and the trainers here let go of it
+    const std::string what = cat("one_to_many: credits of step ", s);
+    if (desk) desk.serve_until([&] { return here->is_free(k); }, [&] { here->wait_free(k, what); });
+    here->wait_free(k, what);
+  }
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    if (!desk || desk.take(i)) make_piece(s, i, piece_memory(k, i));  // else a trainer makes it, or made it ahead
+  if (desk) {
+    desk.all_taken();
+    desk.collect(s, [&](std::size_t i) { return piece_memory(k, i); });
+  }
+  if (here) here->publish(k);
+  t.sends.clear();
+  if (!messages) {
+    if (desk) desk.shipped(s);
+    return;
+  }
+  await(t.credits, cat("one_to_many: credits of step ", s));
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const span<std::byte> slot = piece_memory(k, i);
+    const std::size_t bytes = slot.size() - detail::guard_bytes;
+    const communicator& comm = feed.comm_of(me, mine[i]);
+    for (int r = 1; r < comm.size(); ++r)
+      if (!in_place(piece_peers[i][static_cast<std::size_t>(r)]))
+        t.sends.post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes), r,
+                              piece_tag),
+                     piece_peers[i][static_cast<std::size_t>(r)]);
+  }
+  t.step = s;
+  ring.start(k, t.sends, cat("one_to_many: send of step ", s));
+  if (desk) desk.shipped(s);
+  if (s + depth * P < feed.options_.steps) ask_credits(s + depth * P, k + depth);
+}
+
+template <class B>
+void one_to_many<B>::produce() {
+  check(role_.kind == role::producer, "one_to_many", "produce() is for producer ranks; this rank is a trainer");
+  check(!produced_, "one_to_many", "produce() runs once per feed");
+  produced_ = true;
+  const communicator& credits = credit_comms_[static_cast<std::size_t>(role_.producer)];
+  if (credits.size() == 1) return;  // a host without trainers: nobody to feed
+  production run(*this, credits);
+  if (run.messages)
+    for (std::int64_t k = 0; k < run.depth && run.first + k * run.P < options_.steps; ++k)
+      run.ask_credits(run.first + k * run.P, k);
+  std::int64_t k = 0;
+  for (std::int64_t s = run.first; s < options_.steps; s += run.P, ++k) run.ship(s, k);
+  run.ring.for_each([&](shipment& t) {
+    if (t.sends.started) run.await(t.sends, cat("one_to_many: send of step ", t.step));
   });
-  if (desk) desk.close();
-  if (!failure.empty()) detail::piece_failure("one_to_many", span<const std::byte>(failure.data(), failure.size()),
-                                              options_.shard_capacity);
+  if (run.desk) run.desk.close();
+  if (!run.failure.empty())
+    detail::piece_failure("one_to_many", span<const std::byte>(run.failure.data(), run.failure.size()),
+                          options_.shard_capacity);
 }
 
 // Collective over `world`, in producer order on every rank: for each producer that shares its

@@ -14,7 +14,7 @@
 #include "../../core/error.hpp"
 #include "../../core/span.hpp"
 #include "../../core/trace.hpp"
-#include "host_slots.hpp"
+#include "../../backend/shm/feed/host_slots.hpp"
 #include "steps_in_flight.hpp"
 #include "wire.hpp"
 

@@ -24,13 +24,6 @@
 namespace flexcomm {
 namespace detail {
 
-// How a feed waits for the progress engine: as the process's policy says, but never spinning,
-// because the engine's thread needs the core the waiter would spin on.
-inline wait_policy engine_wait() {
-  wait_policy p = default_wait();
-  return p.kind == wait_kind::spin ? wait_policy::backoff() : p;
-}
-
 // Fired when the requests of a step are done (or one failed), so that a feed's thread waiting
 // under a backoff policy sleeps until then instead of polling: on a node with more ranks than
 // cores, each poll is a context switch charged to the CPU time that feeds are meant to save.

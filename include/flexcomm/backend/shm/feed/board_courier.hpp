@@ -17,10 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "../../core/error.hpp"
-#include "../../core/progress.hpp"
+#include "../../../core/error.hpp"
+#include "../../../core/progress.hpp"
 #include "claim_board.hpp"
-#include "steps_in_flight.hpp"
 
 namespace flexcomm::detail {
 

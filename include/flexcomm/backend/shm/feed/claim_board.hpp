@@ -17,10 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "../../backend/contract.hpp"
-#include "../../core/cache_line.hpp"
-#include "../../core/doorbell.hpp"
-#include "../../core/error.hpp"
+#include "../../../core/cache_line.hpp"
+#include "../../../core/doorbell.hpp"
+#include "../../../core/error.hpp"
 #include "host_slots.hpp"
 
 namespace flexcomm::detail {

@@ -15,59 +15,16 @@
 #include <utility>
 #include <vector>
 
-#include "../../backend/contract.hpp"
-#include "../../core/cache_line.hpp"
-#include "../../core/doorbell.hpp"
-#include "../../core/error.hpp"
-#include "../../core/span.hpp"
-#include "../../core/wait.hpp"
-#include "../../core/watchdog.hpp"
+#include "../../../core/cache_line.hpp"
+#include "../../../core/error.hpp"
+#include "../../../core/span.hpp"
+#include "../../../core/wait.hpp"
+#include "../../../core/watchdog.hpp"
 
 namespace flexcomm::detail {
 
-// Past FLEXCOMM_TIMEOUT, `what` fails naming who has not moved (`late`), in the words a wait on
-// messages uses (steps_in_flight.hpp): for waits in shared memory, and for claims by message.
-[[noreturn]] inline void timed_out_waiting(const std::string& what, std::chrono::milliseconds limit,
-                                               const std::string& late) {
-  fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late));
-}
-
-// A wait on peers' counters in shared memory: through the wait policy, answering the watchdog's
-// queries; past FLEXCOMM_TIMEOUT it fails naming `late()`.
-template <class Done, class Late>
-void wait_in_shared_memory(Done&& done, const std::string& what, Late&& late, const wait_policy& policy = default_wait()) {
-  if (done()) return;
-  const auto limit = default_timeout();
-  if (!wait_answering(policy, limit, done, [] { watchdog::instance().answer_queries(); }))
-    timed_out_waiting(what, limit, late());
-}
-
-// The same wait for a change that whoever makes it announces on `bell` (on one of `channels`):
-// where the policy backs off (the ranks outnumber the cores) the waiter sleeps until a ring
-// rather than waking on a timer to look, and looks at least every watchdog::answer_after to
-// answer the watchdog and keep the timeout. Where the policy spins or yields, or work waits for
-// this rank's gaps, it is the wait above.
-template <class Done, class Late>
-void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, const std::string& what, Late&& late,
-                      const wait_policy& policy = default_wait()) {
-  if (policy.kind != wait_kind::backoff || gap_work().load(std::memory_order_acquire))
-    return wait_in_shared_memory(done, what, late, policy);
-  if (done()) return;
-  const auto limit = default_timeout();
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    const auto waited = std::chrono::steady_clock::now() - start;
-    auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(watchdog::answer_after);
-    if (limit.count() > 0) {
-      if (waited >= limit) break;
-      slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(limit - waited));
-    }
-    if (waited >= watchdog::answer_after) watchdog::instance().answer_queries();
-    bell.sleep_unless(done, slice, channels);
-    if (done()) return;
-  }
-  if (!done()) timed_out_waiting(what, limit, late());
-}
+// What a wait in shared memory does now and then: answer peers' watchdog queries.
+inline void answer_watchdog() { watchdog::instance().answer_queries(); }
 
 // Over a group of one host's ranks: the publishers (a producer and, in all_shared, every owner of
 // a piece) write their k-th step into slot k mod `slots` of their own region and count it in
@@ -130,7 +87,7 @@ class host_slots {
         }
       return out;
     };
-    wait_in_shared_memory([&] { return late(false).empty(); }, what, [&] {
+    wait_in_shared_memory([&] { return late(false).empty(); }, answer_watchdog, what, [&] {
       const std::string who = late(true);
       return cat("world rank", who.find(',') == std::string::npos ? " " : "s ", who,
                  "\n  (in shared memory on this host: step ", needed - 1, " of world rank ",
@@ -147,7 +104,7 @@ class host_slots {
     return published(r).load(std::memory_order_acquire) > static_cast<std::uint64_t>(k);
   }
   void wait_arrived(int r, std::int64_t k, const std::string& what) const {
-    wait_in_shared_memory([&] { return arrived(r, k); }, what, [&] {
+    wait_in_shared_memory([&] { return arrived(r, k); }, answer_watchdog, what, [&] {
       return cat("world rank ", world_ranks_[static_cast<std::size_t>(r)],
                  "\n  (in shared memory on this host: it published ", published(r).load(std::memory_order_acquire),
                  " steps, not step ", k, ")");
