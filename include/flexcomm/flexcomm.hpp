@@ -30,7 +30,6 @@
 #include "patterns/feed/adaptive.hpp"
 #include "patterns/feed/all_shared.hpp"
 #include "patterns/feed/dataset.hpp"
-#include "patterns/feed/typed_batch.hpp"
 #include "patterns/feed/typed_feed.hpp"
 #include "patterns/sync/subgroup_allreduce.hpp"
 #include "patterns/sync/overlapped_ring.hpp"

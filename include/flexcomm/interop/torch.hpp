@@ -41,7 +41,7 @@
 #include "../core/span.hpp"
 #include "../patterns/feed/dataset.hpp"
 #include "../patterns/collect/many_to_one.hpp"
-#include "../patterns/feed/typed_batch.hpp"
+#include "../patterns/feed/typed_feed.hpp"
 #include "torch_cuda.hpp"
 
 namespace flexcomm::interop {

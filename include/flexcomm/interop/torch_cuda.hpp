@@ -47,7 +47,7 @@
 #include "../core/cache_line.hpp"
 #include "../core/error.hpp"
 #include "../core/span.hpp"
-#include "../patterns/feed/typed_batch.hpp"
+#include "../patterns/feed/typed_feed.hpp"
 
 namespace flexcomm::interop {
 

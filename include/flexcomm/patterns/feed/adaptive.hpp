@@ -27,6 +27,7 @@
 #include "../../backend/shm/feed/board_courier.hpp"
 #include "../../backend/shm/feed/claim_board.hpp"
 #include "one_to_many.hpp"
+#include "step_source.hpp"
 #include "wire.hpp"
 
 namespace flexcomm {

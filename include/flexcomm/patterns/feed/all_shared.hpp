@@ -192,7 +192,7 @@ std::optional<batch> all_shared<B>::next() {
   lent_ = -1;
   if (next_step_ >= options_.steps) return std::nullopt;
   post_free_rounds();
-  const batch out = assembly_.assemble("all_shared", next_step_, source_.take(next_step_));
+  const batch out = source_.take(next_step_, assembly_, "all_shared");
   lent_ = next_step_++;
   return out;
 }

@@ -70,7 +70,7 @@ inline std::optional<batch> local_feed::next() {
   check(trainer_, "local_feed", "next() is for trainer ranks; this rank is a producer");
   if (next_step_ >= options_.steps) return std::nullopt;
   const std::int64_t step = next_step_++;
-  return assembly_.assemble("local_feed", step, source_.take(step));
+  return source_.take(step, assembly_, "local_feed");
 }
 
 }  // namespace flexcomm

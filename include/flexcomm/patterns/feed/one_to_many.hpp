@@ -310,11 +310,11 @@ std::optional<batch> one_to_many<B>::next() {
   }
   for (; next_step_ < target; ++next_step_, ++skipped_) {
     // A skipped step is received all the same (broadcasts are collective) and then dropped.
-    assembly_.skip("one_to_many", next_step_, source_.take(next_step_));
+    source_.skip(next_step_, assembly_, "one_to_many");
     source_.release(next_step_);
     post_free_slots();
   }
-  const batch out = assembly_.assemble("one_to_many", target, source_.take(target));
+  const batch out = source_.take(target, assembly_, "one_to_many");
   lent_ = target;
   next_step_ = target + 1;
   if (claims_) {

@@ -1,10 +1,9 @@
-// The vocabulary every feed shares: the trainer's loader, the options, the flow-control policy
-// and the batch a trainer gets from next(). local_feed, one_to_many and all_shared all speak it.
-// How they move batches is beside it: step_source.hpp (where a trainer's next step lies: wait,
-// take its pieces, release), host_slots.hpp (steps in shared memory on a host),
+// The vocabulary every feed shares: the trainer's loader, the options and the flow-control
+// policy. local_feed, one_to_many and all_shared all speak it. How they move batches is beside
+// it: step_source.hpp (the batch a trainer gets from next(), and where its next step lies: wait,
+// assemble it from its pieces, release), host_slots.hpp (steps in shared memory on a host),
 // steps_in_flight.hpp (steps as messages, polled by the progress engine), wire.hpp (a piece of a
-// step on the wire, and a trainer's batch made of pieces) and agreement.hpp (options every rank
-// must share).
+// step on the wire) and agreement.hpp (options every rank must share).
 #pragma once
 
 #include <cstddef>
@@ -44,36 +43,6 @@ struct feed_options {
   // automatic: wherever a producer shares a host with trainers it feeds; on: the same, and an
   // error where the backend has no shared memory; off: messages to every trainer (FLEXCOMM_SHM).
   shared_memory_use shared_memory = shared_memory_from_env();
-};
-
-// One step as a trainer sees it: its shards, concatenated. Valid until the next next().
-// bytes() and every shard(i) start on an 8-byte boundary when every shard the loader wrote is a
-// multiple of 8 bytes long (the feeds lay pieces out in 8-byte units); nothing more is promised,
-// so a trainer that wants wider alignment (SIMD, a framework's tensors) copies, or uses
-// typed_feed, whose tensors are 64-byte aligned (typed_batch.hpp).
-class batch {
- public:
-  batch(std::int64_t step, int first_shard, const std::byte* data, const std::size_t* offsets, int shards)
-      : step_(step), first_shard_(first_shard), data_(data), offsets_(offsets), shards_(shards) {}
-
-  std::int64_t step() const noexcept { return step_; }
-  span<const std::byte> bytes() const noexcept { return {data_, offsets_[shards_]}; }
-  std::size_t size() const noexcept { return offsets_[shards_]; }
-  // This trainer's shards are [first_shard(), first_shard() + shards()) of the step.
-  int first_shard() const noexcept { return first_shard_; }
-  int shards() const noexcept { return shards_; }
-  // The bytes of this trainer's i-th shard (global shard first_shard() + i).
-  span<const std::byte> shard(int i) const {
-    check(i >= 0 && i < shards_, "batch", cat("shard ", i, " of a batch with ", shards_, " shards"));
-    return {data_ + offsets_[i], offsets_[i + 1] - offsets_[i]};
-  }
-
- private:
-  std::int64_t step_;
-  int first_shard_;
-  const std::byte* data_;
-  const std::size_t* offsets_;  // shards_ + 1 entries, owned by the feed
-  int shards_;
 };
 
 }  // namespace flexcomm

@@ -1,6 +1,7 @@
 // How a step travels: cut into pieces (runs of shards with the same receivers), each a
 // fixed-size message of a header, the shard sizes and the shards, with loader failures carried
-// in the header so that every trainer learns of them at that step.
+// in the header so that every trainer learns of them at that step. A trainer reads its pieces
+// back into a batch in step_source.hpp.
 #pragma once
 
 #include <algorithm>
@@ -134,90 +135,6 @@ inline void empty_piece(std::int64_t step, int shards, span<std::byte> slot) {
     default: fail(where, cat("received a piece with unknown status ", h.status));
   }
 }
-
-// Checks a received piece against what this trainer expects and returns its shard sizes.
-// Whatever a peer sent, nothing is read or copied past the slot.
-inline const std::uint64_t* read_piece(const char* feed, span<const std::byte> slot, std::int64_t step, int shards,
-                                       std::size_t capacity) {
-  const auto& h = *reinterpret_cast<const piece_header*>(slot.data());
-  check(h.shards == shards && h.step == step, feed,
-        cat("expected step ", step, " with ", shards, " shards, received step ", h.step, " with ", h.shards,
-            " (ranks disagree on the layout or the stream)"));
-  if (h.status != piece_ok) piece_failure(feed, slot, capacity);
-  const auto* sizes = reinterpret_cast<const std::uint64_t*>(slot.data() + sizeof(piece_header));
-  for (int i = 0; i < shards; ++i)
-    check(sizes[i] <= capacity, feed, cat("step ", step, ": a shard of ", sizes[i], " bytes exceeds capacity ", capacity));
-  return sizes;
-}
-
-inline const std::byte* piece_payload(span<const std::byte> slot, int shards) {
-  return slot.data() + sizeof(piece_header) + static_cast<std::size_t>(shards) * sizeof(std::uint64_t);
-}
-
-// A trainer's batches, made of its pieces (every piece whose owner in its member is this
-// trainer, in shard order): the one call every feed's next() makes once it holds a step's pieces.
-class batch_assembly {
- public:
-  batch_assembly() = default;
-  batch_assembly(const std::vector<piece>& pieces, const ensemble_layout& layout, const rank_role& trainer,
-                 std::size_t capacity)
-      : batch_assembly(pieces, pieces_of_trainer(pieces, trainer.member, trainer.rank_in_member),
-                       layout.shards_of(trainer.member, trainer.rank_in_member), capacity) {}
-  // `mine`: which of `pieces` make the trainer's `shards`.
-  batch_assembly(const std::vector<piece>& pieces, std::vector<int> mine, shard_range shards, std::size_t capacity)
-      : pieces_(std::move(mine)), shards_(shards), capacity_(capacity) {
-    for (int c : pieces_) {
-      piece_shards_.push_back(pieces[static_cast<std::size_t>(c)].shards);
-      piece_bytes_.push_back(piece_bytes(piece_shards_.back(), capacity));
-    }
-    offsets_.resize(static_cast<std::size_t>(shards_.count) + 1);
-  }
-
-  // Which pieces, and how long each is on the wire.
-  const std::vector<int>& pieces() const noexcept { return pieces_; }
-  std::size_t bytes(std::size_t i) const { return piece_bytes_[i]; }
-
-  // The batch of `step` from its pieces as the wire lays them (pieces()[i] at pieces[i]): each
-  // checked, a loader's failure thrown as that step's; one piece's payload where it lies (in a
-  // shared slot or a receive buffer, no copy), several concatenated here. Valid until the next
-  // call.
-  batch assemble(const char* feed, std::int64_t step, const std::vector<span<const std::byte>>& pieces) {
-    std::size_t shard = 0;
-    offsets_[0] = 0;
-    if (pieces_.size() > 1) bytes_.clear();
-    const std::byte* data = nullptr;
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      const int shards = piece_shards_[i];
-      const std::uint64_t* sizes = read_piece(feed, pieces[i], step, shards, capacity_);
-      std::size_t total = 0;
-      for (int k = 0; k < shards; ++k, ++shard) {
-        offsets_[shard + 1] = offsets_[shard] + sizes[k];
-        total += sizes[k];
-      }
-      const std::byte* payload = piece_payload(pieces[i], shards);
-      if (pieces_.size() == 1) {
-        data = payload;
-      } else {
-        bytes_.insert(bytes_.end(), payload, payload + total);
-        data = bytes_.data();
-      }
-    }
-    return batch(step, shards_.first, data, offsets_.data(), shards_.count);
-  }
-  // A step the trainer skips: its pieces are checked all the same, so that a loader's failure
-  // still stops it at that step.
-  void skip(const char* feed, std::int64_t step, const std::vector<span<const std::byte>>& pieces) const {
-    for (std::size_t i = 0; i < pieces_.size(); ++i) read_piece(feed, pieces[i], step, piece_shards_[i], capacity_);
-  }
-
- private:
-  std::vector<int> pieces_, piece_shards_;
-  std::vector<std::size_t> piece_bytes_;
-  shard_range shards_;
-  std::size_t capacity_ = 0;
-  std::vector<std::byte> bytes_;
-  std::vector<std::size_t> offsets_;
-};
 
 }  // namespace detail
 }  // namespace flexcomm
