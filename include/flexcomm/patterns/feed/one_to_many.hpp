@@ -527,18 +527,21 @@ void one_to_many<B>::production::ship(std::int64_t s, std::int64_t k) {
   // Its sends finished: the slot can be refilled.
   if (t.sends.started) await(t.sends, cat("one_to_many: send of step ", t.step));
   if (desk) desk.begin(s);
-  if (here) {  // and the trainers here let go of it
+  auto fill = [&] {
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      if (!desk || desk.take(i)) make_piece(s, i, piece_memory(k, i));  // else a trainer makes it, or made it ahead
+    if (desk) {
+      desk.all_taken();
+      desk.collect(s, [&](std::size_t i) { return piece_memory(k, i); });
+    }
+  };
+  if (here) {  // once the trainers here let go of the slot: fill, publish
     const std::string what = cat("one_to_many: credits of step ", s);
     if (desk) desk.serve_until([&] { return here->is_free(k); }, [&] { here->wait_free(k, what); });
-    here->wait_free(k, what);
+    here->fill_and_publish(k, what, fill);
+  } else {
+    fill();
   }
-  for (std::size_t i = 0; i < mine.size(); ++i)
-    if (!desk || desk.take(i)) make_piece(s, i, piece_memory(k, i));  // else a trainer makes it, or made it ahead
-  if (desk) {
-    desk.all_taken();
-    desk.collect(s, [&](std::size_t i) { return piece_memory(k, i); });
-  }
-  if (here) here->publish(k);
   t.sends.clear();
   if (!messages) {
     if (desk) desk.shipped(s);

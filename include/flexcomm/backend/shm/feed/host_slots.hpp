@@ -98,6 +98,14 @@ class host_slots {
   void publish(std::int64_t k) const noexcept {
     published(window_.rank()).store(static_cast<std::uint64_t>(k) + 1, std::memory_order_release);
   }
+  // Publisher, step k whole: waits until slot k is free (wait_free), has `fill()` write it, and
+  // publishes it.
+  template <class Fill>
+  void fill_and_publish(std::int64_t k, const std::string& what, Fill&& fill) const {
+    wait_free(k, what);
+    fill();
+    publish(k);
+  }
 
   // Reader: whether group rank r's step k is in its slot, and waiting for it.
   bool arrived(int r, std::int64_t k) const noexcept {
