@@ -9,14 +9,22 @@
 // --preprocess-us makes preprocessing as costly as a real input pipeline's, which is where the
 // streamlined pipeline (a producer preprocesses each step once, ahead) beats the baseline (every
 // trainer preprocesses for itself, between its steps).
+//
+// Its device calls go through flexcomm's device layer (fc::device), so the same source also
+// builds as C++ against the device stand-in (FLEXCOMM_DEVICE_STANDIN: examples/meson.build's
+// cuda_trainer_standin), with the model in host code (cuda/mlp_host.hpp), and runs without a GPU.
 #include <boost/program_options.hpp>
-#include <cuda_runtime.h>
 
 #include <flexcomm/flexcomm.hpp>
 
 #include "common/fashion_mnist.hpp"
 #include "common/counts.hpp"
+#include "cuda/device_array.hpp"
+#if defined(FLEXCOMM_DEVICE_STANDIN)
+#include "cuda/mlp_host.hpp"
+#else
 #include "cuda/mlp.cuh"
+#endif
 
 #include <chrono>
 #include <cstdio>
@@ -61,6 +69,7 @@ struct settings {
   std::size_t train_images = 0, test_images = 2000;
   int log_every = 20;
   std::chrono::microseconds preprocess{0};  // CPU work added to each sample's preprocessing
+  double min_accuracy = 0;  // the job fails if a member's or the ensemble's test accuracy is lower
 };
 
 namespace {
@@ -127,13 +136,14 @@ int train(const fc::environment& env, const settings& s) {
     return bytes;
   };
 
+  bool accurate = true;  // on the aggregator: every member and the ensemble reached --min-accuracy
   pipe.run(
       loader,
       [&](auto& ctx) {
         // The legacy default stream: the backends' own streams are ordered with it, so every
         // gradient handed to ready() is complete before communication reads it, and the optimizer
         // step after finish() sees the averages.
-        cudaStream_t compute = nullptr;
+        fc::device::stream_t compute = nullptr;
         const int max_batch = static_cast<int>(s.batch);
         cuda_mlp::mlp model(fm::pixels, s.hidden, fm::classes, std::max(max_batch, 256), 1000u + ctx.member(), compute);
         auto& feed = ctx.feed();
@@ -171,7 +181,7 @@ int train(const fc::environment& env, const settings& s) {
             seen = 0;
           }
         }
-        fc::check_cuda(cudaStreamSynchronize(compute), "cuda_trainer: end of training");
+        fc::check_cuda(fc::device::stream_synchronize(compute), "cuda_trainer: end of training");
         const auto trained = clock::now() - start;
         if (ctx.rank_in_member() == 0 && steps > 0)
           std::printf("member %d: %lld steps, %.3f ms/step, waiting for data %.0f %% of the step\n", ctx.member(),
@@ -191,24 +201,19 @@ int train(const fc::environment& env, const settings& s) {
         plain.flip = false;
         plain.max_rotation_degrees = 0;
         std::vector<float> pixels(256 * fm::pixels);
-        float *dx = nullptr, *dp = nullptr;
-        fc::check_cuda(cudaMalloc(&dx, pixels.size() * sizeof(float)), "cuda_trainer: cudaMalloc");
-        fc::check_cuda(cudaMalloc(&dp, 256 * fm::classes * sizeof(float)), "cuda_trainer: cudaMalloc");
+        cuda_mlp::device_array<float> images(pixels.size(), "cuda_trainer: test images");
+        cuda_mlp::device_array<float> predicted(256 * fm::classes, "cuda_trainer: predictions");
         for (std::size_t i = first; i < last; i += 256) {
-          const int n = static_cast<int>(std::min<std::size_t>(256, last - i));
-          for (int j = 0; j < n; ++j) fm::augment(test.image(i + j), &pixels[static_cast<std::size_t>(j) * fm::pixels], 0, plain);
-          fc::check_cuda(cudaMemcpyAsync(dx, pixels.data(), static_cast<std::size_t>(n) * fm::pixels * sizeof(float),
-                                         cudaMemcpyHostToDevice, compute),
+          const auto n = std::min<std::size_t>(256, last - i);
+          for (std::size_t j = 0; j < n; ++j) fm::augment(test.image(i + j), &pixels[j * fm::pixels], 0, plain);
+          fc::check_cuda(fc::device::copy_async(images.data(), pixels.data(), n * fm::pixels * sizeof(float), compute),
                          "cuda_trainer: upload test images");
-          model.predict(dx, fm::pixels, n, dp);
-          fc::check_cuda(cudaMemcpyAsync(&probs[(i - first) * fm::classes], dp,
-                                         static_cast<std::size_t>(n) * fm::classes * sizeof(float),
-                                         cudaMemcpyDeviceToHost, compute),
+          model.predict(images.data(), fm::pixels, static_cast<int>(n), predicted.data());
+          fc::check_cuda(fc::device::copy_async(&probs[(i - first) * fm::classes], predicted.data(),
+                                                n * fm::classes * sizeof(float), compute),
                          "cuda_trainer: download predictions");
-          fc::check_cuda(cudaStreamSynchronize(compute), "cuda_trainer: predict");
+          fc::check_cuda(fc::device::stream_synchronize(compute), "cuda_trainer: predict");
         }
-        cudaFree(dx);
-        cudaFree(dp);
         ctx.collect().submit(fc::span<const float>(probs));
       },
       [&](auto& ctx) {
@@ -226,16 +231,23 @@ int train(const fc::environment& env, const settings& s) {
           }
           return static_cast<double>(correct) / static_cast<double>(test.count);
         };
+        auto report = [&](const std::string& who, double a) {
+          std::printf("%s: test accuracy %.4f\n", who.c_str(), a);
+          if (a >= s.min_accuracy) return;
+          std::fprintf(stderr, "cuda_trainer: %s's test accuracy %.4f is below --min-accuracy %.4f\n", who.c_str(), a,
+                       s.min_accuracy);
+          accurate = false;
+        };
         for (int m = 0; m < ctx.members(); ++m) {
           const auto p = all.member(m);
           fc::check(p.size() == ensemble.size(), "cuda_trainer",
                     fc::cat("member ", m, " sent ", p.size(), " probabilities, expected ", ensemble.size()));
-          std::printf("member %d: test accuracy %.4f\n", m, accuracy(p));
+          report(fc::cat("member ", m), accuracy(p));
           for (std::size_t i = 0; i < ensemble.size(); ++i) ensemble[i] += p[i] / static_cast<float>(ctx.members());
         }
-        std::printf("ensemble of %d: test accuracy %.4f\n", ctx.members(), accuracy(fc::span<const float>(ensemble)));
+        report(fc::cat("ensemble of ", ctx.members()), accuracy(fc::span<const float>(ensemble)));
       });
-  return 0;
+  return accurate ? 0 : 1;
 }
 }  // namespace
 
@@ -257,7 +269,9 @@ int main(int argc, char** argv) {
       "test-images", counts::at_least<1>(&s.test_images), "test images to evaluate")(
       "log-every", counts::at_least<1>(&s.log_every), "steps between progress lines")(
       "preprocess-us", counts::at_least<0>(&preprocess_us),
-      "CPU work added to each sample's preprocessing, in microseconds (real work, in the loader)");
+      "CPU work added to each sample's preprocessing, in microseconds (real work, in the loader)")(
+      "min-accuracy", po::value(&s.min_accuracy)->default_value(s.min_accuracy),
+      "exit non-zero if a member's or the ensemble's test accuracy is below this (0-1; tests)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);

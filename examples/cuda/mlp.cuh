@@ -1,19 +1,19 @@
 // A two-layer perceptron for Fashion-MNIST on the GPU: cuBLAS GEMMs and a few small kernels.
 // Backward hands each gradient over as soon as it exists, so communication can overlap the rest.
+// mlp_host.hpp is the same model on the host, for the device stand-in.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <flexcomm/backend/cuda/error.hpp>
-#include <flexcomm/core/error.hpp>
-#include <flexcomm/core/span.hpp>
+#include <flexcomm/flexcomm.hpp>
+
+#include "mlp_parameters.hpp"
 
 #include <cmath>
 #include <cstring>
 #include <utility>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 namespace cuda_mlp {
@@ -78,22 +78,17 @@ inline unsigned blocks(std::size_t n) { return static_cast<unsigned>((n + 255) /
 }  // namespace kernels
 
 // inputs -> hidden (ReLU) -> classes. Parameters and gradients each live in one device buffer,
-// laid out W1 (hidden x inputs), b1, W2 (classes x hidden), b2, column-major.
+// laid out as parameter_layout says (W1, b1, W2, b2, column-major).
 class mlp {
  public:
-  static constexpr int parts = 4;  // gradients handed over per step: dW2, db2, dW1, db1
+  static constexpr int parts = parameter_layout::parts;  // gradients handed over per step: dW2, db2, dW1, db1
 
   mlp(int inputs, int hidden, int classes, int max_batch, unsigned seed, cudaStream_t stream)
-      : in_(inputs), hid_(hidden), out_(classes), max_batch_(max_batch), stream_(stream) {
+      : in_(inputs), hid_(hidden), out_(classes), max_batch_(max_batch), stream_(stream), at_(inputs, hidden, classes) {
     check_cublas(cublasCreate(&blas_), "cublasCreate");
     check_cublas(cublasSetStream(blas_, stream_), "cublasSetStream");
-    offsets_[0] = 0;                                            // W1
-    offsets_[1] = offsets_[0] + static_cast<std::size_t>(hid_) * in_;  // b1
-    offsets_[2] = offsets_[1] + hid_;                           // W2
-    offsets_[3] = offsets_[2] + static_cast<std::size_t>(out_) * hid_;  // b2
-    total_ = offsets_[3] + out_;
-    params_ = alloc(total_);
-    grads_ = alloc(total_);
+    params_ = alloc(at_.total);
+    grads_ = alloc(at_.total);
     h1_ = alloc(static_cast<std::size_t>(hid_) * max_batch_);
     a1_ = alloc(static_cast<std::size_t>(hid_) * max_batch_);
     z_ = alloc(static_cast<std::size_t>(out_) * max_batch_);
@@ -101,13 +96,8 @@ class mlp {
     dz_ = alloc(static_cast<std::size_t>(out_) * max_batch_);
     da1_ = alloc(static_cast<std::size_t>(hid_) * max_batch_);
     stats_ = alloc(2);
-    // He initialization from the member's seed: every rank of a member starts identical.
-    std::vector<float> init(total_, 0.f);
-    std::mt19937 gen(seed);
-    std::normal_distribution<float> w1(0.f, std::sqrt(2.f / in_)), w2(0.f, std::sqrt(2.f / hid_));
-    for (std::size_t i = offsets_[0]; i < offsets_[1]; ++i) init[i] = w1(gen);
-    for (std::size_t i = offsets_[2]; i < offsets_[3]; ++i) init[i] = w2(gen);
-    flexcomm::check_cuda(cudaMemcpy(params_, init.data(), total_ * sizeof(float), cudaMemcpyHostToDevice),
+    const std::vector<float> init = initial_parameters(at_, in_, hid_, seed);
+    flexcomm::check_cuda(cudaMemcpy(params_, init.data(), at_.total * sizeof(float), cudaMemcpyHostToDevice),
                          "mlp: upload parameters");
   }
   mlp(const mlp&) = delete;
@@ -117,9 +107,9 @@ class mlp {
     for (float* p : {params_, grads_, h1_, a1_, z_, p_, dz_, da1_, stats_}) cudaFree(p);
   }
 
-  std::size_t parameters() const noexcept { return total_; }
-  flexcomm::span<float> parameter(int part) const { return {params_ + offsets_[part], size(part)}; }
-  flexcomm::span<float> gradient(int part) const { return {grads_ + offsets_[part], size(part)}; }
+  std::size_t parameters() const noexcept { return at_.total; }
+  flexcomm::span<float> parameter(int part) const { return {params_ + at_.offset[part], size(part)}; }
+  flexcomm::span<float> gradient(int part) const { return {grads_ + at_.offset[part], size(part)}; }
 
   // Forward and backward on `batch` samples: x is inputs x batch with leading dimension ldx;
   // labels[j * label_stride]. `ready(part, gradient)` is called as each gradient is enqueued on
@@ -132,28 +122,28 @@ class mlp {
     const float one = 1.f, zero = 0.f;
     // dW2 = dZ A1^T ; db2 = rowsum dZ
     check_cublas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, out_, hid_, batch, &one, dz_, out_, a1_, hid_, &zero,
-                             grads_ + offsets_[2], out_),
+                             grads_ + at_.offset[2], out_),
                  "mlp: dW2");
     ready(2, gradient(2));
-    kernels::row_sum<<<kernels::blocks(out_), 256, 0, stream_>>>(dz_, grads_ + offsets_[3], out_, batch);
+    kernels::row_sum<<<kernels::blocks(out_), 256, 0, stream_>>>(dz_, grads_ + at_.offset[3], out_, batch);
     ready(3, gradient(3));
     // dA1 = W2^T dZ, through the ReLU
-    check_cublas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, hid_, batch, out_, &one, params_ + offsets_[2], out_, dz_,
+    check_cublas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, hid_, batch, out_, &one, params_ + at_.offset[2], out_, dz_,
                              out_, &zero, da1_, hid_),
                  "mlp: dA1");
     kernels::relu_back<<<kernels::blocks(static_cast<std::size_t>(hid_) * batch), 256, 0, stream_>>>(da1_, h1_, hid_ * batch);
     // dW1 = dH1 X^T ; db1 = rowsum dH1
     check_cublas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, hid_, in_, batch, &one, da1_, hid_, x, ldx, &zero,
-                             grads_ + offsets_[0], hid_),
+                             grads_ + at_.offset[0], hid_),
                  "mlp: dW1");
     ready(0, gradient(0));
-    kernels::row_sum<<<kernels::blocks(hid_), 256, 0, stream_>>>(da1_, grads_ + offsets_[1], hid_, batch);
+    kernels::row_sum<<<kernels::blocks(hid_), 256, 0, stream_>>>(da1_, grads_ + at_.offset[1], hid_, batch);
     ready(1, gradient(1));
     flexcomm::check_cuda(cudaGetLastError(), "mlp: backward kernels");
   }
 
   void step(float lr) {
-    kernels::sgd<<<kernels::blocks(total_), 256, 0, stream_>>>(params_, grads_, lr, total_);
+    kernels::sgd<<<kernels::blocks(at_.total), 256, 0, stream_>>>(params_, grads_, lr, at_.total);
     flexcomm::check_cuda(cudaGetLastError(), "mlp: sgd");
   }
 
@@ -180,18 +170,18 @@ class mlp {
   void forward(const float* x, int ldx, int batch) {
     flexcomm::check(batch > 0 && batch <= max_batch_, "mlp", flexcomm::cat("batch of ", batch, " samples, room for ", max_batch_));
     const float one = 1.f, zero = 0.f;
-    check_cublas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, hid_, batch, in_, &one, params_ + offsets_[0], hid_, x, ldx,
+    check_cublas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, hid_, batch, in_, &one, params_ + at_.offset[0], hid_, x, ldx,
                              &zero, h1_, hid_),
                  "mlp: H1");
     kernels::bias_relu<<<kernels::blocks(static_cast<std::size_t>(hid_) * batch), 256, 0, stream_>>>(
-        h1_, params_ + offsets_[1], a1_, hid_, batch);
-    check_cublas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, out_, batch, hid_, &one, params_ + offsets_[2], out_, a1_,
+        h1_, params_ + at_.offset[1], a1_, hid_, batch);
+    check_cublas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, out_, batch, hid_, &one, params_ + at_.offset[2], out_, a1_,
                              hid_, &zero, z_, out_),
                  "mlp: Z");
-    kernels::add_bias<<<kernels::blocks(static_cast<std::size_t>(out_) * batch), 256, 0, stream_>>>(z_, params_ + offsets_[3],
+    kernels::add_bias<<<kernels::blocks(static_cast<std::size_t>(out_) * batch), 256, 0, stream_>>>(z_, params_ + at_.offset[3],
                                                                                                     out_, batch);
   }
-  std::size_t size(int part) const { return (part == 3 ? total_ : offsets_[part + 1]) - offsets_[part]; }
+  std::size_t size(int part) const { return at_.size(part); }
   static float* alloc(std::size_t n) {
     float* p = nullptr;
     flexcomm::check_cuda(cudaMalloc(&p, n * sizeof(float)), "mlp: cudaMalloc");
@@ -201,8 +191,8 @@ class mlp {
 
   int in_, hid_, out_, max_batch_;
   cudaStream_t stream_;
+  parameter_layout at_;
   cublasHandle_t blas_ = nullptr;
-  std::size_t offsets_[4] = {}, total_ = 0;
   float *params_ = nullptr, *grads_ = nullptr, *h1_ = nullptr, *a1_ = nullptr, *z_ = nullptr, *p_ = nullptr,
         *dz_ = nullptr, *da1_ = nullptr, *stats_ = nullptr;
 };
