@@ -262,6 +262,11 @@ class ensemble_layout {
     return placement_->host_producer[static_cast<std::size_t>(trainer_rank(member, rank_in_member))];
   }
 
+  // placed_on's share of each member's ranks on each host ([member][host]), given the free
+  // ranks of each host: a member goes whole on the tightest host that holds it, else its rest
+  // on the roomiest, largest member first.
+  std::vector<std::vector<int>> shares_on(std::vector<int> free) const;
+
   int producers_;
   bool per_host_ = false;
   std::vector<int> member_sizes_;
@@ -269,28 +274,8 @@ class ensemble_layout {
   std::shared_ptr<const placement> placement_;  // per-host layouts, once placed
 };
 
-inline ensemble_layout ensemble_layout::placed_on(const host_map& hosts) const {
-  if (!per_host_) return *this;
-  const int h = hosts.hosts(), n = hosts.ranks(), members_count = members();
-  check(n > 0, "layout", cat("layout '", str(), "' cannot be placed on an empty host map"));
-  check(n == h + trainers(), "layout",
-        cat("layout '", str(), "' needs ", h + trainers(), " ranks, world has ", n, " (a producer on each of ", h,
-            " hosts ", hosts.str(), " and ", trainers(), " trainers)"));
-  check(aggregator_ < n, "layout",
-        cat("aggregator is world rank ", aggregator_, " but layout '", str(), "' has ranks 0..", n - 1,
-            detail::aggregator_is_a_rank));
-  auto p = std::make_shared<placement>();
-  p->roles.resize(static_cast<std::size_t>(n));
-  p->host_producer.resize(static_cast<std::size_t>(n));
-  std::vector<int> free(static_cast<std::size_t>(h));
-  for (int host = 0; host < h; ++host) {  // hosts are numbered by their lowest rank: producers ascend
-    p->roles[static_cast<std::size_t>(hosts.leader_of(host))] = {role::producer, host, -1, -1};
-    p->producer_ranks.push_back(hosts.leader_of(host));
-    free[static_cast<std::size_t>(host)] = hosts.ranks_per_host(host) - 1;
-  }
-  for (int r = 0; r < n; ++r) p->host_producer[static_cast<std::size_t>(r)] = hosts.host_of(r);
-
-  // How many ranks of each member go on each host.
+inline std::vector<std::vector<int>> ensemble_layout::shares_on(std::vector<int> free) const {
+  const int h = static_cast<int>(free.size()), members_count = members();
   std::vector<int> order(static_cast<std::size_t>(members_count));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return member_size(a) > member_size(b); });
@@ -314,6 +299,32 @@ inline ensemble_layout ensemble_layout::placed_on(const host_map& hosts) const {
       need -= take;
     }
   }
+  return share;
+}
+
+inline ensemble_layout ensemble_layout::placed_on(const host_map& hosts) const {
+  if (!per_host_) return *this;
+  const int h = hosts.hosts(), n = hosts.ranks(), members_count = members();
+  check(n > 0, "layout", cat("layout '", str(), "' cannot be placed on an empty host map"));
+  check(n == h + trainers(), "layout",
+        cat("layout '", str(), "' needs ", h + trainers(), " ranks, world has ", n, " (a producer on each of ", h,
+            " hosts ", hosts.str(), " and ", trainers(), " trainers)"));
+  check(aggregator_ < n, "layout",
+        cat("aggregator is world rank ", aggregator_, " but layout '", str(), "' has ranks 0..", n - 1,
+            detail::aggregator_is_a_rank));
+  auto p = std::make_shared<placement>();
+  p->roles.resize(static_cast<std::size_t>(n));
+  p->host_producer.resize(static_cast<std::size_t>(n));
+  std::vector<int> free(static_cast<std::size_t>(h));
+  for (int host = 0; host < h; ++host) {  // hosts are numbered by their lowest rank: producers ascend
+    p->roles[static_cast<std::size_t>(hosts.leader_of(host))] = {role::producer, host, -1, -1};
+    p->producer_ranks.push_back(hosts.leader_of(host));
+    free[static_cast<std::size_t>(host)] = hosts.ranks_per_host(host) - 1;
+  }
+  for (int r = 0; r < n; ++r) p->host_producer[static_cast<std::size_t>(r)] = hosts.host_of(r);
+
+  // How many ranks of each member go on each host.
+  const std::vector<std::vector<int>> share = shares_on(std::move(free));
 
   // Which ranks: a host's free ranks to members in member order.
   p->member_ranks.resize(static_cast<std::size_t>(members_count));

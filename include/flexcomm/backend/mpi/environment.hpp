@@ -113,6 +113,92 @@ inline bool thread_reads(long tid, int fd, int samples = 1) {
   return true;
 }
 
+// What finalize_within's guard watches: whether MPI_Finalize has returned.
+struct finalize_watch {
+  std::mutex mutex;
+  std::condition_variable returned;
+  bool done = false;
+};
+
+// The guard of a rank seen in the PMI barrier: it waits there for a peer that hangs, and that
+// peer's guard lets this rank go. Once let out, a finalize that works returns within
+// milliseconds; one that does not hangs closing its UCX endpoint to the peer the guard parked:
+// 100 ms after leaving the barrier is enough to tell (waiting a further `limit` here made the
+// usual hang cost twice the guard's time). True once MPI_Finalize returned, false once let out
+// without it; a rank still in the barrier `limit` from now leaves with `status` here.
+template <class Returned>
+bool await_pmi_barrier(Returned& returned, long tid, int pmi_fd, std::chrono::milliseconds limit, int rank,
+                       std::chrono::steady_clock::time_point began, int status) {
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> let_out;
+  for (;;) {
+    if (returned(std::chrono::milliseconds{20})) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (pmi_fd >= 0 && thread_reads(tid, pmi_fd)) {
+      if (now - start < limit) continue;
+      if (!thread_reads(tid, pmi_fd, 5)) continue;
+      std::fprintf(stderr, "flexcomm: rank %d: MPI_Finalize still waits in the launcher's PMI barrier %.1f s after "
+                   "every rank passed the shutdown barrier; all flexcomm work is done, leaving with status %d\n",
+                   rank, std::chrono::duration<double>(now - began).count(), status);
+      std::fflush(stderr);
+      std::_Exit(status);
+    }
+    if (!let_out) let_out = now;
+    if (now - *let_out >= std::chrono::milliseconds{100}) return false;
+  }
+}
+
+// The guard's end of a finalize that hangs: says so, stands in for the finalizing thread at the
+// launcher (with PMI_FD; `barrier_needed` where that thread never reached the PMI barrier) and
+// leaves with `status`.
+[[noreturn]] inline void abandon_finalize(int rank, std::chrono::steady_clock::time_point began, int status, int pmi_fd,
+                                          bool barrier_needed, pthread_t finalizer) {
+  std::fprintf(stderr,
+               "flexcomm: rank %d: MPI_Finalize has not returned %.1f s after every rank passed the shutdown "
+               "barrier (FLEXCOMM_FINALIZE_TIMEOUT; %s); all flexcomm work is done, leaving with status %d\n",
+               rank, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(),
+               mpi_implementation::finalize_hang_note, status);
+  std::fflush(stderr);
+  if (pmi_fd >= 0) {
+    // Park the finalizing thread first, so that it cannot talk to the launcher while the guard
+    // stands in for it.
+    struct sigaction park{};
+    park.sa_handler = [](int) {
+      for (;;) ::pause();
+    };
+    sigemptyset(&park.sa_mask);
+    if (::sigaction(SIGRTMIN + 3, &park, nullptr) == 0) ::pthread_kill(finalizer, SIGRTMIN + 3);
+    if (!pmi_leave(std::chrono::seconds{5}, barrier_needed))
+      std::fprintf(stderr, "flexcomm: rank %d: could not leave the launcher's PMI barrier (PMI_FD); mpiexec may "
+                   "report this rank as failed\n", rank);
+  }
+  std::fflush(stderr);
+  std::_Exit(status);
+}
+
+// finalize_within's guard thread: returns once MPI_Finalize (on thread `tid`, `finalizer`)
+// returns within `limit`, else ends the process.
+inline void guard_finalize(finalize_watch& state, std::chrono::milliseconds limit, int status, int rank, long tid,
+                           pthread_t finalizer) {
+  std::unique_lock<std::mutex> lock(state.mutex);
+  auto returned = [&](std::chrono::milliseconds t) { return state.returned.wait_for(lock, t, [&] { return state.done; }); };
+  // Watch where the finalizing thread waits: once seen in the PMI barrier, this rank is not the
+  // one that hangs, and must not enter the barrier a second time.
+  const int pmi_fd = mpi_implementation::launcher_pmi_fd();
+  bool in_pmi_barrier = false;
+  const auto began = std::chrono::steady_clock::now();
+  const auto deadline = began + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (returned(std::chrono::milliseconds{100})) return;
+    if (pmi_fd >= 0 && !in_pmi_barrier) in_pmi_barrier = thread_reads(tid, pmi_fd);
+  }
+  if (pmi_fd >= 0 && !in_pmi_barrier) in_pmi_barrier = thread_reads(tid, pmi_fd);
+  const bool barrier_needed = !in_pmi_barrier;
+  // Let out of the barrier, it hangs further on (closing UCX): PMI needs only its finalize.
+  if (in_pmi_barrier && await_pmi_barrier(returned, tid, pmi_fd, limit, rank, began, status)) return;
+  abandon_finalize(rank, began, status, pmi_fd, barrier_needed, finalizer);
+}
+
 // Calls MPI_Finalize on this (the main) thread, which must be the thread that finalizes: from
 // another thread the hang below is far more frequent (docs/reliability.md). A guard thread
 // waits up to `limit` (zero: forever); if MPI_Finalize has not returned by then, the guard says
@@ -122,76 +208,9 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
     finalize_call()();
     return;
   }
-  struct shared_state {
-    std::mutex mutex;
-    std::condition_variable returned;
-    bool done = false;
-  };
-  auto state = std::make_shared<shared_state>();
+  auto state = std::make_shared<finalize_watch>();
   std::thread guard([state, limit, status, rank = process_rank(), tid = static_cast<long>(::syscall(SYS_gettid)),
-                     finalizer = ::pthread_self()] {
-    std::unique_lock<std::mutex> lock(state->mutex);
-    auto returned = [&](std::chrono::milliseconds t) {
-      return state->returned.wait_for(lock, t, [&] { return state->done; });
-    };
-    // Watch where the finalizing thread waits: once seen in the PMI barrier, this rank is not the
-    // one that hangs, and must not enter the barrier a second time.
-    const int pmi_fd = mpi_implementation::launcher_pmi_fd();
-    bool in_pmi_barrier = false;
-    const auto began = std::chrono::steady_clock::now();
-    const auto deadline = began + limit;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (returned(std::chrono::milliseconds{100})) return;
-      if (pmi_fd >= 0 && !in_pmi_barrier) in_pmi_barrier = thread_reads(tid, pmi_fd);
-    }
-    if (pmi_fd >= 0 && !in_pmi_barrier) in_pmi_barrier = thread_reads(tid, pmi_fd);
-    bool barrier_needed = !in_pmi_barrier;
-    if (in_pmi_barrier) {
-      // Waiting for a peer that hangs; that peer's guard lets this rank go. Once let out, a
-      // finalize that works returns within milliseconds; one that does not hangs closing its UCX
-      // endpoint to the peer the guard parked: 100 ms after leaving the barrier is enough to
-      // tell (waiting a further `limit` here made the usual hang cost twice the guard's time).
-      const auto start = std::chrono::steady_clock::now();
-      std::optional<std::chrono::steady_clock::time_point> let_out;
-      for (;;) {
-        if (returned(std::chrono::milliseconds{20})) return;
-        const auto now = std::chrono::steady_clock::now();
-        if (pmi_fd >= 0 && thread_reads(tid, pmi_fd)) {
-          if (now - start < limit) continue;
-          if (!thread_reads(tid, pmi_fd, 5)) continue;
-          std::fprintf(stderr, "flexcomm: rank %d: MPI_Finalize still waits in the launcher's PMI barrier %.1f s after "
-                       "every rank passed the shutdown barrier; all flexcomm work is done, leaving with status %d\n",
-                       rank, std::chrono::duration<double>(now - began).count(), status);
-          std::fflush(stderr);
-          std::_Exit(status);
-        }
-        if (!let_out) let_out = now;
-        if (now - *let_out >= std::chrono::milliseconds{100}) break;
-      }
-      // Let out of the barrier, it hangs further on (closing UCX): PMI needs only its finalize.
-    }
-    std::fprintf(stderr,
-                 "flexcomm: rank %d: MPI_Finalize has not returned %.1f s after every rank passed the shutdown "
-                 "barrier (FLEXCOMM_FINALIZE_TIMEOUT; %s); all flexcomm work is done, leaving with status %d\n",
-                 rank, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(),
-                 mpi_implementation::finalize_hang_note, status);
-    std::fflush(stderr);
-    if (pmi_fd >= 0) {
-      // Park the finalizing thread first, so that it cannot talk to the launcher while the guard
-      // stands in for it.
-      struct sigaction park{};
-      park.sa_handler = [](int) {
-        for (;;) ::pause();
-      };
-      sigemptyset(&park.sa_mask);
-      if (::sigaction(SIGRTMIN + 3, &park, nullptr) == 0) ::pthread_kill(finalizer, SIGRTMIN + 3);
-      if (!pmi_leave(std::chrono::seconds{5}, barrier_needed))
-        std::fprintf(stderr, "flexcomm: rank %d: could not leave the launcher's PMI barrier (PMI_FD); mpiexec may "
-                     "report this rank as failed\n", rank);
-    }
-    std::fflush(stderr);
-    std::_Exit(status);
-  });
+                     finalizer = ::pthread_self()] { guard_finalize(*state, limit, status, rank, tid, finalizer); });
   finalize_call()();
   {
     std::lock_guard<std::mutex> lock(state->mutex);
@@ -289,6 +308,28 @@ class environment {
 
  private:
   environment(int* argc, char*** argv) {
+    const int rank = start_mpi(argc, argv);
+    // Every FLEXCOMM_ setting is parsed here, before any of them is used, so that a bad value
+    // ends the job at start with the setting's name on every rank, never an uncaught exception
+    // wherever it is first read (FLEXCOMM_TIMEOUT is, by the world's duplicate just below).
+    try {
+      const auto idle = check_settings();
+      if (rank == 0)
+        for (const auto& why : idle) std::fprintf(stderr, "flexcomm: rank 0: settings: %s; ignored\n", why.c_str());
+    } catch (const std::exception& e) {
+      end_at_start(e, rank);
+    }
+    make_world_and_node(rank);
+    apply_settings(rank);
+    // A rank that calls exit() mid-step would otherwise leave its peers waiting, and Hydra may
+    // even report success: end the job instead.
+    alive().store(true);
+    static const bool hooked = std::atexit(&exit_while_alive) == 0;
+    static_cast<void>(hooked);
+  }
+
+  // MPI up with MPI_THREAD_MULTIPLE (or found up, and checked to provide it); returns this rank.
+  int start_mpi(int* argc, char*** argv) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     int provided = MPI_THREAD_SINGLE;
@@ -312,16 +353,11 @@ class environment {
       fail("environment", cat("MPI provides thread level ", provided, ", flexcomm's progress engine needs ",
                               "MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE, ")"));
     }
-    // Every FLEXCOMM_ setting is parsed here, before any of them is used, so that a bad value
-    // ends the job at start with the setting's name on every rank, never an uncaught exception
-    // wherever it is first read (FLEXCOMM_TIMEOUT is, by the world's duplicate just below).
-    try {
-      const auto idle = check_settings();
-      if (rank == 0)
-        for (const auto& why : idle) std::fprintf(stderr, "flexcomm: rank 0: settings: %s; ignored\n", why.c_str());
-    } catch (const std::exception& e) {
-      end_at_start(e, rank);
-    }
+    return rank;
+  }
+
+  // flexcomm's duplicate of the world, the node's communicator, and what hosts the ranks are on.
+  void make_world_and_node(int rank) {
     world_.emplace(mpi::communicator::duplicate(MPI_COMM_WORLD, "world"));
     MPI_Comm node = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(world_->native(), MPI_COMM_TYPE_SHARED, world_->rank(), MPI_INFO_NULL, &node),
@@ -334,8 +370,11 @@ class environment {
               "environment: the host's first rank");
     detail::host_key_slot().store(first_on_host, std::memory_order_release);
     learn_host_names();
-    // Every FLEXCOMM_ setting is read here, once, so that a bad value ends the job at start with
-    // the same message on every rank, never an uncaught exception later.
+  }
+
+  // Every FLEXCOMM_ setting is read here, once, so that a bad value ends the job at start with
+  // the same message on every rank, never an uncaught exception later.
+  void apply_settings(int rank) {
     try {
       wait_ = wait_policy::automatic(ranks_on_node_);
       set_default_wait(wait_);
@@ -348,11 +387,6 @@ class environment {
     } catch (const std::exception& e) {
       end_at_start(e, rank);
     }
-    // A rank that calls exit() mid-step would otherwise leave its peers waiting, and Hydra may
-    // even report success: end the job instead.
-    alive().store(true);
-    static const bool hooked = std::atexit(&exit_while_alive) == 0;
-    static_cast<void>(hooked);
   }
 
   // Every rank's host name, once: reports name the host of a rank that did not arrive when the

@@ -54,6 +54,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <new>
 #include <string>
@@ -331,68 +332,97 @@ class host_allreduce final : public segment_task {
       stalled_.moved();
     }
     for (;;) {
+      std::optional<bool> out;  // step()'s answer, or nothing: on to the next stage
       switch (stage_) {
         case stage::small_write:
-          if (!ready(plan_.free_after[0], "peers to finish reading the previous small allreduce")) return false;
-          std::memcpy(seg_->small_slot(seg_->rank, plan_.small_slot), data_, n_ * sizeof(T));
-          if (!carried_.empty())
-            std::memcpy(carried_of(seg_->rank), carried_.data(), carried_.size() * sizeof(std::int64_t));
-          advance(stage::small_reduce, 1);
-          break;
         case stage::small_reduce:
-          if (!ready(plan_.first + 1, "peers to copy their data in")) return false;
-          reduce_small();
-          advance(stage::done, 2);
-          land();
-          return true;
+          out = step_small();
+          break;
         case stage::large_write:
-          // This slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
-          if (!ready(chunk_ < 2 ? plan_.free_after[chunk_] : step(0) - 3, "peers to copy the chunk before out"))
-            return false;
-          write_chunk();
-          advance(stage::large_reduce, 1);
-          break;
         case stage::large_reduce:
-          if (!ready(step(1), "peers to copy their chunk in")) return false;
-          if (chunk_ == 0) timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
-          reduce_share();
-          advance(stage::large_gather, 2);
-          break;
         case stage::large_gather:
-          if (!ready(step(2), "peers to reduce their share")) return false;
-          gather_chunk();
-          seg_->publish(step(3));
-          stalled_.moved();
-          if ((++chunk_) * per_chunk() >= n_) {
-            stage_ = stage::done;
-            learn(seg_->writer);
-            land();
-            return true;
-          }
-          stage_ = stage::large_write;
+          out = step_large();
           break;
         case stage::place_describe:
-          describe();
-          advance(stage::place_reduce, 1);
-          break;
         case stage::place_reduce:
-          if (!ready(plan_.first + 1, "peers to describe their data")) return false;
-          timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
-          check_descriptions();
-          reduce_carried();
-          reduce_in_place();
-          advance(stage::place_wait, 2);
-          break;
         case stage::place_wait:
-          if (!ready(plan_.first + 2, "peers to reduce their share")) return false;
-          stage_ = stage::done;
-          learn(seg_->placer);
-          land();
-          return true;
+          out = step_in_place();
+          break;
         case stage::queued:
         case stage::done:
           return true;
       }
+      if (out) return *out;
+    }
+  }
+
+  // One stage of each path: false while it waits for peers, true once this rank's result is in
+  // place, nothing when the next stage can go on at once.
+  std::optional<bool> step_small() {
+    if (stage_ == stage::small_write) {
+      if (!ready(plan_.free_after[0], "peers to finish reading the previous small allreduce")) return false;
+      std::memcpy(seg_->small_slot(seg_->rank, plan_.small_slot), data_, n_ * sizeof(T));
+      if (!carried_.empty())
+        std::memcpy(carried_of(seg_->rank), carried_.data(), carried_.size() * sizeof(std::int64_t));
+      advance(stage::small_reduce, 1);
+      return std::nullopt;
+    }
+    if (!ready(plan_.first + 1, "peers to copy their data in")) return false;
+    reduce_small();
+    advance(stage::done, 2);
+    land();
+    return true;
+  }
+  std::optional<bool> step_large() {
+    switch (stage_) {
+      case stage::large_write:
+        // This slot last held chunk c - 2 (or an earlier task's): free once every rank has it out.
+        if (!ready(chunk_ < 2 ? plan_.free_after[chunk_] : step(0) - 3, "peers to copy the chunk before out"))
+          return false;
+        write_chunk();
+        advance(stage::large_reduce, 1);
+        return std::nullopt;
+      case stage::large_reduce:
+        if (!ready(step(1), "peers to copy their chunk in")) return false;
+        if (chunk_ == 0) timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
+        reduce_share();
+        advance(stage::large_gather, 2);
+        return std::nullopt;
+      default:  // large_gather
+        if (!ready(step(2), "peers to reduce their share")) return false;
+        gather_chunk();
+        seg_->publish(step(3));
+        stalled_.moved();
+        if ((++chunk_) * per_chunk() >= n_) {
+          stage_ = stage::done;
+          learn(seg_->writer);
+          land();
+          return true;
+        }
+        stage_ = stage::large_write;
+        return std::nullopt;
+    }
+  }
+  std::optional<bool> step_in_place() {
+    switch (stage_) {
+      case stage::place_describe:
+        describe();
+        advance(stage::place_reduce, 1);
+        return std::nullopt;
+      case stage::place_reduce:
+        if (!ready(plan_.first + 1, "peers to describe their data")) return false;
+        timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
+        check_descriptions();
+        reduce_carried();
+        reduce_in_place();
+        advance(stage::place_wait, 2);
+        return std::nullopt;
+      default:  // place_wait
+        if (!ready(plan_.first + 2, "peers to reduce their share")) return false;
+        stage_ = stage::done;
+        learn(seg_->placer);
+        land();
+        return true;
     }
   }
 

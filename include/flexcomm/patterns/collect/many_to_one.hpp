@@ -172,6 +172,16 @@ class many_to_one {
   // round with data completes.
   template <class T>
   arrival advance(bool wait, gathered<T>& out);
+  // advance's parts: posts the header gather of the next round (false: this aggregator, a
+  // trainer too, has not submitted its own yet); reads the headers and posts the data gather;
+  // checks the headers (the round's bytes); counts what each rank and member sent.
+  bool start_round(bool wait, const std::string& what);
+  template <class T>
+  void post_data(incoming& r, std::int64_t round, const std::string& what);
+  template <class T>
+  std::size_t read_headers(incoming& r, std::int64_t round);
+  template <class T>
+  void count_ranks(const incoming& done, gathered<T>& out) const;
   template <class T, class F>
   bool take_rounds(bool wait, F& each);
 
@@ -368,27 +378,7 @@ typename many_to_one<B>::arrival many_to_one<B>::advance(bool wait, gathered<T>&
   check(aggregator_, what,
         cat("only the aggregator (rank ", layout_.aggregator(), " of layout '", layout_.str(), "') gathers"));
   check(!finished_, what, "every trainer has closed the stream (close()): no round is left to gather");
-  const int ranks = comm_.size();
-  if (!in_) {
-    if (trainer_ && own_.empty()) {
-      check(!wait, what, "this aggregator is also a trainer and must submit() its own tensor before gather()");
-      return arrival::none;
-    }
-    auto r = std::make_unique<incoming>();
-    if (trainer_) {
-      r->mine = std::move(own_.front());
-      own_.pop_front();
-      r->header[0] = own_types_.front();
-      r->header[1] = static_cast<std::int64_t>(r->mine.size());
-      own_types_.pop_front();
-    }
-    r->headers.resize(2 * static_cast<std::size_t>(ranks));
-    r->twos.assign(static_cast<std::size_t>(ranks), 2);
-    r->header_request = B::template igatherv<std::int64_t>(comm_, span<const std::int64_t>(r->header, 2),
-                                                           span<std::int64_t>(r->headers),
-                                                           span<const int>(r->twos), root_);
-    in_ = std::move(r);
-  }
+  if (!in_ && !start_round(wait, what)) return arrival::none;
   incoming& r = *in_;
   if (!r.data_posted) {
     if (wait) {
@@ -396,56 +386,7 @@ typename many_to_one<B>::arrival many_to_one<B>::advance(bool wait, gathered<T>&
     } else if (!r.header_request.test()) {
       return arrival::none;
     }
-    // Check everything first, but finish the round before throwing, so the trainers' transfers
-    // complete and the next round starts in step on every rank.
-    r.counts.assign(static_cast<std::size_t>(ranks), 0);
-    std::size_t total = 0;
-    int closing = 0, trainers = 0, first_closed = -1, first_open = -1;
-    for (int i = 0; i < ranks; ++i) {
-      const auto type = r.headers[2 * static_cast<std::size_t>(i)];
-      const auto bytes = r.headers[2 * static_cast<std::size_t>(i) + 1];
-      r.counts[static_cast<std::size_t>(i)] = static_cast<int>(bytes);
-      total += static_cast<std::size_t>(bytes);
-      if (!comm_rank_is_trainer_[static_cast<std::size_t>(i)]) continue;
-      ++trainers;
-      if (type == end_type) {
-        ++closing;
-        if (first_closed < 0) first_closed = i;
-        continue;
-      }
-      if (first_open < 0) first_open = i;
-      if (!any_type_ && type != static_cast<std::int64_t>(dtype_of<T>) && r.mismatch.empty()) {
-        const auto who = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(i)]);
-        r.mismatch = cat("member ", who.member, " rank ", who.rank_in_member, " submitted ",
-                         type >= 0 && type <= static_cast<std::int64_t>(dtype::bf16) ? name_of(static_cast<dtype>(type))
-                                                                                     : "an unknown type",
-                         " but the aggregator gathers ", name_of(dtype_of<T>));
-      }
-    }
-    r.end = closing == trainers;
-    if (closing > 0 && !r.end) {
-      const auto shut = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(first_closed)]);
-      const auto open = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(first_open)]);
-      r.mismatch = cat("member ", shut.member, " rank ", shut.rank_in_member, " closed the stream after ", round,
-                       " rounds while member ", open.member, " rank ", open.rank_in_member,
-                       " submitted another: every trainer submits the same number of rounds");
-    }
-    check(total <= static_cast<std::size_t>(INT32_MAX), what,
-          cat("the round carries ", total, " bytes, more than one gather moves (", INT32_MAX, ")"));
-    span<std::uint8_t> landing;
-    if (r.mismatch.empty() && !r.end && !any_type_) {
-      auto g = std::make_shared<gathered<T>>();
-      g->data.resize(total / sizeof(T));
-      landing = span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(g->data.data()), total);
-      r.result = g;
-      r.type = dtype_of<T>;
-    } else {
-      r.scratch.resize(total);
-      landing = span<std::uint8_t>(r.scratch);
-    }
-    r.data_request = B::template igatherv<std::uint8_t>(comm_, span<const std::uint8_t>(r.mine), landing,
-                                                        span<const int>(r.counts), root_);
-    r.data_posted = true;
+    post_data<T>(r, round, what);
   }
   if (wait) {
     r.data_request.wait();
@@ -464,18 +405,111 @@ typename many_to_one<B>::arrival many_to_one<B>::advance(bool wait, gathered<T>&
         cat("the round's data was received as ", name_of(done->type), " and is now asked for as ",
             name_of(dtype_of<T>)));
   out = std::move(*std::static_pointer_cast<gathered<T>>(done->result));
+  count_ranks(*done, out);
+  return arrival::round;
+}
+
+template <class B>
+bool many_to_one<B>::start_round(bool wait, const std::string& what) {
+  if (trainer_ && own_.empty()) {
+    check(!wait, what, "this aggregator is also a trainer and must submit() its own tensor before gather()");
+    return false;
+  }
+  const int ranks = comm_.size();
+  auto r = std::make_unique<incoming>();
+  if (trainer_) {
+    r->mine = std::move(own_.front());
+    own_.pop_front();
+    r->header[0] = own_types_.front();
+    r->header[1] = static_cast<std::int64_t>(r->mine.size());
+    own_types_.pop_front();
+  }
+  r->headers.resize(2 * static_cast<std::size_t>(ranks));
+  r->twos.assign(static_cast<std::size_t>(ranks), 2);
+  r->header_request = B::template igatherv<std::int64_t>(comm_, span<const std::int64_t>(r->header, 2),
+                                                         span<std::int64_t>(r->headers),
+                                                         span<const int>(r->twos), root_);
+  in_ = std::move(r);
+  return true;
+}
+
+template <class B>
+template <class T>
+void many_to_one<B>::post_data(incoming& r, std::int64_t round, const std::string& what) {
+  const std::size_t total = read_headers<T>(r, round);
+  check(total <= static_cast<std::size_t>(INT32_MAX), what,
+        cat("the round carries ", total, " bytes, more than one gather moves (", INT32_MAX, ")"));
+  span<std::uint8_t> landing;
+  if (r.mismatch.empty() && !r.end && !any_type_) {
+    auto g = std::make_shared<gathered<T>>();
+    g->data.resize(total / sizeof(T));
+    landing = span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(g->data.data()), total);
+    r.result = g;
+    r.type = dtype_of<T>;
+  } else {
+    r.scratch.resize(total);
+    landing = span<std::uint8_t>(r.scratch);
+  }
+  r.data_request = B::template igatherv<std::uint8_t>(comm_, span<const std::uint8_t>(r.mine), landing,
+                                                      span<const int>(r.counts), root_);
+  r.data_posted = true;
+}
+
+// Check everything first, but finish the round before throwing, so the trainers' transfers
+// complete and the next round starts in step on every rank: a problem goes into r.mismatch.
+template <class B>
+template <class T>
+std::size_t many_to_one<B>::read_headers(incoming& r, std::int64_t round) {
+  const int ranks = comm_.size();
+  r.counts.assign(static_cast<std::size_t>(ranks), 0);
+  std::size_t total = 0;
+  int closing = 0, trainers = 0, first_closed = -1, first_open = -1;
+  for (int i = 0; i < ranks; ++i) {
+    const auto type = r.headers[2 * static_cast<std::size_t>(i)];
+    const auto bytes = r.headers[2 * static_cast<std::size_t>(i) + 1];
+    r.counts[static_cast<std::size_t>(i)] = static_cast<int>(bytes);
+    total += static_cast<std::size_t>(bytes);
+    if (!comm_rank_is_trainer_[static_cast<std::size_t>(i)]) continue;
+    ++trainers;
+    if (type == end_type) {
+      ++closing;
+      if (first_closed < 0) first_closed = i;
+      continue;
+    }
+    if (first_open < 0) first_open = i;
+    if (!any_type_ && type != static_cast<std::int64_t>(dtype_of<T>) && r.mismatch.empty()) {
+      const auto who = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(i)]);
+      r.mismatch = cat("member ", who.member, " rank ", who.rank_in_member, " submitted ",
+                       type >= 0 && type <= static_cast<std::int64_t>(dtype::bf16) ? name_of(static_cast<dtype>(type))
+                                                                                   : "an unknown type",
+                       " but the aggregator gathers ", name_of(dtype_of<T>));
+    }
+  }
+  r.end = closing == trainers;
+  if (closing > 0 && !r.end) {
+    const auto shut = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(first_closed)]);
+    const auto open = layout_.role_of(comm_world_rank_[static_cast<std::size_t>(first_open)]);
+    r.mismatch = cat("member ", shut.member, " rank ", shut.rank_in_member, " closed the stream after ", round,
+                     " rounds while member ", open.member, " rank ", open.rank_in_member,
+                     " submitted another: every trainer submits the same number of rounds");
+  }
+  return total;
+}
+
+template <class B>
+template <class T>
+void many_to_one<B>::count_ranks(const incoming& done, gathered<T>& out) const {
   out.member_sizes = layout_.member_sizes();
   out.member_counts.assign(static_cast<std::size_t>(layout_.members()), 0);
   int member = 0, left = layout_.member_size(0);
-  for (int i = 0; i < ranks; ++i) {
+  for (int i = 0; i < comm_.size(); ++i) {
     if (!comm_rank_is_trainer_[static_cast<std::size_t>(i)]) continue;
-    const auto n = static_cast<std::size_t>(done->counts[static_cast<std::size_t>(i)]) / sizeof(T);
+    const auto n = static_cast<std::size_t>(done.counts[static_cast<std::size_t>(i)]) / sizeof(T);
     out.rank_counts.push_back(n);
     while (left == 0) left = layout_.member_size(++member);
     out.member_counts[static_cast<std::size_t>(member)] += n;
     --left;
   }
-  return arrival::round;
 }
 
 template <class B>

@@ -96,6 +96,11 @@ class adaptive : private detail::agreed_feed {
 
  private:
   bool set_up_board(const communicator& world);
+  // set_up_board's parts: the pieces each host reads, ascending; the trainers on each host
+  // (and producers_here_, trainers_here_ of this one); the names a courier's timeout gives.
+  std::vector<std::vector<std::size_t>> pieces_read_on(const host_map& hosts) const;
+  std::vector<int> count_trainers(const communicator& world, const host_map& hosts, int host);
+  void name_couriers(const communicator& world, const host_map& hosts);
   // Trainer: makes pieces of the board until this trainer's pieces of step k are all made.
   void make_until_ready(std::int64_t k);
   bool ready(std::int64_t k) const;
@@ -194,15 +199,9 @@ bool adaptive<B>::set_up_board(const communicator& world) {
             "with each other and its producer (a producer per host would)");
       return false;
     }
-    // The pieces each host reads, ascending. A host makes those it reads, or with couriers every
-    // piece of its home steps; the others have no room on its board.
-    std::vector<std::vector<std::size_t>> reads(static_cast<std::size_t>(hosts.hosts()));
-    for (std::size_t c = 0; c < pieces_.size(); ++c)
-      for (int m = 0; m < layout_.members(); ++m) {
-        auto& on = reads[static_cast<std::size_t>(
-            hosts.host_of(layout_.trainer_rank(m, pieces_[c].owner[static_cast<std::size_t>(m)])))];
-        if (on.empty() || on.back() != c) on.push_back(c);
-      }
+    // A host makes the pieces it reads, or with couriers every piece of its home steps; the
+    // others have no room on its board.
+    std::vector<std::vector<std::size_t>> reads = pieces_read_on(hosts);
     std::vector<std::size_t> wire(pieces_.size());
     for (std::size_t c = 0; c < pieces_.size(); ++c) wire[c] = detail::piece_bytes(pieces_[c].shards, options_.shard_capacity);
     if (across)
@@ -215,25 +214,14 @@ bool adaptive<B>::set_up_board(const communicator& world) {
     // ranks only in the names a timeout gives.
     std::vector<int> ranks(static_cast<std::size_t>(group.size()));
     for (int r = 0; r < group.size(); ++r) ranks[static_cast<std::size_t>(r)] = group.world_rank_of(r);
-    std::vector<int> trainers_on(static_cast<std::size_t>(hosts.hosts()), 0);
-    for (int r = 0; r < world.size(); ++r) {
-      const role kind = layout_.role_of(r).kind;
-      trainers_on[static_cast<std::size_t>(hosts.host_of(r))] += kind == role::trainer ? 1 : 0;
-      if (hosts.host_of(r) == host) producers_here_ += kind == role::producer ? 1 : 0;
-    }
-    trainers_here_ = trainers_on[static_cast<std::size_t>(host)];
+    const std::vector<int> trainers_on = count_trainers(world, hosts, host);
     // Group rank 0 is the host's courier; its sends hold a reader line of the board.
     if (across) {
       courier_line_ = ranks.size();
       ranks.push_back(ranks.front());
       homes_ = detail::home_hosts(trainers_on);
       host_ = host;
-      for (int h = 0; h < hosts.hosts(); ++h) {
-        std::string names;
-        for (int r : hosts.ranks_on(h)) names += cat(names.empty() ? "" : ", ", world.world_rank_of(r));
-        host_ranks_.push_back(cat(hosts.ranks_per_host(h) == 1 ? "world rank " : "world ranks ", names));
-        courier_ranks_.push_back(world.world_rank_of(hosts.leader_of(h)));
-      }
+      name_couriers(world, hosts);
     }
     const auto slots = static_cast<std::size_t>(4 * options_.depth);
     board_ = std::make_shared<detail::claim_board<B>>(group, role_.kind == role::trainer, slots, bytes,
@@ -250,6 +238,40 @@ bool adaptive<B>::set_up_board(const communicator& world) {
           "feed_options.shared_memory (FLEXCOMM_SHM) is on, but this backend has no shared memory");
     (void)world;
     return false;
+  }
+}
+
+template <class B>
+std::vector<std::vector<std::size_t>> adaptive<B>::pieces_read_on(const host_map& hosts) const {
+  std::vector<std::vector<std::size_t>> reads(static_cast<std::size_t>(hosts.hosts()));
+  for (std::size_t c = 0; c < pieces_.size(); ++c)
+    for (int m = 0; m < layout_.members(); ++m) {
+      auto& on = reads[static_cast<std::size_t>(
+          hosts.host_of(layout_.trainer_rank(m, pieces_[c].owner[static_cast<std::size_t>(m)])))];
+      if (on.empty() || on.back() != c) on.push_back(c);
+    }
+  return reads;
+}
+
+template <class B>
+std::vector<int> adaptive<B>::count_trainers(const communicator& world, const host_map& hosts, int host) {
+  std::vector<int> trainers_on(static_cast<std::size_t>(hosts.hosts()), 0);
+  for (int r = 0; r < world.size(); ++r) {
+    const role kind = layout_.role_of(r).kind;
+    trainers_on[static_cast<std::size_t>(hosts.host_of(r))] += kind == role::trainer ? 1 : 0;
+    if (hosts.host_of(r) == host) producers_here_ += kind == role::producer ? 1 : 0;
+  }
+  trainers_here_ = trainers_on[static_cast<std::size_t>(host)];
+  return trainers_on;
+}
+
+template <class B>
+void adaptive<B>::name_couriers(const communicator& world, const host_map& hosts) {
+  for (int h = 0; h < hosts.hosts(); ++h) {
+    std::string names;
+    for (int r : hosts.ranks_on(h)) names += cat(names.empty() ? "" : ", ", world.world_rank_of(r));
+    host_ranks_.push_back(cat(hosts.ranks_per_host(h) == 1 ? "world rank " : "world ranks ", names));
+    courier_ranks_.push_back(world.world_rank_of(hosts.leader_of(h)));
   }
 }
 
