@@ -19,7 +19,6 @@
 
 #include "common/fashion_mnist.hpp"
 #include "common/counts.hpp"
-#include "cuda/device_array.hpp"
 #if defined(FLEXCOMM_DEVICE_STANDIN)
 #include "cuda/mlp_host.hpp"
 #else
@@ -201,8 +200,8 @@ int train(const fc::environment& env, const settings& s) {
         plain.flip = false;
         plain.max_rotation_degrees = 0;
         std::vector<float> pixels(256 * fm::pixels);
-        cuda_mlp::device_array<float> images(pixels.size(), "cuda_trainer: test images");
-        cuda_mlp::device_array<float> predicted(256 * fm::classes, "cuda_trainer: predictions");
+        fc::cuda::device_buffer<float> images(pixels.size());
+        fc::cuda::device_buffer<float> predicted(256 * fm::classes);
         for (std::size_t i = first; i < last; i += 256) {
           const auto n = std::min<std::size_t>(256, last - i);
           for (std::size_t j = 0; j < n; ++j) fm::augment(test.image(i + j), &pixels[j * fm::pixels], 0, plain);

@@ -17,7 +17,6 @@
 
 #include <flexcomm/flexcomm.hpp>
 
-#include "device_array.hpp"
 #include "mlp_parameters.hpp"
 
 #include <algorithm>
@@ -35,7 +34,7 @@ class mlp {
 
   mlp(int inputs, int hidden, int classes, int max_batch, unsigned seed, flexcomm::device::stream_t stream)
       : in_(inputs), hid_(hidden), out_(classes), max_batch_(max_batch), stream_(stream), at_(inputs, hidden, classes),
-        params_(at_.total, "mlp: parameters"), grads_(at_.total, "mlp: gradients") {
+        params_(at_.total), grads_(at_.total) {
     // Fresh memory, which no stream has touched yet: written directly.
     const std::vector<float> init = initial_parameters(at_, in_, hid_, seed);
     std::memcpy(params_.data(), init.data(), at_.total * sizeof(float));
@@ -143,7 +142,7 @@ class mlp {
   int in_, hid_, out_, max_batch_;
   flexcomm::device::stream_t stream_;
   parameter_layout at_;
-  device_array<float> params_, grads_;
+  flexcomm::cuda::device_buffer<float> params_, grads_;
   matrix h1_, a1_, z_, p_, dz_, da1_;  // the activations: private to the model, plain host memory
   float loss_ = 0.f;
   int correct_ = 0;

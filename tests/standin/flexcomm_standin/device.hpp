@@ -153,7 +153,6 @@ struct engine {
   std::multimap<std::size_t, std::byte*> released;
   std::atomic<std::uint64_t> calls{0};
   std::chrono::microseconds latency{200};
-  std::size_t pinned_now = 0, pinned_peak = 0;  // bytes of pinned host memory
 
   static engine& instance() {
     static engine* e = [] {
@@ -330,8 +329,6 @@ inline error_t allocate(void** p, std::size_t bytes, bool pinned) {
   std::memset(m, 0xa5, wanted);
   std::lock_guard<std::mutex> lock(e.mutex);
   e.memory[m] = {bytes, pinned, capacity, pinned ? -1 : current_device()};
-  e.pinned_now += pinned ? capacity : 0;
-  e.pinned_peak = std::max(e.pinned_peak, e.pinned_now);
   *p = m;
   return success;
 }
@@ -347,7 +344,6 @@ inline error_t release(void* p, bool pinned) {
   const allocation a = it->second;
   e.memory.erase(it);
   if (pinned) {
-    e.pinned_now -= a.capacity;
     ::operator delete(p, std::align_val_t{256});
   } else {
     set_poisoned(p, a.capacity, true);
@@ -361,18 +357,6 @@ inline error_t release(void* p, bool pinned) {
 // How many device-layer calls this process made (counted here; the CUDA build does not count).
 inline constexpr bool counts_calls = true;
 inline std::uint64_t calls() noexcept { return standin::engine::instance().calls.load(std::memory_order_relaxed); }
-
-// Pinned host memory this process holds now, and the most it held (the stand-in counts).
-inline std::size_t pinned_bytes() {
-  auto& e = standin::engine::instance();
-  std::lock_guard<std::mutex> lock(e.mutex);
-  return e.pinned_now;
-}
-inline std::size_t pinned_peak() {
-  auto& e = standin::engine::instance();
-  std::lock_guard<std::mutex> lock(e.mutex);
-  return e.pinned_peak;
-}
 
 inline error_t get_device(int* device) {
   standin::the();

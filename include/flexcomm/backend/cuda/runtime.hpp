@@ -30,9 +30,8 @@
 //              nccl_allgather, nccl_reduce_scatter, nccl_send, nccl_recv (element types as
 //              flexcomm dtypes, reductions as flexcomm ops with avg = ncclAvg),
 //              nccl_error_string, nccl_last_error
-//   counting   calls(): how many of these calls this process made, pinned_bytes() and
-//              pinned_peak(): the pinned host memory held now and at most (the stand-in counts;
-//              the CUDA build returns 0), for tests of the per-operation cost and of bounds
+//   counting   calls(): how many of these calls this process made (the stand-in counts; the
+//              CUDA build returns 0), for tests of the per-operation cost
 #pragma once
 
 #if defined(FLEXCOMM_DEVICE_STANDIN)

@@ -28,10 +28,6 @@ inline constexpr error_t not_ready = cudaErrorNotReady;
 inline constexpr bool counts_calls = false;
 inline std::uint64_t calls() noexcept { return 0; }
 
-// The stand-in counts pinned bytes; here the pinned pool keeps its own count.
-inline std::size_t pinned_bytes() { return 0; }
-inline std::size_t pinned_peak() { return 0; }
-
 inline error_t get_device(int* device) { return cudaGetDevice(device); }
 inline error_t set_device(int device) { return cudaSetDevice(device); }
 inline error_t device_count(int* devices) { return cudaGetDeviceCount(devices); }
