@@ -90,8 +90,10 @@ enum nccl_result_t : int {};
 inline constexpr nccl_result_t nccl_success{0};
 inline constexpr nccl_result_t nccl_unhandled_cuda_error{1};
 inline constexpr nccl_result_t nccl_system_error{2};
+inline constexpr nccl_result_t nccl_internal_error{3};
 inline constexpr nccl_result_t nccl_invalid_argument{4};
 inline constexpr nccl_result_t nccl_invalid_usage{5};
+inline constexpr nccl_result_t nccl_remote_error{6};
 inline constexpr nccl_result_t nccl_in_progress{7};
 
 namespace standin {
@@ -596,15 +598,100 @@ error_t divide(T* buf, std::size_t n, int ranks, stream_t s) {
 // NCCL over MPI.
 namespace standin {
 
+// A nonblocking init or split under way (config.blocking = 0, as flexcomm makes them): NCCL says
+// ncclInProgress on the communicators concerned until every rank has joined, so a missing rank
+// leaves them in progress instead of blocking the caller. Phase 1 is nonblocking MPI (MPI_Comm_idup
+// for an init; an MPI_Iallgather of colors and keys for a split); phase 2, once every rank joined
+// it, makes the split's communicators among ranks that are all there (as the MPI backend's
+// split_of does). What MPI writes lives here, leaked rather than freed when the job is given up
+// (an abort) before MPI is done with it.
+struct setup_job {
+  std::mutex mutex;
+  std::vector<MPI_Request> requests;
+  MPI_Comm* slots = new MPI_Comm[3]{MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+  std::vector<int>* keys = nullptr;  // a split's: this rank's (color, key), then every rank's
+  std::function<nccl_result_t(setup_job&)> finish;  // phase 2
+  nccl_result_t result = nccl_in_progress;
+
+  // In progress until every rank has joined phase 1; then what phase 2 gave.
+  nccl_result_t poll() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (result != nccl_in_progress) return result;
+    int done = 0;
+    if (MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+      return result = nccl_system_error;
+    if (!done) return nccl_in_progress;
+    return result = finish ? finish(*this) : nccl_success;
+  }
+  setup_job() = default;
+  setup_job(const setup_job&) = delete;
+  setup_job& operator=(const setup_job&) = delete;
+  ~setup_job() {
+    if (result == nccl_in_progress) return;  // MPI may still write into slots and keys
+    delete[] slots;
+    delete keys;
+  }
+};
+
 // One NCCL communicator: `ops` carries its operations, `control` its splits (a collective of the
 // calling thread, which must not interleave with operations a stream posts on `ops`).
 struct nccl_state {
   MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL, connect = MPI_COMM_NULL;
-  int rank = 0, size = 1;
+  int rank = 0, size = 1;  // a split's: once its setup is done
   int device = 0;  // the device current when it was made, as NCCL's cudaDev
   std::uint64_t issued = 0, posted = 0;  // under the engine's mutex
   std::atomic<bool> aborted{false};
   std::atomic<int> active{0};  // operations handed to MPI and not yet complete
+  std::atomic<int> async_error{0};  // what NCCL found (injected by a test: inject_async_error)
+  std::atomic<bool> finalizing{false};
+
+  // Phase 2 of a setup: the communicator's own MPI communicators.
+  void connect_ranks(MPI_Comm o, MPI_Comm c, MPI_Comm k) {
+    ops = o;
+    control = c;
+    connect = k;
+    MPI_Comm_rank(ops, &rank);
+    MPI_Comm_size(ops, &size);
+  }
+  void set_job(std::shared_ptr<setup_job> j) {
+    std::lock_guard<std::mutex> lock(job_mutex);
+    job = std::move(j);
+  }
+  std::shared_ptr<setup_job> current_job() {
+    std::lock_guard<std::mutex> lock(job_mutex);
+    return job;
+  }
+
+  // ncclCommEnsureReady: an asynchronous error stays the answer of every call; a setup not
+  // done refuses ("Attempt to use communicator before the previous operation returned ncclSuccess").
+  nccl_result_t ready() {
+    if (const int e = async_error.load()) return static_cast<nccl_result_t>(e);
+    if (auto j = current_job()) {
+      const nccl_result_t r = j->poll();
+      if (r != nccl_success) return r == nccl_in_progress ? nccl_invalid_argument : r;
+    }
+    return nccl_success;
+  }
+
+  // ncclCommGetAsyncError: an error found; a poisoned context (its kernels fail); a setup, a
+  // finalize or the first collective's handshake still under way.
+  nccl_result_t status() {
+    if (const int e = async_error.load()) return static_cast<nccl_result_t>(e);
+    if (engine::instance().sticky.load()) return nccl_unhandled_cuda_error;
+    if (auto j = current_job()) {
+      const nccl_result_t r = j->poll();
+      if (r != nccl_success) return r;
+    }
+    if (finalizing.load() && !quiet()) return nccl_in_progress;
+    return connecting() ? nccl_in_progress : nccl_success;
+  }
+
+  // Every operation issued has been handed to MPI and completed there.
+  bool quiet() {
+    auto& e = engine::instance();
+    std::lock_guard<std::mutex> lock(e.mutex);
+    return issued == posted && active.load() == 0;
+  }
 
   // NCCL connects a communicator's ranks lazily, at its first collective (NCCL_RUNTIME_CONNECT):
   // on a nonblocking communicator that call returns ncclInProgress and the communicator stays in
@@ -641,9 +728,10 @@ struct nccl_state {
   }
 
  private:
-  std::mutex handshake_mutex;
+  std::mutex handshake_mutex, job_mutex;
   MPI_Request handshake = MPI_REQUEST_NULL;
   bool handshake_started = false;
+  std::shared_ptr<setup_job> job;  // the last init or split this communicator took part in
 };
 
 inline std::mutex& nccl_registry_mutex() {
@@ -659,17 +747,11 @@ inline std::shared_ptr<nccl_state> find(nccl_comm_t c) {
   auto it = nccl_registry().find(c);
   return it == nccl_registry().end() ? nullptr : it->second;
 }
-inline nccl_comm_t adopt(MPI_Comm ops, MPI_Comm control, int device) {
-  auto state = std::make_shared<nccl_state>();
-  state->ops = ops;
-  state->control = control;
-  state->device = device;
-  MPI_Comm_dup(ops, &state->connect);
-  MPI_Comm_rank(ops, &state->rank);
-  MPI_Comm_size(ops, &state->size);
+inline nccl_comm_t adopt(std::shared_ptr<nccl_state> state) {
   std::lock_guard<std::mutex> lock(nccl_registry_mutex());
-  nccl_registry().emplace(state.get(), state);
-  return state.get();
+  nccl_comm_t handle = state.get();
+  nccl_registry().emplace(handle, std::move(state));
+  return handle;
 }
 
 inline std::string& last_nccl_error() {
@@ -741,9 +823,12 @@ inline void run_group(const std::vector<call>& calls,
     });
   }
   std::vector<MPI_Request> requests;
-  bool aborted = false;
-  for (const auto& [comm, seq] : turns) aborted = aborted || comm->aborted.load();
-  if (!aborted)
+  bool aborted = false, failed = false;
+  for (const auto& [comm, seq] : turns) {
+    aborted = aborted || comm->aborted.load();
+    failed = failed || comm->async_error.load() != 0;
+  }
+  if (!aborted && !failed)
     for (const auto& c : calls) c.post(c.comm->ops, requests);
   {
     std::lock_guard<std::mutex> lock(e.mutex);
@@ -754,11 +839,16 @@ inline void run_group(const std::vector<call>& calls,
     e.progress.notify_all();
   }
   if (aborted) return;
+  // A communicator with an asynchronous error holds its kernels (stuck on a peer that is gone)
+  // until it is aborted: the group never completes.
+  const auto stuck = [&] {
+    return std::any_of(turns.begin(), turns.end(), [](const auto& t) { return t.first->async_error.load() != 0; });
+  };
   for (;;) {
     int done = 0;
     if (!requests.empty()) MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     else done = 1;
-    if (done) break;
+    if (done && !stuck()) break;
     for (const auto& [comm, seq] : turns)
       if (comm->aborted.load()) return;  // what MPI still holds is left to it, as a killed kernel's is
     std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -800,11 +890,15 @@ inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::initializer_list<con
   auto comm = find(c);
   if (!comm) return nccl_fail(nccl_invalid_argument, "invalid communicator");
   if (comm->aborted.load()) return nccl_fail(nccl_invalid_usage, "communicator was aborted");
+  if (const nccl_result_t ready = comm->ready(); ready != nccl_success)
+    return nccl_fail(ready, ready == nccl_invalid_argument
+                                ? "Attempt to use communicator before the previous operation returned ncclSuccess"
+                                : "an asynchronous error was found on the communicator");
   std::shared_ptr<stream_state> stream;
   {
     auto& e = engine::instance();
     std::lock_guard<std::mutex> lock(e.mutex);
-    if (e.sticky.load()) return nccl_fail(nccl_unhandled_cuda_error, "Cuda failure 'an illegal memory access was encountered'");
+    if (e.sticky.load()) return nccl_fail(nccl_unhandled_cuda_error, "Cuda failure 700 'an illegal memory access was encountered'");
     e.contexts[static_cast<std::size_t>(comm->device)] = 1;  // NCCL works on its communicator's device
     stream = e.resolve_locked(s);
     // NCCL checks each buffer's device against the communicator's (argcheck), and its kernels
@@ -857,38 +951,89 @@ inline nccl_result_t nccl_get_unique_id(nccl_id_t* id) {
   return nccl_success;
 }
 // Collective over `over`, whose ranks are the communicator's (the CUDA build's NCCL finds them by
-// the unique id instead).
+// the unique id instead). Nonblocking, as flexcomm's config asks: ncclInProgress, and the
+// communicator in progress until every rank has joined (a missing rank leaves it there).
 inline nccl_result_t nccl_comm_init(nccl_comm_t* comm, int ranks, const nccl_id_t&, int rank, MPI_Comm over) {
   {
     auto& e = standin::the();
     std::lock_guard<std::mutex> lock(e.mutex);
     if (e.use_context_locked()) return standin::nccl_fail(nccl_unhandled_cuda_error, "the CUDA context is poisoned");
   }
-  MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL;
   int size = 0, me = -1;
   MPI_Comm_size(over, &size);
   MPI_Comm_rank(over, &me);
   if (size != ranks || me != rank)
     return standin::nccl_fail(nccl_invalid_argument, "ranks differ from the MPI communicator's");
-  if (MPI_Comm_dup(over, &ops) != MPI_SUCCESS || MPI_Comm_dup(over, &control) != MPI_SUCCESS)
-    return standin::nccl_fail(nccl_system_error, "MPI_Comm_dup failed");
-  *comm = standin::adopt(ops, control, standin::current_device());
+  auto job = std::make_shared<standin::setup_job>();
+  job->requests.assign(3, MPI_REQUEST_NULL);
+  for (std::size_t i = 0; i < 3; ++i)
+    if (MPI_Comm_idup(over, &job->slots[i], &job->requests[i]) != MPI_SUCCESS)
+      return standin::nccl_fail(nccl_system_error, "MPI_Comm_idup failed");
+  auto state = std::make_shared<standin::nccl_state>();
+  state->device = standin::current_device();
+  state->rank = rank;
+  state->size = ranks;
+  job->finish = [weak = std::weak_ptr<standin::nccl_state>(state)](standin::setup_job& j) {
+    if (auto s = weak.lock()) s->connect_ranks(j.slots[0], j.slots[1], j.slots[2]);
+    return nccl_success;
+  };
+  state->set_job(std::move(job));
+  *comm = standin::adopt(std::move(state));
+  return nccl_in_progress;
+}
+namespace standin {
+// Phase 2 of a split, once every rank's color and key are known: the new communicator among the
+// ranks of this color, ordered by key (MPI_Comm_split's order), made by those ranks alone.
+inline nccl_result_t split_among(MPI_Comm parent, const std::vector<int>& keys, int n, nccl_state& child) {
+  std::vector<int> ranks;
+  for (int r = 0; r < n; ++r)
+    if (keys[2 + 2 * static_cast<std::size_t>(r)] == keys[0]) ranks.push_back(r);
+  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
+    return keys[3 + 2 * static_cast<std::size_t>(a)] < keys[3 + 2 * static_cast<std::size_t>(b)];
+  });
+  MPI_Group all = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_Comm_group(parent, &all);
+  MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Comm control = MPI_COMM_NULL, ops = MPI_COMM_NULL, connect = MPI_COMM_NULL;
+  const int rc = MPI_Comm_create_group(parent, group, 0, &control);
+  MPI_Group_free(&group);
+  MPI_Group_free(&all);
+  if (rc != MPI_SUCCESS || MPI_Comm_dup(control, &ops) != MPI_SUCCESS || MPI_Comm_dup(control, &connect) != MPI_SUCCESS)
+    return nccl_fail(nccl_system_error, "MPI could not make the split's communicator");
+  child.connect_ranks(ops, control, connect);
   return nccl_success;
 }
+}  // namespace standin
+// Nonblocking, as the init: the parent (and the new communicator) stay in progress until every
+// rank of the parent has joined. A negative color takes part and gets no communicator.
 inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_comm_t* out) {
   standin::the();
   auto parent = standin::find(comm);
   if (!parent) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
-  MPI_Comm control = MPI_COMM_NULL, ops = MPI_COMM_NULL;
-  if (MPI_Comm_split(parent->control, color < 0 ? MPI_UNDEFINED : color, key, &control) != MPI_SUCCESS)
-    return standin::nccl_fail(nccl_system_error, "MPI_Comm_split failed");
-  if (control == MPI_COMM_NULL) {
-    *out = nullptr;
-    return nccl_success;
+  if (const nccl_result_t ready = parent->ready(); ready != nccl_success)
+    return standin::nccl_fail(ready, "the parent communicator is not ready");
+  const int n = parent->size;
+  auto job = std::make_shared<standin::setup_job>();
+  job->keys = new std::vector<int>(2 + 2 * static_cast<std::size_t>(n));
+  (*job->keys)[0] = color < 0 ? MPI_UNDEFINED : color;
+  (*job->keys)[1] = key;
+  job->requests.assign(1, MPI_REQUEST_NULL);
+  if (MPI_Iallgather(job->keys->data(), 2, MPI_INT, job->keys->data() + 2, 2, MPI_INT, parent->control,
+                     &job->requests[0]) != MPI_SUCCESS)
+    return standin::nccl_fail(nccl_system_error, "MPI_Iallgather failed");
+  std::shared_ptr<standin::nccl_state> child;
+  if (color >= 0) {
+    child = std::make_shared<standin::nccl_state>();
+    child->device = parent->device;
+    child->set_job(job);
   }
-  MPI_Comm_dup(control, &ops);
-  *out = standin::adopt(ops, control, parent->device);
-  return nccl_success;
+  job->finish = [control = parent->control, n, weak = std::weak_ptr<standin::nccl_state>(child)](standin::setup_job& j) {
+    auto c = weak.lock();
+    return c ? standin::split_among(control, *j.keys, n, *c) : nccl_success;
+  };
+  parent->set_job(std::move(job));
+  *out = child ? standin::adopt(std::move(child)) : nullptr;
+  return nccl_in_progress;
 }
 inline nccl_result_t nccl_comm_count(nccl_comm_t comm, int* size) {
   return standin::with_comm(comm, [&](standin::nccl_state& c) { *size = c.size; });
@@ -897,12 +1042,18 @@ inline nccl_result_t nccl_comm_user_rank(nccl_comm_t comm, int* rank) {
   return standin::with_comm(comm, [&](standin::nccl_state& c) { *rank = c.rank; });
 }
 inline nccl_result_t nccl_comm_get_async_error(nccl_comm_t comm, nccl_result_t* state) {
-  return standin::with_comm(comm, [&](standin::nccl_state& c) {
-    *state = c.connecting() ? nccl_in_progress : nccl_success;
-  });
+  return standin::with_comm(comm, [&](standin::nccl_state& c) { *state = c.status(); });
 }
+// Nonblocking: in progress until every operation issued on the communicator has completed (one
+// that waits for a peer that is gone never does); an asynchronous error is the answer instead.
 inline nccl_result_t nccl_comm_finalize(nccl_comm_t comm) {
-  return standin::with_comm(comm, [](standin::nccl_state&) {});
+  standin::the();
+  auto c = standin::find(comm);
+  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+  if (const nccl_result_t ready = c->ready(); ready != nccl_success)
+    return standin::nccl_fail(ready, "ncclCommFinalize on a communicator that is not ready");
+  if (c->finalizing.exchange(true)) return standin::nccl_fail(nccl_invalid_argument, "finalized twice");
+  return nccl_in_progress;
 }
 inline nccl_result_t nccl_comm_destroy(nccl_comm_t comm) {
   standin::the();
@@ -1028,17 +1179,58 @@ inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, 
     standin::post_checked(MPI_Irecv(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
   }, {}, standin::kind::point_to_point);
 }
+// NCCL's texts (ncclGetErrorString) and the names of its codes.
 inline const char* nccl_error_string(nccl_result_t r) {
   switch (static_cast<int>(r)) {
     case 0: return "no error";
     case 1: return "unhandled cuda error";
     case 2: return "unhandled system error";
+    case 3: return "internal error";
     case 4: return "invalid argument";
     case 5: return "invalid usage";
+    case 6: return "remote process exited or there was a network error";
     case 7: return "NCCL operation in progress";
   }
   return "unknown result code";
 }
+inline const char* nccl_error_name(nccl_result_t r) {
+  static const char* const names[] = {"ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError",
+                                      "ncclInternalError",   "ncclInvalidArgument",    "ncclInvalidUsage",
+                                      "ncclRemoteError",     "ncclInProgress"};
+  const int i = static_cast<int>(r);
+  return i >= 0 && i < 8 ? names[i] : "ncclResult?";
+}
 inline const char* nccl_last_error() { return standin::last_nccl_error().c_str(); }
+
+// Test hooks: faults a GPU node shows that the stand-in does not make by itself
+// (tests/fault/device_fault.cpp injects them). The library under include/ never calls these.
+namespace standin {
+// NCCL found `code` on `comm`: its proxy saw a peer's connection drop (ncclRemoteError), or a
+// socket or memory call failed (ncclSystemError). From now on ncclCommGetAsyncError reports it,
+// every call on the communicator returns it (ncclCommEnsureReady), and its operations not yet
+// complete never finish, as kernels stuck on a peer that is gone, until the communicator is
+// aborted.
+inline nccl_result_t inject_async_error(nccl_comm_t comm, nccl_result_t code) {
+  auto c = find(comm);
+  if (!c) return nccl_fail(nccl_invalid_argument, "invalid communicator");
+  c->async_error.store(static_cast<int>(code));
+  auto& e = engine::instance();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  e.progress.notify_all();
+  return nccl_success;
+}
+// A kernel on stream `s` reads an address it may not (cudaErrorIllegalAddress): the calling
+// thread waits for it, as cudaStreamSynchronize would, and gets the error. Sticky: the context is
+// poisoned and every later call fails with it, NCCL's kernels too (ncclUnhandledCudaError).
+inline error_t inject_kernel_fault(stream_t s) {
+  auto& e = the();
+  std::unique_lock<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
+  auto stream = e.resolve_locked(s);
+  if (!stream) return invalid_handle;
+  e.wait_locked(lock, e.enqueue_locked(stream, [&e] { e.sticky.store(static_cast<int>(illegal_address)); }));
+  return static_cast<error_t>(e.sticky.load());
+}
+}  // namespace standin
 
 }  // namespace flexcomm::device

@@ -14,7 +14,7 @@
 //
 // The interface, in both:
 //   types      stream_t, event_t, error_t (success, not_ready), nccl_comm_t, nccl_id_t,
-//              nccl_result_t (nccl_success, nccl_in_progress)
+//              nccl_result_t (nccl_success, nccl_in_progress, nccl_unhandled_cuda_error)
 //   device     get_device, set_device, device_count, has_context (the device's primary context is
 //              open in this process), last_error, error_name, error_string, pci_bus_id,
 //              device_synchronize
@@ -29,7 +29,7 @@
 //              nccl_group_start, nccl_group_end, nccl_allreduce, nccl_broadcast, nccl_reduce,
 //              nccl_allgather, nccl_reduce_scatter, nccl_send, nccl_recv (element types as
 //              flexcomm dtypes, reductions as flexcomm ops with avg = ncclAvg),
-//              nccl_error_string, nccl_last_error
+//              nccl_error_string, nccl_error_name (ncclRemoteError, ...), nccl_last_error
 //   counting   calls(): how many of these calls this process made (the stand-in counts; the
 //              CUDA build returns 0), for tests of the per-operation cost
 #pragma once

@@ -103,6 +103,7 @@ using nccl_id_t = ncclUniqueId;
 using nccl_result_t = ncclResult_t;
 inline constexpr nccl_result_t nccl_success = ncclSuccess;
 inline constexpr nccl_result_t nccl_in_progress = ncclInProgress;
+inline constexpr nccl_result_t nccl_unhandled_cuda_error = ncclUnhandledCudaError;
 
 namespace detail {
 inline ncclDataType_t nccl_type(dtype t) {
@@ -180,6 +181,20 @@ inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, 
   return ncclRecv(buf, count, detail::nccl_type(t), peer, comm, s);
 }
 inline const char* nccl_error_string(nccl_result_t r) { return ncclGetErrorString(r); }
+// The code's name, as errors print it beside NCCL's text (NCCL has no call for it).
+inline const char* nccl_error_name(nccl_result_t r) {
+  switch (r) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    default: return "ncclResult?";
+  }
+}
 inline const char* nccl_last_error() { return ncclGetLastError(nullptr); }
 
 }  // namespace flexcomm::device
