@@ -26,6 +26,13 @@
 // communicator's. Every runtime call but the few that need no context (get/set device aside:
 // cudaSetDevice opens one since CUDA 12) opens the primary context of the current device, and
 // contexts() says which devices this process opened one on.
+//
+// NCCL's communicators are nonblocking, as flexcomm's config asks: init and split return
+// ncclInProgress and stay in progress until every rank has joined (a missing rank leaves them
+// there), ncclCommFinalize stays in progress while work issued on the communicator is outstanding,
+// and ncclCommGetAsyncError reports an asynchronous error (ncclRemoteError, ncclSystemError) or a
+// poisoned context (ncclUnhandledCudaError). Two test hooks at the end (inject_async_error,
+// inject_kernel_fault) make the faults a GPU node shows; the library never calls them.
 #pragma once
 
 #include <mpi.h>

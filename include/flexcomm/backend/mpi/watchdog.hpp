@@ -9,6 +9,9 @@
 //    listens for the peers' states on the communicator it waited on, for a grace period. Peers
 //    that are waiting too time out at about the same time and answer; a rank that stalls outside
 //    flexcomm, or died, never does, and one that answers with a lower sequence number is behind.
+//  - failure: a rank whose side of a communicator failed by itself (a device backend's: NCCL's
+//    asynchronous error, a poisoned CUDA context) sends its cause to every peer; their long waits
+//    poll for it, so that they end naming that rank at once rather than timing out.
 //  - consistency (FLEXCOMM_CHECK): beside every collective, a nonblocking MIN allreduce of
 //    (signature, -signature) on the side channel, i.e. the minimum and maximum of each field; when
 //    they differ, the ranks swap signatures point-to-point so that each names who disagrees.
