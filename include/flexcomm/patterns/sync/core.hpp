@@ -163,18 +163,7 @@ class sync_core {
       }
       verdict = step_check.verdict(misuse_, sequence_);
     }
-    std::exception_ptr failure;
-    for (auto& f : flights_) {
-      try {
-        if (capture_.captured())
-          capture_.release(f);  // the graph's work: its host side settles, the device is not asked
-        else
-          f.wait();
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-      f.reset();
-    }
+    const std::exception_ptr failure = end_flights();
     if (!failure && verdict.empty()) copy_out();
     end_step();
     if (failure) std::rethrow_exception(failure);
@@ -222,6 +211,23 @@ class sync_core {
       return flat_.launch(comm_, static_cast<T*>(data), count, options_.op, on_engine, capture_.on());
     else
       return flat_.launch(comm_, static_cast<T*>(data), count, options_.op, on_engine);
+  }
+  // Every bucket of the step ended: waited for, or, captured, left to the graph (its host side
+  // settles; the device is not asked). The first failure, if any.
+  std::exception_ptr end_flights() {
+    std::exception_ptr failure;
+    for (auto& f : flights_) {
+      try {
+        if (capture_.captured())
+          capture_.release(f);
+        else
+          f.wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      f.reset();
+    }
+    return failure;
   }
   // A step's first call: is it being captured into a CUDA graph, and can it be (step_capture.hpp)?
   void begin_step(const char* call) {
@@ -402,15 +408,8 @@ class sync_core {
     misuse_.clear();
   }
 
-  void drain() noexcept {
-    for (auto& f : flights_) {
-      try {
-        f.wait();
-      } catch (...) {
-      }
-      f.reset();
-    }
-  }
+  // A captured step's buckets are released, not waited for: their events mark the graph.
+  void drain() noexcept { static_cast<void>(end_flights()); }
 
   typename B::communicator comm_;  // the buckets' traffic; the tiers and the segment are made on it
   sync_options options_;
