@@ -23,6 +23,13 @@
 //   streams    stream_create(non_blocking), stream_destroy, stream_synchronize, stream_wait
 //   events     event_create (no timing), event_destroy, event_record, event_query, event_synchronize
 //   kernels    combine<T>(op, inout, in, n, stream), divide<T>(buf, n, ranks, stream)
+//   graphs     graph_t, graph_exec_t, capture_mode_t (capture_global, capture_thread_local,
+//              capture_relaxed), capture_status_t (capture_none, capture_active,
+//              capture_was_invalidated), stream_begin_capture, stream_end_capture,
+//              stream_is_capturing, graph_instantiate, graph_launch, graph_destroy,
+//              graph_exec_destroy, and the capture errors (capture_unsupported, capture_invalidated,
+//              capture_unmatched, capture_unjoined, capture_isolation, capture_implicit,
+//              captured_event, capture_wrong_thread)
 //   NCCL       nccl_get_unique_id, nccl_comm_init (nonblocking; `over` is the MPI communicator
 //              whose ranks take part), nccl_comm_split, nccl_comm_count, nccl_comm_user_rank,
 //              nccl_comm_get_async_error, nccl_comm_finalize, nccl_comm_destroy, nccl_comm_abort,

@@ -159,6 +159,9 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
 struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, nccl_request, device::stream_t> {
   // NCCL pairs a send with the peer's receive in the order both were issued, whatever the tags.
   static constexpr bool tag_matched_p2p = false;
+  // NCCL's kernels can be captured into a CUDA graph (since NCCL 2.9): an operation issued into
+  // a capturing stream is enqueued there, and its request ends with release_captured().
+  static constexpr bool graph_capturable = true;
 
  private:
   friend struct operations<nccl, nccl_communicator, nccl_request, device::stream_t>;

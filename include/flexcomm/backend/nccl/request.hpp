@@ -78,6 +78,29 @@ class nccl_request : public basic_request<nccl_request> {
     return false;
   }
 
+  // For an operation issued into a stream that was capturing into a CUDA graph: it runs at each
+  // replay of the graph, and its event marks a point in the graph, so test() and wait() (an event
+  // query) would break the capture. Settles the host side now, once: the consistency check that
+  // went out with it (MPI on the control communicator, under the timeout), then its entry in the
+  // flight recorder. The request is empty afterwards.
+  void release_captured() {
+    if (!pending()) return;
+    auto& st = *state_;
+    if (check_.pending() && st.watch) {
+      const auto limit = st.timeout();
+      const auto test_check = [&] {
+        check_.test(*st.watch, launch_->sequence, what_, watchdog::grace(limit), [&] {
+          std::lock_guard<std::mutex> lock(st.mutex);
+          st.abort_locked(cat(what_, ": the ranks disagreed on the call"));
+          end(op_state::failed);
+        });
+        return !check_.pending();
+      };
+      if (!wait_answering(default_wait(), limit, test_check, [&] { answer_queries(); })) timed_out(limit);
+    }
+    end(op_state::completed);
+  }
+
   // Marks this request as collective `kind` on `comm` in the trace, from now to completion.
   void trace_collective(const char* kind, const nccl_communicator& comm) {
     if (launch_) launch_->trace.begin(kind, comm.name(), comm.next_collective());
