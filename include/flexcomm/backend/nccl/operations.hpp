@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,34 +34,97 @@
 namespace flexcomm {
 
 namespace detail {
-// The bookkeeping of a communicator that can still take operations. An aborted one refuses here,
-// before the front end sends the call's consistency check to the peers: a check that went out
-// for a call that then never happens would leave the peers' checks off by one, poison the control
-// communicator and end the job at shutdown, when NCCL could have gone on without this one.
-inline const std::shared_ptr<mpi_comm_state>& usable_watch(const nccl_communicator& comm, const char* name) {
-  if (!comm) comm.state(cat("nccl ", name, " on ", comm.name()));  // the error naming the operation
-  auto& st = *comm.shared_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  if (st.aborted) st.require_usable(cat("nccl ", name, " on ", comm.name()));
-  return st.watch;
-}
-
-// One operation being issued (mpi/call_check.hpp), recorded and checked in the bookkeeping kept
-// over the control communicator.
-class nccl_op_start : public operation_record {
+// One operation being issued: recorded in the flight recorder of the bookkeeping kept over the
+// control communicator, named for its errors, and its signature kept for the consistency check
+// (mpi/batched_check.hpp), which the launch hands to the communicator. Takes no lock: an aborted
+// communicator is refused on the flag its abort sets, before anything is recorded. The name is
+// written into a buffer of this thread's and handed to the operation's launch record in exchange
+// for that record's old one, so that naming allocates nothing once both have room.
+class nccl_op_start {
  public:
   nccl_op_start(const nccl_communicator& comm, device::stream_t, const char* name, std::size_t count, dtype type,
-                const char* redop, int peer, int tag, const std::string& extra)
-      : operation_record(usable_watch(comm, name), "nccl", comm.name(), name, count, type, redop, peer, tag, extra,
-                         0) {}
+                const char* redop, int peer, int tag, const call_detail& detail)
+      : state_(state_of(comm, name)), watch_(state_.watch.get()), what_(claim_scratch()) {
+    if (state_.aborted.load(std::memory_order_acquire)) refuse(comm, name);
+    if (watch_ && watch_->poisoned())
+      fail(cat("nccl ", name, " on ", comm.name()),
+           cat("communicator '", comm.name(), "' is unusable: ", watch_->poison_reason()));
+    seq_ = watch_ ? watch_->recorder().enqueue(op_record::posting(name, count, type, redop, peer, tag)) : 0;
+    describe_operation_into(*what_, "nccl", name, comm.name(), seq_, count, type, detail);
+    signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
+                        check_label::current()};
+  }
+  nccl_op_start(const nccl_op_start&) = delete;
+  nccl_op_start& operator=(const nccl_op_start&) = delete;
+  ~nccl_op_start() {
+    if (seq_) state_.finish(seq_, op_state::failed);  // never reached NCCL
+    if (what_ == &scratch()) scratch_in_use() = false;
+  }
+
+  const std::string& what() const noexcept { return *what_; }
+  std::uint64_t sequence() const noexcept { return seq_; }
+
+  // Fields every rank must agree on, besides the operation, type and count.
+  void agree_on(op o) { signature_.value[mpi_signature::redop] = static_cast<long long>(o); }
+  void agree_on_root(int root) { signature_.value[mpi_signature::root] = root; }
+  void agree_on_counts(span<const int> counts) {
+    signature_.value[mpi_signature::counts_hash] = hash_counts(counts.data(), counts.size());
+  }
+  void count_varies() { signature_.value[mpi_signature::count] = -1; }
+  void check_collective(int comm_size) { checked_ = comm_size > 1 && checks_enabled(); }
+
+  // Called with the state's mutex held, last: the launch record takes over the operation.
+  void hand_over(nccl_launch& l) {
+    l.sequence = std::exchange(seq_, 0);
+    l.what.swap(*what_);
+    if (checked_ && l.collective) state_.consistency.add(l.collective, signature_);
+  }
+  // NCCL's enqueue itself timed out: recorded so; the communicator is aborted.
+  void timed_out() noexcept {
+    if (seq_) state_.finish(std::exchange(seq_, 0), op_state::timed_out);
+  }
+
+ private:
+  static std::string& scratch() {
+    thread_local std::string s;
+    return s;
+  }
+  static bool& scratch_in_use() {
+    thread_local bool used = false;
+    return used;
+  }
+  // An empty communicator is an error naming the operation.
+  static nccl_state& state_of(const nccl_communicator& comm, const char* name) {
+    if (!comm) comm.state(cat("nccl ", name, " on ", comm.name()));
+    return *comm.shared_state();
+  }
+  // This thread's buffer, or one of its own for an operation named while another is.
+  std::string* claim_scratch() {
+    if (scratch_in_use()) return &own_;
+    scratch_in_use() = true;
+    return &scratch();
+  }
+  // The aborted communicator's error, naming the operation (formatted only here).
+  [[noreturn]] void refuse(const nccl_communicator& comm, const char* name) {
+    std::lock_guard<flexcomm::mutex> lock(state_.mutex);
+    state_.require_usable(cat("nccl ", name, " on ", comm.name()));
+    fail(cat("nccl ", name, " on ", comm.name()), "the communicator was aborted");
+  }
+
+  nccl_state& state_;
+  mpi_comm_state* watch_;
+  std::string own_;
+  std::string* what_;
+  std::uint64_t seq_ = 0;
+  mpi_signature signature_;
+  bool checked_ = false;
 };
 
 // NCCL connects a communicator's ranks at its first collective, so on a nonblocking communicator
 // a rank missing there leaves the enqueue itself in progress. That is reported as a wait that
 // timed out is (nccl_request::timed_out): the ranks that did not arrive, asked over the side
-// channel, and the communicator aborted with the job free to go on. Failed as a post, it would
-// leave the call's consistency check out with no operation behind it, poisoning the control
-// communicator. Called with the state's mutex held.
+// channel, and the communicator aborted with the job free to go on. Called with the state's
+// mutex held.
 [[noreturn]] inline void enqueue_timed_out(nccl_state& st, nccl_op_start& start) {
   const auto limit = st.timeout();
   std::string report;
@@ -69,35 +133,37 @@ class nccl_op_start : public operation_record {
     report = cat("\n", st.watch->diagnose(start.sequence(), watchdog::grace(limit)));
   }
   const auto place = st.where();
+  const std::string what = start.what();
   start.timed_out();
-  st.abort_locked(cat(start.what(), ": its enqueue timed out after ", limit.count(), " ms"));
-  fail(start.what(), cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) in NCCL's enqueue, which connects ",
-                         "the ranks at a communicator's first collective; ", place,
-                         " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
-                         "different orders)", report));
+  st.abort_locked(cat(what, ": its enqueue timed out after ", limit.count(), " ms"));
+  fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) in NCCL's enqueue, which connects ",
+                 "the ranks at a communicator's first collective; ", place,
+                 " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
+                 "different orders)", report));
 }
 
-// Issues one operation: deferred point-to-point first (call order is NCCL order), then the
-// enqueue, then local epilogue kernels (integer averages), then the completion event.
+// Issues one collective: deferred point-to-point first (call order is NCCL order), then the
+// enqueue, then local epilogue kernels (integer averages), then the completion event. The
+// state's mutex is the one lock of the whole post.
 template <class Enqueue, class Epilogue>
 nccl_request nccl_launch_op(const nccl_communicator& comm, device::stream_t s, nccl_op_start& start, Enqueue&& enqueue,
                             Epilogue&& epilogue) {
   const auto& what = start.what();
   auto& st = comm.state(what);
   device_guard guard(st.device, what);
-  std::lock_guard<std::mutex> lock(st.mutex);
+  std::lock_guard<flexcomm::mutex> lock(st.mutex);
   st.require_usable(what);
   st.flush_locked(what);
   const device::stream_t stream = s ? s : st.stream.get();
   if (enqueue(st.comm, stream) == device::nccl_in_progress && !nccl_settle(st.comm, what, st.timeout()))
     enqueue_timed_out(st, start);
   epilogue(stream);
-  auto launch = std::make_shared<nccl_launch>();
-  launch->done = st.events.take(what);
-  launch->done.record(stream, what);
-  launch->launched = true;
-  launch->sequence = start.take_sequence();
-  return nccl_request(comm.shared_state(), std::move(launch), what, riding_check(start.take_check()));
+  nccl_launch& launch = st.take_launch_locked(what);
+  launch.done.record(stream, what);
+  launch.launched = true;
+  launch.collective = ++st.collectives;
+  start.hand_over(launch);
+  return nccl_request(comm.shared_state(), &launch);
 }
 
 inline auto no_epilogue() {
@@ -121,13 +187,13 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
   const auto& what = start.what();
   auto& st = comm.state(what);
   device_guard guard(st.device, comm.name());  // the event belongs to the communicator's device
-  std::lock_guard<std::mutex> lock(st.mutex);
+  std::lock_guard<flexcomm::mutex> lock(st.mutex);
   st.require_usable(what);
-  auto launch = std::make_shared<nccl_launch>();
-  launch->done = st.events.take(what);
-  launch->sequence = start.take_sequence();
-  st.deferred.push_back({send, buf.data(), buf.size(), dtype_of<std::remove_const_t<T>>, peer, s, launch});
-  return nccl_request(comm.shared_state(), std::move(launch), what);
+  nccl_launch& launch = st.take_launch_locked(what);
+  st.deferred.push_back({send, buf.data(), buf.size(), dtype_of<std::remove_const_t<T>>, peer, s, &launch});
+  ++launch.holders;
+  start.hand_over(launch);
+  return nccl_request(comm.shared_state(), &launch);
 }
 }  // namespace detail
 

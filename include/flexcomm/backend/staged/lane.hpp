@@ -101,7 +101,7 @@ struct staged_lane {
   cuda::stream_handle stage = cuda::stream_handle::create("staged communicator", true);  // copies into blocks
   int device = 0;
   // Events of finished chunks and operations, for the next ones.
-  cuda::event_pool events{256};
+  cuda::event_pool events;
   std::size_t blocks_back = 0;  // blocks given back by finished chunks, ever
 
   // Elements of T per chunk: FLEXCOMM_STAGE_CHUNK's worth, as much as a block holds.

@@ -39,7 +39,7 @@ class staged_builder : public unchecked_calls {
  public:
   // The type, op, peer and tag are recorded by the MPI operations of each chunk.
   staged_builder(const staged_communicator<Direct>& comm, device::stream_t s, const char* name, std::size_t count, dtype,
-                 const char*, int, int, const std::string& extra)
+                 const char*, int, int, const call_detail& extra)
       : comm_(comm),
         lane_(lane_of(comm, name)),
         guard_(lane_.device, comm.name()) {
