@@ -75,15 +75,17 @@ struct blocks {
 
 // Counts must be one per rank, none negative, adding up to no more than `capacity` elements
 // and to no more than one int-counted call carries (MPI's and NCCL's counts are ints).
-inline blocks block_layout(span<const int> counts, int comm_size, std::size_t capacity, const std::string& what) {
+// `offsets` false: the offsets are left out (reduce_scatter, whose backends need none made per call).
+inline blocks block_layout(span<const int> counts, int comm_size, std::size_t capacity, const std::string& what,
+                           bool offsets = true) {
   check(counts.size() == static_cast<std::size_t>(comm_size), what,
         "needs one count per rank (", comm_size, "), got ", counts.size());
   blocks out;
-  out.offsets.resize(counts.size());
+  if (offsets) out.offsets.resize(counts.size());
   long long total = 0;
   for (std::size_t r = 0; r < counts.size(); ++r) {
     check(counts[r] >= 0, what, "count for rank ", r, " is negative (", counts[r], ")");
-    out.offsets[r] = static_cast<int>(total);
+    if (offsets) out.offsets[r] = static_cast<int>(total);
     total += counts[r];
     check(total <= INT_MAX, what, "counts add up past what one call carries (INT_MAX elements)");
   }
@@ -122,10 +124,11 @@ inline void check_allgather_sizes(std::size_t send, std::size_t recv, int comm_s
         "receive holds ", recv, " elements, needs ", send, " x ", comm_size, " ranks");
 }
 
-// reduce_scatter: the counts split the send buffer, and this rank's receive holds its block.
+// reduce_scatter: the counts split the send buffer, and this rank's receive holds its block. The
+// layout has its total only.
 inline blocks reduce_scatter_layout(span<const int> counts, int comm_size, int rank, std::size_t send,
                                     std::size_t recv, const std::string& what) {
-  auto layout = block_layout(counts, comm_size, send, what);
+  auto layout = block_layout(counts, comm_size, send, what, false);
   const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
   check(recv >= mine, what, "receive holds ", recv, " elements, this rank gets ", mine);
   return layout;

@@ -4,11 +4,13 @@
 // what the previous rank sent with its own, by collective number. A batch leaves when it is full,
 // or when a wait on the communicator has been stuck for `stuck_after` with signatures unsent, so a
 // mismatch that hangs is named within a few milliseconds, one that completes within a batch.
-// Every rank agrees with its neighbour, so all agree. Used under its owner's lock.
+// Every rank agrees with its neighbour, so all agree. A rank that finds a difference sends its
+// verdict round the ring, so every rank names it. Used under its owner's lock.
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -40,6 +42,7 @@ class batched_check {
         MPI_Comm_size(side, &size) != MPI_SUCCESS || size < 2)
       return;
     side_ = side;
+    rank_ = rank;
     right_ = (rank + 1) % size;
     left_ = (rank + size - 1) % size;
     wire_ = std::make_unique<buffers>();
@@ -75,10 +78,13 @@ class batched_check {
     std::uint64_t n = 0;
     mpi_signature sig;
   };
+  // A verdict on the wire: the marker, the collective, the two ranks and their signatures.
+  static constexpr int verdict_size = 4 + 2 * mpi_signature::fields;
   struct buffers {
     std::array<own, kept> mine{};
     std::array<std::array<long long, batch * entry>, 2> out{};
     std::array<long long, batch * entry> in{};
+    std::array<long long, verdict_size> verdict{};
   };
 
   void send() {
@@ -100,7 +106,7 @@ class batched_check {
   }
 
   // The left rank's signatures against this rank's, as far as this rank has come; the first
-  // difference is the verdict.
+  // difference, or one the left rank passes on, is the verdict.
   void compare() {
     while (verdict_.empty()) {
       if (recv_ != MPI_REQUEST_NULL) {
@@ -113,6 +119,10 @@ class batched_check {
         if (!done) return;
         int count = 0;
         MPI_Get_count(&status, MPI_LONG_LONG, &count);
+        if (count == verdict_size && wire_->in[0] == -1) {
+          decide(wire_->in.data());
+          return;
+        }
         received_ = count / entry;
         compared_ = 0;
       }
@@ -122,11 +132,11 @@ class batched_check {
         if (n > last_) return;  // not there yet: compared once this rank gets there
         const own& mine = wire_->mine[n % kept];
         if (mine.n != n) continue;  // long gone from this rank's memory, or not checked here
-        mpi_signature theirs;
-        for (int i = 0; i < mpi_signature::fields; ++i) theirs.value[static_cast<std::size_t>(i)] = e[1 + i];
-        if (theirs.value != mine.sig.value) {
-          verdict_ = cat("ranks disagree on collective #", n, ": rank ", left_, ": ", theirs.str(), "; this rank: ",
-                         mine.sig.str(), " (FLEXCOMM_CHECK)");
+        if (!std::equal(e + 1, e + entry, mine.sig.value.begin())) {
+          long long found[verdict_size] = {-1, static_cast<long long>(n), left_, rank_};
+          std::copy(e + 1, e + entry, found + 4);
+          std::copy(mine.sig.value.begin(), mine.sig.value.end(), found + 4 + mpi_signature::fields);
+          decide(found);
           return;
         }
       }
@@ -135,6 +145,19 @@ class batched_check {
         if (recv_ == MPI_REQUEST_NULL) return;
       }
     }
+  }
+
+  // The verdict, found here or passed on from the left, named and passed on to the right.
+  void decide(const long long* found) {
+    mpi_signature a, b;
+    std::copy(found + 4, found + 4 + mpi_signature::fields, a.value.begin());
+    std::copy(found + 4 + mpi_signature::fields, found + verdict_size, b.value.begin());
+    verdict_ = cat("ranks disagree on collective #", found[1], ": rank ", found[2], ": ", a.str(), "; rank ",
+                   found[3], ": ", b.str(), " (FLEXCOMM_CHECK)");
+    std::copy(found, found + verdict_size, wire_->verdict.begin());
+    if (MPI_Isend(wire_->verdict.data(), verdict_size, MPI_LONG_LONG, right_, tag, side_, &verdict_send_) !=
+        MPI_SUCCESS)
+      verdict_send_ = MPI_REQUEST_NULL;
   }
 
   void close() noexcept {
@@ -150,11 +173,11 @@ class batched_check {
       MPI_Wait(&recv_, MPI_STATUS_IGNORE);
     }
     bool pending = false;
-    for (auto& s : sends_) {
+    for (MPI_Request* s : {&sends_[0], &sends_[1], &verdict_send_}) {
       int done = 1;
-      if (s != MPI_REQUEST_NULL) MPI_Test(&s, &done, MPI_STATUS_IGNORE);
+      if (*s != MPI_REQUEST_NULL) MPI_Test(s, &done, MPI_STATUS_IGNORE);
       if (!done) {
-        MPI_Request_free(&s);  // it may still read its buffer
+        MPI_Request_free(s);  // it may still read its buffer
         pending = true;
       }
     }
@@ -162,12 +185,12 @@ class batched_check {
   }
 
   MPI_Comm side_ = MPI_COMM_NULL;
-  int left_ = -1, right_ = -1;
+  int rank_ = -1, left_ = -1, right_ = -1;
   std::unique_ptr<buffers> wire_;
   int current_ = 0, filled_ = 0;
   std::chrono::steady_clock::time_point oldest_unsent_{};
   std::array<MPI_Request, 2> sends_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  MPI_Request recv_ = MPI_REQUEST_NULL;
+  MPI_Request recv_ = MPI_REQUEST_NULL, verdict_send_ = MPI_REQUEST_NULL;
   int received_ = 0, compared_ = 0;
   std::uint64_t last_ = 0;  // the last collective added
   std::string verdict_;

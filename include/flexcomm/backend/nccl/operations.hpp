@@ -345,7 +345,7 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
   // `recv` is exactly this rank's block.
   template <class T>
   static request post_ireduce_scatter(const communicator& comm, start& st, span<const T> send, span<T> recv,
-                                      span<const int> counts, detail::blocks layout, op o, stream s) {
+                                      span<const int> counts, detail::blocks, op o, stream s) {
     bool even = true;
     for (const int count : counts) even = even && count == counts[0];
     constexpr dtype type = dtype_of<T>;
@@ -360,11 +360,13 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
           }
           // Uneven blocks: one reduce per block, to the rank that owns it, in one group.
           detail::nccl_group group(st.what());
+          std::size_t offset = 0;
           for (int r = 0; r < comm.size(); ++r) {
             const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+            offset += n;
             if (n == 0) continue;
-            check_nccl(device::nccl_reduce(send.data() + layout.offsets[static_cast<std::size_t>(r)],
-                                  r == comm.rank() ? recv.data() : nullptr, n, type, reduction, r, c, stream),
+            check_nccl(device::nccl_reduce(send.data() + offset - n, r == comm.rank() ? recv.data() : nullptr, n, type,
+                                           reduction, r, c, stream),
                        st.what(), ": block of rank ", r);
           }
           return group.end();

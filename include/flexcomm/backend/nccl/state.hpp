@@ -144,7 +144,7 @@ struct nccl_state {
 
   // Called with the mutex held.
   void require_usable(const std::string& what) const {
-    check(!aborted, what, where(), " was aborted: ", abort_reason);
+    if (aborted) fail(what, cat(where(), " was aborted: ", abort_reason));  // where() only then
   }
 
   // Called with the mutex held: a record for one operation, with an event to record.
