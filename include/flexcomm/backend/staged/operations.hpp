@@ -117,7 +117,7 @@ class staged_builder : public unchecked_calls {
     };
     auto shared = comm_.shared_lane();
     {
-      std::lock_guard<std::mutex> lock(lane_.mutex);
+      std::lock_guard<flexcomm::mutex> lock(lane_.mutex);
       lane_.post_locked(op_, stream_);  // chunks go as far as they can now
     }
     return staged_request<Direct>(shared, op_);
