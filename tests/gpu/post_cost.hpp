@@ -43,6 +43,8 @@ post_cost cost_of(Post&& post, int tries = 8) {
 }
 }  // namespace flexcomm::testing
 
+// The host's (nvcc's device pass keeps the device's own).
+#if !defined(__CUDA_ARCH__)
 void* operator new(std::size_t n) {
   ++flexcomm::testing::thread_allocations();
   if (void* p = std::malloc(n ? n : 1)) return p;
@@ -53,3 +55,4 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#endif
