@@ -44,7 +44,7 @@ class nccl_op_start {
  public:
   nccl_op_start(const nccl_communicator& comm, device::stream_t, const char* name, std::size_t count, dtype type,
                 const char* redop, int peer, int tag, const call_detail& detail)
-      : state_(state_of(comm, name)), watch_(state_.watch.get()), what_(claim_scratch()) {
+      : state_(state_of(comm, name)), watch_(state_.watch.get()) {
     if (state_.aborted.load(std::memory_order_acquire)) refuse(comm, name);
     if (watch_ && watch_->poisoned())
       fail(cat("nccl ", name, " on ", comm.name()),
@@ -58,7 +58,6 @@ class nccl_op_start {
   nccl_op_start& operator=(const nccl_op_start&) = delete;
   ~nccl_op_start() {
     if (seq_) state_.finish(seq_, op_state::failed);  // never reached NCCL
-    if (what_ == &scratch()) scratch_in_use() = false;
   }
 
   const std::string& what() const noexcept { return *what_; }
@@ -85,24 +84,36 @@ class nccl_op_start {
   }
 
  private:
-  static std::string& scratch() {
-    thread_local std::string s;
-    return s;
-  }
-  static bool& scratch_in_use() {
-    thread_local bool used = false;
-    return used;
-  }
+  // This thread's buffer for a name, or one of its own for an operation named while another is;
+  // given back however the start ends (a constructor that throws included).
+  class name_buffer {
+   public:
+    name_buffer() : mine_(!in_use()) {
+      in_use() = true;
+    }
+    name_buffer(const name_buffer&) = delete;
+    name_buffer& operator=(const name_buffer&) = delete;
+    ~name_buffer() {
+      if (mine_) in_use() = false;
+    }
+    std::string& get() noexcept { return mine_ ? shared() : own_; }
+
+   private:
+    static std::string& shared() {
+      thread_local std::string s;
+      return s;
+    }
+    static bool& in_use() {
+      thread_local bool used = false;
+      return used;
+    }
+    bool mine_;
+    std::string own_;
+  };
   // An empty communicator is an error naming the operation.
   static nccl_state& state_of(const nccl_communicator& comm, const char* name) {
     if (!comm) comm.state(cat("nccl ", name, " on ", comm.name()));
     return *comm.shared_state();
-  }
-  // This thread's buffer, or one of its own for an operation named while another is.
-  std::string* claim_scratch() {
-    if (scratch_in_use()) return &own_;
-    scratch_in_use() = true;
-    return &scratch();
   }
   // The aborted communicator's error, naming the operation (formatted only here).
   [[noreturn]] void refuse(const nccl_communicator& comm, const char* name) {
@@ -113,8 +124,8 @@ class nccl_op_start {
 
   nccl_state& state_;
   mpi_comm_state* watch_;
-  std::string own_;
-  std::string* what_;
+  name_buffer name_;
+  std::string* what_ = &name_.get();
   std::uint64_t seq_ = 0;
   mpi_signature signature_;
   bool checked_ = false;
