@@ -258,16 +258,18 @@ inline std::string op_record::str() const {
 inline std::uint64_t flight_recorder::enqueue(op_record r) {
   const std::uint64_t seq = enqueued_.fetch_add(1, std::memory_order_relaxed) + 1;
   slot& s = at(seq);
+  // Each field is stored with release, after the word is cleared: a reader that sees a new field
+  // sees the cleared word after it too, and drops the slot (no fences: ThreadSanitizer has none).
+  constexpr auto order = std::memory_order_release;
   s.word.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  s.op.store(r.op, std::memory_order_relaxed);
-  s.redop.store(r.redop, std::memory_order_relaxed);
-  s.count.store(r.count, std::memory_order_relaxed);
-  s.peer.store(r.peer, std::memory_order_relaxed);
-  s.tag.store(r.tag, std::memory_order_relaxed);
-  s.type.store(static_cast<std::uint8_t>(r.type), std::memory_order_relaxed);
-  s.posted.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  s.finished.store(0, std::memory_order_relaxed);
+  s.op.store(r.op, order);
+  s.redop.store(r.redop, order);
+  s.count.store(r.count, order);
+  s.peer.store(r.peer, order);
+  s.tag.store(r.tag, order);
+  s.type.store(static_cast<std::uint8_t>(r.type), order);
+  s.posted.store(std::chrono::steady_clock::now().time_since_epoch().count(), order);
+  s.finished.store(0, order);
   in_flight_.fetch_add(1, std::memory_order_relaxed);
   s.word.store(word_of(seq, op_state::in_flight), std::memory_order_release);
   return seq;
@@ -307,22 +309,22 @@ inline std::uint64_t flight_recorder::last_completed() const { return completed_
 inline std::size_t flight_recorder::in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
 
 inline bool flight_recorder::read(const slot& s, op_record& out) const {
+  constexpr auto order = std::memory_order_acquire;
   for (int attempt = 0; attempt < 4; ++attempt) {
-    const std::uint64_t before = s.word.load(std::memory_order_acquire);
+    const std::uint64_t before = s.word.load(order);
     if (before == 0) return false;
     out.seq = before >> 3;
     out.state = static_cast<op_state>(before & 7);
-    out.op = s.op.load(std::memory_order_relaxed);
-    out.redop = s.redop.load(std::memory_order_relaxed);
-    out.count = s.count.load(std::memory_order_relaxed);
-    out.peer = s.peer.load(std::memory_order_relaxed);
-    out.tag = s.tag.load(std::memory_order_relaxed);
-    out.type = static_cast<dtype>(s.type.load(std::memory_order_relaxed));
+    out.op = s.op.load(order);
+    out.redop = s.redop.load(order);
+    out.count = s.count.load(order);
+    out.peer = s.peer.load(order);
+    out.tag = s.tag.load(order);
+    out.type = static_cast<dtype>(s.type.load(order));
     using tp = std::chrono::steady_clock::time_point;
-    out.posted = tp(tp::duration(s.posted.load(std::memory_order_relaxed)));
-    const auto finished = s.finished.load(std::memory_order_relaxed);
+    out.posted = tp(tp::duration(s.posted.load(order)));
+    const auto finished = s.finished.load(order);
     out.finished = finished ? tp(tp::duration(finished)) : tp{};
-    std::atomic_thread_fence(std::memory_order_acquire);
     if (s.word.load(std::memory_order_relaxed) == before) return true;
   }
   return false;
