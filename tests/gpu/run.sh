@@ -323,10 +323,18 @@ for n in 1 2; do
     "$here/bench/allreduce_nccl" -b 4M -e 64M -f 4 -n 10 -w 3 -c 1 -J "$OUT/allreduce_nccl_ceilings_np$n.json"
   [ -n "$last_log" ] && [ -f "$last_log" ] && while read -r l; do info "  ${l#\# }"; done < <(grep "^# at " "$last_log")
 done
+# The host time a post adds over the raw call (docs/cuda.md, "Host work per operation"): 200
+# posts per row at one rank; at two, where every NCCL call crosses host sockets (nccl_env.sh), 10
+# per row at 8 B and 32 KiB, so that it ends within its limit (25 s on the stand-in here, its two
+# cores busy with other work).
+gpu_only_run "device_host_cost np1" 60 FLEXCOMM_TIMEOUT=60 -- "$mpx" -n 1 "$here/bench/device_host_cost" \
+  -b 8 -e 64K -f 8 -n 200 -w 20 -J "$OUT/device_host_cost_np1.json"
+gpu_only_run "device_host_cost np2" 60 FLEXCOMM_TIMEOUT=60 -- "$mpx" -n 2 "$bin/nccl_env.sh" \
+  "$here/bench/device_host_cost" -b 8 -e 32K -f 4096 -n 10 -w 2 -J "$OUT/device_host_cost_np2.json"
 # Other device benchmarks (pack.sh globs *device* and *kernels*) run with their own defaults at
 # one rank, from $OUT so that whatever they write lands beside the logs.
 for b in "$here"/bench/*; do
-  if [ -f "$b" ] && [ "$(basename "$b")" != allreduce_nccl ]; then
+  if [ -f "$b" ] && [ "$(basename "$b")" != allreduce_nccl ] && [ "$(basename "$b")" != device_host_cost ]; then
     # shellcheck disable=SC2016 # expanded by that sh
     gpu_only_run "$(basename "$b") np1" 45 -- sh -c 'cd "$1" && shift && exec "$@"' sh "$OUT" "$mpx" -n 1 "$b"
   fi

@@ -16,12 +16,41 @@
 
 namespace flexcomm::detail {
 
+// What an operation's name says after its count and type (", sum, root 0", ", to 1, tag 3"), kept as
+// numbers and words until the name is written: a string made at every call would cost more than
+// most of the call.
+struct call_detail {
+  const char* redop = nullptr;  // the reduction's name, where there is one
+  bool rooted = false;          // ", root R"
+  int root = -1;
+  const char* toward = nullptr;  // "to" or "from": ", to P, tag T"
+  int peer = -1, tag = -1;
+
+  static call_detail reduction(const char* redop) { return {redop}; }
+  static call_detail rooted_at(int root, const char* redop = nullptr) { return {redop, true, root}; }
+  static call_detail point_to_point(const char* toward, int peer, int tag) {
+    return {nullptr, false, -1, toward, peer, tag};
+  }
+};
+
 // "mpi iallreduce on member 0 #12 (1024 x f32, sum)": how errors, timeouts and the flight
-// recorder's readers name one operation.
+// recorder's readers name one operation. Written into `out`, whose capacity a backend may reuse.
+inline void describe_operation_into(std::string& out, const char* backend, const char* name, const std::string& comm,
+                                    std::uint64_t sequence, std::size_t count, dtype type, const call_detail& d) {
+  out.clear();
+  auto put = [&out](const auto&... parts) { (flexcomm::detail::append_part(out, parts), ...); };
+  put(backend, " ", name, " on ", comm, " #", sequence, " (", count, " x ", name_of(type));
+  if (d.redop) put(", ", d.redop);
+  if (d.rooted) put(", root ", d.root);
+  if (d.toward) put(", ", d.toward, " ", d.peer, ", tag ", d.tag);
+  out.push_back(')');
+}
+
 inline std::string describe_operation(const char* backend, const char* name, const std::string& comm,
-                                      std::uint64_t sequence, std::size_t count, dtype type,
-                                      const std::string& extra) {
-  return cat(backend, " ", name, " on ", comm, " #", sequence, " (", count, " x ", name_of(type), extra, ")");
+                                      std::uint64_t sequence, std::size_t count, dtype type, const call_detail& d) {
+  std::string out;
+  describe_operation_into(out, backend, name, comm, sequence, count, type, d);
+  return out;
 }
 
 // `role` is "root" or "peer".
@@ -46,15 +75,17 @@ struct blocks {
 
 // Counts must be one per rank, none negative, adding up to no more than `capacity` elements
 // and to no more than one int-counted call carries (MPI's and NCCL's counts are ints).
-inline blocks block_layout(span<const int> counts, int comm_size, std::size_t capacity, const std::string& what) {
+// `offsets` false: the offsets are left out (reduce_scatter, whose backends need none made per call).
+inline blocks block_layout(span<const int> counts, int comm_size, std::size_t capacity, const std::string& what,
+                           bool offsets = true) {
   check(counts.size() == static_cast<std::size_t>(comm_size), what,
         "needs one count per rank (", comm_size, "), got ", counts.size());
   blocks out;
-  out.offsets.resize(counts.size());
+  if (offsets) out.offsets.resize(counts.size());
   long long total = 0;
   for (std::size_t r = 0; r < counts.size(); ++r) {
     check(counts[r] >= 0, what, "count for rank ", r, " is negative (", counts[r], ")");
-    out.offsets[r] = static_cast<int>(total);
+    if (offsets) out.offsets[r] = static_cast<int>(total);
     total += counts[r];
     check(total <= INT_MAX, what, "counts add up past what one call carries (INT_MAX elements)");
   }
@@ -93,10 +124,11 @@ inline void check_allgather_sizes(std::size_t send, std::size_t recv, int comm_s
         "receive holds ", recv, " elements, needs ", send, " x ", comm_size, " ranks");
 }
 
-// reduce_scatter: the counts split the send buffer, and this rank's receive holds its block.
+// reduce_scatter: the counts split the send buffer, and this rank's receive holds its block. The
+// layout has its total only.
 inline blocks reduce_scatter_layout(span<const int> counts, int comm_size, int rank, std::size_t send,
                                     std::size_t recv, const std::string& what) {
-  auto layout = block_layout(counts, comm_size, send, what);
+  auto layout = block_layout(counts, comm_size, send, what, false);
   const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
   check(recv >= mine, what, "receive holds ", recv, " elements, this rank gets ", mine);
   return layout;

@@ -79,7 +79,7 @@ struct operations {
     static_assert(element<std::remove_const_t<T>>());
     using E = std::remove_const_t<T>;
     typename Backend::template op_start<E> start(comm, s, "isend", buf.size(), dtype_of<E>, "", dest, tag,
-                                                 cat(", to ", dest, ", tag ", tag));
+                                                 detail::call_detail::point_to_point("to", dest, tag));
     detail::check_rank_of(dest, comm.size(), "peer", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "send");
     return Backend::post_isend(comm, start, span<const E>(buf.data(), buf.size()), dest, tag, s);
@@ -90,7 +90,7 @@ struct operations {
     static_assert(element<std::remove_const_t<T>>());
     static_assert(!std::is_const_v<T>, "irecv writes into its buffer: pass a span of non-const elements");
     typename Backend::template op_start<T> start(comm, s, "irecv", buf.size(), dtype_of<T>, "", source, tag,
-                                                 cat(", from ", source, ", tag ", tag));
+                                                 detail::call_detail::point_to_point("from", source, tag));
     detail::check_rank_of(source, comm.size(), "peer", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "receive");
     return Backend::post_irecv(comm, start, buf, source, tag, s);
@@ -100,7 +100,7 @@ struct operations {
   static request ibcast(const communicator& comm, span<T> buf, int root, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     typename Backend::template op_start<T> start(comm, s, "ibcast", buf.size(), dtype_of<T>, "", root, -1,
-                                                 cat(", root ", root));
+                                                 detail::call_detail::rooted_at(root));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     Backend::check_buffer(buf.data(), buf.size_bytes(), start.what(), "broadcast");
     start.agree_on_root(root);
@@ -114,7 +114,7 @@ struct operations {
                             stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     typename Backend::template op_start<T> start(comm, s, "iallreduce", recv.size(), dtype_of<T>, name_of(o), -1, -1,
-                                                 cat(", ", name_of(o)));
+                                                 detail::call_detail::reduction(name_of(o)));
     detail::check_same_size(send.size(), recv.size(), start.what());
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
     Backend::check_buffer(recv.data(), recv.size_bytes(), start.what(), "receive");
@@ -133,7 +133,7 @@ struct operations {
                          stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     typename Backend::template op_start<T> start(comm, s, "ireduce", send.size(), dtype_of<T>, name_of(o), root, -1,
-                                                 cat(", ", name_of(o), ", root ", root));
+                                                 detail::call_detail::rooted_at(root, name_of(o)));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     const bool at_root = comm.rank() == root;
     detail::check_root_receive(at_root, send.size(), recv.size(), start.what());
@@ -152,7 +152,7 @@ struct operations {
                           span<const int> counts, int root, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     typename Backend::template op_start<T> start(comm, s, "igatherv", send.size(), dtype_of<T>, "", root, -1,
-                                                 cat(", root ", root));
+                                                 detail::call_detail::rooted_at(root));
     detail::check_rank_of(root, comm.size(), "root", start.what());
     const bool at_root = comm.rank() == root;
     detail::blocks layout;
@@ -172,7 +172,7 @@ struct operations {
   static request iallgather(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                             stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
-    typename Backend::template op_start<T> start(comm, s, "iallgather", send.size(), dtype_of<T>, "", -1, -1, "");
+    typename Backend::template op_start<T> start(comm, s, "iallgather", send.size(), dtype_of<T>, "", -1, -1, {});
     detail::check_allgather_sizes(send.size(), recv.size(), comm.size(), start.what());
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
     Backend::check_buffer(recv.data(), recv.size_bytes(), start.what(), "receive");
@@ -184,7 +184,7 @@ struct operations {
   static request iallgatherv(const communicator& comm, span<const detail::identity_t<T>> send, span<T> recv,
                              span<const int> counts, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
-    typename Backend::template op_start<T> start(comm, s, "iallgatherv", send.size(), dtype_of<T>, "", -1, -1, "");
+    typename Backend::template op_start<T> start(comm, s, "iallgatherv", send.size(), dtype_of<T>, "", -1, -1, {});
     auto layout = detail::allgatherv_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), start.what());
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
     Backend::check_buffer(recv.data(), recv.size_bytes(), start.what(), "receive");
@@ -201,7 +201,7 @@ struct operations {
                                  span<const int> counts, op o, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     typename Backend::template op_start<T> start(comm, s, "ireduce_scatter", send.size(), dtype_of<T>, name_of(o), -1,
-                                                 -1, cat(", ", name_of(o)));
+                                                 -1, detail::call_detail::reduction(name_of(o)));
     auto layout =
         detail::reduce_scatter_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), start.what());
     const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(comm.rank())]);

@@ -83,10 +83,15 @@ struct op_record {
 };
 
 // Ring buffer of the last operations posted on one communicator; thread-safe, since requests are
-// tested by the progress engine while the trainer posts new ones.
+// tested by the progress engine while the trainer posts new ones. Lock-free: every operation of
+// every backend passes through it, and a lock here was one of a post's several (docs/cuda.md,
+// "Host work per operation"). Writers fill a slot and publish it with its sequence number and
+// state in one word; readers, only in reports, take a slot when that word reads the same before
+// and after (a slot rewritten meanwhile was evicted anyway).
 class flight_recorder {
  public:
-  explicit flight_recorder(std::size_t capacity = 32) : ring_(capacity ? capacity : 1) {}
+  explicit flight_recorder(std::size_t capacity = 32)
+      : size_(capacity ? capacity : 1), ring_(new slot[capacity ? capacity : 1]) {}
 
   // Assigns the next sequence number to `r` and records it as in flight.
   std::uint64_t enqueue(op_record r);
@@ -104,10 +109,24 @@ class flight_recorder {
   std::string dump(const std::string& title) const;
 
  private:
-  mutable std::mutex mutex_;
-  std::vector<op_record> ring_;
-  std::uint64_t enqueued_ = 0, completed_ = 0;
-  std::size_t in_flight_ = 0;
+  // One operation; `word` is seq << 3 | state, 0 while empty or being written.
+  struct slot {
+    std::atomic<std::uint64_t> word{0};
+    std::atomic<const char*> op{""}, redop{""};
+    std::atomic<std::size_t> count{0};
+    std::atomic<int> peer{-1}, tag{-1};
+    std::atomic<std::uint8_t> type{0};
+    std::atomic<std::int64_t> posted{0}, finished{0};  // steady_clock ticks; finished 0: not yet
+  };
+  static std::uint64_t word_of(std::uint64_t seq, op_state s) { return seq << 3 | static_cast<std::uint64_t>(s); }
+  slot& at(std::uint64_t seq) const { return ring_[seq % size_]; }
+  bool read(const slot& s, op_record& out) const;  // false: empty, or rewritten while read
+  void lower_in_flight();
+
+  std::size_t size_;
+  std::unique_ptr<slot[]> ring_;
+  std::atomic<std::uint64_t> enqueued_{0}, completed_{0};
+  std::atomic<std::size_t> in_flight_{0};
 };
 
 // What a backend gives the watchdog for each of its communicators.
@@ -237,71 +256,104 @@ inline std::string op_record::str() const {
 }
 
 inline std::uint64_t flight_recorder::enqueue(op_record r) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  r.seq = ++enqueued_;
-  r.state = op_state::in_flight;
-  r.posted = std::chrono::steady_clock::now();
-  ring_[r.seq % ring_.size()] = r;
-  ++in_flight_;
-  return r.seq;
+  const std::uint64_t seq = enqueued_.fetch_add(1, std::memory_order_relaxed) + 1;
+  slot& s = at(seq);
+  // Each field is stored with release, after the word is cleared: a reader that sees a new field
+  // sees the cleared word after it too, and drops the slot (no fences: ThreadSanitizer has none).
+  constexpr auto order = std::memory_order_release;
+  s.word.store(0, std::memory_order_relaxed);
+  s.op.store(r.op, order);
+  s.redop.store(r.redop, order);
+  s.count.store(r.count, order);
+  s.peer.store(r.peer, order);
+  s.tag.store(r.tag, order);
+  s.type.store(static_cast<std::uint8_t>(r.type), order);
+  s.posted.store(std::chrono::steady_clock::now().time_since_epoch().count(), order);
+  s.finished.store(0, order);
+  in_flight_.fetch_add(1, std::memory_order_relaxed);
+  s.word.store(word_of(seq, op_state::in_flight), std::memory_order_release);
+  return seq;
 }
 
-inline std::uint64_t flight_recorder::reserve() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return ++enqueued_;
+inline std::uint64_t flight_recorder::reserve() { return enqueued_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+inline void flight_recorder::lower_in_flight() {
+  std::size_t n = in_flight_.load(std::memory_order_relaxed);
+  while (n > 0 && !in_flight_.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) {
+  }
 }
 
 inline void flight_recorder::finish(std::uint64_t seq, op_state s) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto& r = ring_[seq % ring_.size()];
-  const bool known = r.seq == seq;
-  if (known && r.state != op_state::in_flight) {
-    // Failed or timed out earlier; now given up for good.
-    if (s == op_state::abandoned) r.state = s;
-    return;
+  slot& r = at(seq);
+  std::uint64_t word = word_of(seq, op_state::in_flight);
+  if (!r.word.compare_exchange_strong(word, word_of(seq, s), std::memory_order_acq_rel)) {
+    if (word >> 3 == seq) {
+      // Failed or timed out earlier; now given up for good.
+      if (s == op_state::abandoned) r.word.compare_exchange_strong(word, word_of(seq, s), std::memory_order_acq_rel);
+      return;
+    }
+    // Evicted (or never recorded): only the counts remember it.
+  } else {
+    r.finished.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   }
-  if (known) {
-    r.state = s;
-    r.finished = std::chrono::steady_clock::now();
+  if (s == op_state::completed) {
+    std::uint64_t done = completed_.load(std::memory_order_relaxed);
+    while (seq > done && !completed_.compare_exchange_weak(done, seq, std::memory_order_relaxed)) {
+    }
   }
-  if (s == op_state::completed && seq > completed_) completed_ = seq;
-  if (in_flight_ > 0) --in_flight_;
+  lower_in_flight();
 }
 
-inline std::uint64_t flight_recorder::last_enqueued() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return enqueued_;
-}
-inline std::uint64_t flight_recorder::last_completed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_;
-}
-inline std::size_t flight_recorder::in_flight() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return in_flight_;
+inline std::uint64_t flight_recorder::last_enqueued() const { return enqueued_.load(std::memory_order_relaxed); }
+inline std::uint64_t flight_recorder::last_completed() const { return completed_.load(std::memory_order_relaxed); }
+inline std::size_t flight_recorder::in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+
+inline bool flight_recorder::read(const slot& s, op_record& out) const {
+  constexpr auto order = std::memory_order_acquire;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const std::uint64_t before = s.word.load(order);
+    if (before == 0) return false;
+    out.seq = before >> 3;
+    out.state = static_cast<op_state>(before & 7);
+    out.op = s.op.load(order);
+    out.redop = s.redop.load(order);
+    out.count = s.count.load(order);
+    out.peer = s.peer.load(order);
+    out.tag = s.tag.load(order);
+    out.type = static_cast<dtype>(s.type.load(order));
+    using tp = std::chrono::steady_clock::time_point;
+    out.posted = tp(tp::duration(s.posted.load(order)));
+    const auto finished = s.finished.load(order);
+    out.finished = finished ? tp(tp::duration(finished)) : tp{};
+    if (s.word.load(std::memory_order_relaxed) == before) return true;
+  }
+  return false;
 }
 
 inline std::uint64_t flight_recorder::oldest_in_flight() const {
-  std::lock_guard<std::mutex> lock(mutex_);
   std::uint64_t oldest = 0;
-  for (const auto& r : ring_)
-    if (r.seq != 0 && (r.state == op_state::in_flight || r.state == op_state::timed_out) &&
-        (oldest == 0 || r.seq < oldest))
-      oldest = r.seq;
+  for (std::size_t i = 0; i < size_; ++i) {
+    const std::uint64_t word = ring_[i].word.load(std::memory_order_acquire);
+    const auto state = static_cast<op_state>(word & 7);
+    const std::uint64_t seq = word >> 3;
+    if (seq != 0 && (state == op_state::in_flight || state == op_state::timed_out) && (oldest == 0 || seq < oldest))
+      oldest = seq;
+  }
   return oldest;
 }
 
 inline op_record flight_recorder::find(std::uint64_t seq) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto& r = ring_[seq % ring_.size()];
-  return r.seq == seq ? r : op_record{};
+  op_record r;
+  if (seq == 0 || !read(at(seq), r) || r.seq != seq) return op_record{};
+  return r;
 }
 
 inline std::vector<op_record> flight_recorder::recent() const {
-  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<op_record> out;
-  for (const auto& r : ring_)
-    if (r.seq != 0) out.push_back(r);
+  for (std::size_t i = 0; i < size_; ++i) {
+    op_record r;
+    if (read(ring_[i], r)) out.push_back(r);
+  }
   std::sort(out.begin(), out.end(), [](const op_record& a, const op_record& b) { return a.seq < b.seq; });
   return out;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../../core/error.hpp"
+#include "../../core/mutex.hpp"
 #include "../../core/progress.hpp"
 #include "runtime.hpp"
 
@@ -150,13 +151,14 @@ class stream_handle : public owned_handle<device::stream_t, &device::stream_dest
 
 // Reached events, kept for the next operations of a communicator: an event created and destroyed
 // per operation costs runtime calls (and microseconds) each time, a reused one nothing. Only an
-// event whose work is done is given back; recording it again captures the new point.
+// event whose work is done is given back; recording it again captures the new point. Every event
+// given back is kept: the pool holds as many as were ever in flight at once, so a burst of
+// operations creates events once, not at every burst.
 class event_pool {
  public:
-  explicit event_pool(std::size_t keep) : keep_(keep) {}
   event take(const std::string& what) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<flexcomm::mutex> lock(mutex_);
       if (!spare_.empty()) {
         event e = std::move(spare_.back());
         spare_.pop_back();
@@ -167,14 +169,13 @@ class event_pool {
   }
   void give_back(event& e) {
     if (!e) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (spare_.size() < keep_) spare_.push_back(std::move(e));
+    std::lock_guard<flexcomm::mutex> lock(mutex_);
+    spare_.push_back(std::move(e));
   }
 
  private:
-  std::mutex mutex_;
+  flexcomm::mutex mutex_;
   std::vector<event> spare_;
-  std::size_t keep_;
 };
 
 }  // namespace cuda

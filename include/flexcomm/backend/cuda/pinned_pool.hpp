@@ -66,22 +66,22 @@ class pinned_pool {
 
   // A block's usable bytes (the chunk size the first user gave), and the cap; 0 before any user.
   std::size_t block_bytes() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<flexcomm::mutex> lock(mutex_);
     return block_bytes_;
   }
   std::size_t cap_bytes() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<flexcomm::mutex> lock(mutex_);
     return cap_;
   }
   counts count() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<flexcomm::mutex> lock(mutex_);
     return counts_;
   }
 
   // A new cap, at least one block, while no block is taken (a test's; a job sets
   // FLEXCOMM_PINNED_BYTES): the blocks are freed and pinned again at the new size.
   void set_cap(std::size_t bytes, const std::string& what) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<flexcomm::mutex> lock(mutex_);
     check(taken_ == 0, what, cat("the pinned pool's cap cannot change while ", taken_, " of its blocks are in use"));
     check(block_bytes_ == 0 || bytes >= block_bytes_, what,
           cat("a pinned pool of ", bytes, " bytes holds less than one chunk (", block_bytes_, " bytes)"));
@@ -105,7 +105,7 @@ class pinned_pool {
     std::size_t size = 4096;
     while (size < bytes) size <<= 1;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<flexcomm::mutex> lock(mutex_);
       auto& spare = free_pieces_[size];
       if (!spare.empty()) {
         std::byte* p = spare.back();
@@ -115,7 +115,7 @@ class pinned_pool {
     }
     void* p = nullptr;
     check_cuda(device::malloc_pinned(&p, size), what, ": cudaMallocHost(", size, " bytes)");
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<flexcomm::mutex> lock(mutex_);
     counted_locked(size);
     return piece(static_cast<std::byte*>(p), piece_return{this, size});
   }
@@ -131,7 +131,7 @@ class pinned_pool {
   void leave(user& u) noexcept;
 
   void give_back_piece(std::byte* p, std::size_t size) noexcept {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<flexcomm::mutex> lock(mutex_);
     try {
       free_pieces_[size].push_back(p);
     } catch (...) {
@@ -162,7 +162,7 @@ class pinned_pool {
     counts_.peak = std::max(counts_.peak, counts_.pinned);
   }
 
-  mutable std::mutex mutex_;
+  mutable flexcomm::mutex mutex_;
   std::size_t block_bytes_ = 0, stride_ = 0, cap_ = 0;
   std::vector<std::pair<std::byte*, std::size_t>> regions_;  // pinned for blocks
   std::vector<std::byte*> free_;                             // blocks not taken
@@ -198,7 +198,7 @@ class pinned_pool::user {
 inline void pinned_pool::block_return::operator()(std::byte* p) const noexcept { owner->pool_.give_back(p, *owner); }
 
 inline pinned_pool::block pinned_pool::try_take(user& u) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<flexcomm::mutex> lock(mutex_);
   if (free_.empty() || (u.held_ > 0 && free_.size() <= idle_users_)) return block(nullptr, block_return{&u});
   if (u.held_ == 0) --idle_users_;
   std::byte* p = free_.back();
@@ -210,14 +210,14 @@ inline pinned_pool::block pinned_pool::try_take(user& u) {
 }
 
 inline void pinned_pool::give_back(std::byte* p, user& u) noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<flexcomm::mutex> lock(mutex_);
   free_.push_back(p);  // within the capacity reserved when it was pinned
   --taken_;
   if (--u.held_ == 0) ++idle_users_;
 }
 
 inline void pinned_pool::join(user&, std::size_t chunk_bytes, std::size_t cap_bytes, const std::string& what) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<flexcomm::mutex> lock(mutex_);
   if (block_bytes_ == 0) {
     if (cap_ == 0) cap_ = cap_bytes;
     check(cap_ >= chunk_bytes, what,
@@ -232,7 +232,7 @@ inline void pinned_pool::join(user&, std::size_t chunk_bytes, std::size_t cap_by
 }
 
 inline void pinned_pool::leave(user& u) noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<flexcomm::mutex> lock(mutex_);
   if (u.held_ == 0) --idle_users_;  // a user leaves with every block back (its operations are over)
 }
 

@@ -35,7 +35,7 @@ class operation_record {
  public:
   operation_record(std::shared_ptr<mpi_comm_state> state, const char* backend, const std::string& comm,
                    const char* name, std::size_t count, dtype type, const char* redop, int peer, int tag,
-                   const std::string& extra, std::uint64_t unrecorded_sequence)
+                   const call_detail& extra, std::uint64_t unrecorded_sequence)
       : state_(std::move(state)) {
     if (state_) {
       if (state_->poisoned())

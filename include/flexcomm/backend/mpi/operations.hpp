@@ -37,7 +37,7 @@ namespace detail {
 class mpi_op_start : public operation_record {
  public:
   mpi_op_start(const mpi_communicator& comm, no_stream, const char* name, std::size_t count, dtype type,
-               const char* redop, int peer, int tag, const std::string& extra)
+               const char* redop, int peer, int tag, const call_detail& extra)
       : operation_record(comm.watch_state(), "mpi", comm.name(), name, count, type, redop, peer, tag, extra,
                          comm.watch_state() ? 0 : mutable_comm(comm).next_sequence()) {}
 

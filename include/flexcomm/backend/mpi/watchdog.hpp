@@ -83,7 +83,7 @@ class mpi_comm_state final : public watched {
   static constexpr int announce_tag = 1;
   static constexpr int signature_tag = 2;
   static constexpr int announce_fields = 8;
-  static constexpr int failure_tag = 3;
+  static constexpr int failure_tag = 4;  // 3 is the batched consistency check's (batched_check.hpp)
   static constexpr int failure_bytes = 1024;
 
   mpi_comm_state(MPI_Comm comm, std::string name) : name_(std::move(name)) {

@@ -67,6 +67,7 @@ class nccl_communicator {
     state->stream = cuda::stream_handle::create(what);
     control_ = comm.dup(cat(name, " control"));
     state->watch = watch_over(control_, name);
+    state->consistency.open(state->watch->side());
     state_ = std::move(state);
     name_ = std::move(name);
   }
@@ -99,7 +100,7 @@ class nccl_communicator {
     const auto what = cat(name_, ": nccl split into '", name, "'");
     auto& st = state(what);
     detail::device_guard guard(st.device, what);
-    std::lock_guard<std::mutex> lock(st.mutex);
+    std::lock_guard<flexcomm::mutex> lock(st.mutex);
     st.flush_locked(what);
     // NCCL may write the new handle while the split settles in the background: the slot lives
     // as long as the parent.
@@ -126,6 +127,7 @@ class nccl_communicator {
     adopt(*state, *slot, what, record);
     state->stream = cuda::stream_handle::create(what);
     state->watch = watch_over(out.control_, out.name_);
+    state->consistency.open(state->watch->side());
     out.state_ = std::move(state);
     return out;
   }
@@ -148,7 +150,7 @@ class nccl_communicator {
   // traces can be matched across ranks.
   std::uint64_t next_collective() const {
     auto& st = state(name_);
-    std::lock_guard<std::mutex> lock(st.mutex);
+    std::lock_guard<flexcomm::mutex> lock(st.mutex);
     return ++st.collectives;
   }
 

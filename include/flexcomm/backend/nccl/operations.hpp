@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,57 +35,120 @@
 namespace flexcomm {
 
 namespace detail {
-// The bookkeeping of a communicator that can still take operations. An aborted one refuses here,
-// before the front end sends the call's consistency check to the peers: a check that went out
-// for a call that then never happens would leave the peers' checks off by one, poison the control
-// communicator and end the job at shutdown, when NCCL could have gone on without this one.
-inline const std::shared_ptr<mpi_comm_state>& usable_watch(const nccl_communicator& comm, const char* name) {
-  if (!comm) comm.state(cat("nccl ", name, " on ", comm.name()));  // the error naming the operation
-  auto& st = *comm.shared_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  if (st.aborted) st.require_usable(cat("nccl ", name, " on ", comm.name()));
-  return st.watch;
-}
-
-// One operation being issued (mpi/call_check.hpp), recorded and checked in the bookkeeping kept
-// over the control communicator.
-class nccl_op_start : public operation_record {
+// One operation being issued: recorded in the flight recorder of the bookkeeping kept over the
+// control communicator, named for its errors, and its signature kept for the consistency check
+// (mpi/batched_check.hpp), which the launch hands to the communicator. Takes no lock: an aborted
+// communicator is refused on the flag its abort sets, before anything is recorded. The name is
+// written into a buffer of this thread's and handed to the operation's launch record in exchange
+// for that record's old one, so that naming allocates nothing once both have room.
+class nccl_op_start {
  public:
   nccl_op_start(const nccl_communicator& comm, device::stream_t, const char* name, std::size_t count, dtype type,
-                const char* redop, int peer, int tag, const std::string& extra)
-      : operation_record(usable_watch(comm, name), "nccl", comm.name(), name, count, type, redop, peer, tag, extra,
-                         0),
-        state_(comm.shared_state()),
-        unwinding_(std::uncaught_exceptions()) {}
+                const char* redop, int peer, int tag, const call_detail& detail)
+      : state_(state_of(comm, name)), watch_(state_.watch.get()), unwinding_(std::uncaught_exceptions()) {
+    if (state_.aborted.load(std::memory_order_acquire)) refuse(comm, name);
+    if (watch_ && watch_->poisoned())
+      fail(cat("nccl ", name, " on ", comm.name()),
+           cat("communicator '", comm.name(), "' is unusable: ", watch_->poison_reason()));
+    seq_ = watch_ ? watch_->recorder().enqueue(op_record::posting(name, count, type, redop, peer, tag)) : 0;
+    describe_operation_into(*what_, "nccl", name, comm.name(), seq_, count, type, detail);
+    signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
+                        check_label::current()};
+  }
   nccl_op_start(const nccl_op_start&) = delete;
   nccl_op_start& operator=(const nccl_op_start&) = delete;
-
-  // Unwinding from the NCCL call itself, after the call's consistency check went out: where the
-  // cause is the communicator's (an asynchronous error the enqueue returned, as NCCL's
+  // Never handed over: the operation failed before or in NCCL. Unwinding from the NCCL call itself
+  // where the cause is the communicator's (an asynchronous error the enqueue returned, as NCCL's
   // ncclCommEnsureReady does, or a CUDA context poisoned by a kernel that faulted), it is this
-  // rank's failure as a wait would find it: the communicator aborted, the peers told, and the
-  // check left to MPI, so the control communicator stays usable and the job need not end.
-  // Otherwise (an argument NCCL refused) the record poisons the control communicator as before.
+  // rank's failure as a wait would find it: the communicator aborted and the peers told.
   ~nccl_op_start() {
-    if (!sequence() || !state_ || std::uncaught_exceptions() <= unwinding_) return;
+    if (!seq_) return;
+    state_.finish(seq_, op_state::failed);
+    if (std::uncaught_exceptions() <= unwinding_) return;
     try {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      if (!state_->failure_locked(what()).empty()) failed_in_library();
+      std::lock_guard<flexcomm::mutex> lock(state_.mutex);
+      (void)state_.failure_locked(*what_);
     } catch (...) {  // the error being thrown says what happened
     }
   }
 
+  const std::string& what() const noexcept { return *what_; }
+  std::uint64_t sequence() const noexcept { return seq_; }
+
+  // Fields every rank must agree on, besides the operation, type and count.
+  void agree_on(op o) { signature_.value[mpi_signature::redop] = static_cast<long long>(o); }
+  void agree_on_root(int root) { signature_.value[mpi_signature::root] = root; }
+  void agree_on_counts(span<const int> counts) {
+    signature_.value[mpi_signature::counts_hash] = hash_counts(counts.data(), counts.size());
+  }
+  void count_varies() { signature_.value[mpi_signature::count] = -1; }
+  void check_collective(int comm_size) { checked_ = comm_size > 1 && checks_enabled(); }
+
+  // Called with the state's mutex held, last: the launch record takes over the operation.
+  void hand_over(nccl_launch& l) {
+    l.sequence = std::exchange(seq_, 0);
+    l.what.swap(*what_);
+    if (checked_ && l.collective) state_.consistency.add(l.collective, signature_);
+  }
+  // NCCL's enqueue itself timed out: recorded so; the communicator is aborted.
+  void timed_out() noexcept {
+    if (seq_) state_.finish(std::exchange(seq_, 0), op_state::timed_out);
+  }
+
  private:
-  std::shared_ptr<nccl_state> state_;
+  // This thread's buffer for a name, or one of its own for an operation named while another is;
+  // given back however the start ends (a constructor that throws included).
+  class name_buffer {
+   public:
+    name_buffer() : mine_(!in_use()) {
+      in_use() = true;
+    }
+    name_buffer(const name_buffer&) = delete;
+    name_buffer& operator=(const name_buffer&) = delete;
+    ~name_buffer() {
+      if (mine_) in_use() = false;
+    }
+    std::string& get() noexcept { return mine_ ? shared() : own_; }
+
+   private:
+    static std::string& shared() {
+      thread_local std::string s;
+      return s;
+    }
+    static bool& in_use() {
+      thread_local bool used = false;
+      return used;
+    }
+    bool mine_;
+    std::string own_;
+  };
+  // An empty communicator is an error naming the operation.
+  static nccl_state& state_of(const nccl_communicator& comm, const char* name) {
+    if (!comm) comm.state(cat("nccl ", name, " on ", comm.name()));
+    return *comm.shared_state();
+  }
+  // The aborted communicator's error, naming the operation (formatted only here).
+  [[noreturn]] void refuse(const nccl_communicator& comm, const char* name) {
+    std::lock_guard<flexcomm::mutex> lock(state_.mutex);
+    state_.require_usable(cat("nccl ", name, " on ", comm.name()));
+    fail(cat("nccl ", name, " on ", comm.name()), "the communicator was aborted");
+  }
+
+  nccl_state& state_;
+  mpi_comm_state* watch_;
   int unwinding_;
+  name_buffer name_;
+  std::string* what_ = &name_.get();
+  std::uint64_t seq_ = 0;
+  mpi_signature signature_;
+  bool checked_ = false;
 };
 
 // NCCL connects a communicator's ranks at its first collective, so on a nonblocking communicator
 // a rank missing there leaves the enqueue itself in progress. That is reported as a wait that
 // timed out is (nccl_request::timed_out): the ranks that did not arrive, asked over the side
-// channel, and the communicator aborted with the job free to go on. Failed as a post, it would
-// leave the call's consistency check out with no operation behind it, poisoning the control
-// communicator. Called with the state's mutex held.
+// channel, and the communicator aborted with the job free to go on. Called with the state's
+// mutex held.
 [[noreturn]] inline void enqueue_timed_out(nccl_state& st, nccl_op_start& start) {
   const auto limit = st.timeout();
   std::string report;
@@ -93,35 +157,37 @@ class nccl_op_start : public operation_record {
     report = cat("\n", st.watch->diagnose(start.sequence(), watchdog::grace(limit)));
   }
   const auto place = st.where();
+  const std::string what = start.what();
   start.timed_out();
-  st.abort_locked(cat(start.what(), ": its enqueue timed out after ", limit.count(), " ms"));
-  fail(start.what(), cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) in NCCL's enqueue, which connects ",
-                         "the ranks at a communicator's first collective; ", place,
-                         " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
-                         "different orders)", report));
+  st.abort_locked(cat(what, ": its enqueue timed out after ", limit.count(), " ms"));
+  fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) in NCCL's enqueue, which connects ",
+                 "the ranks at a communicator's first collective; ", place,
+                 " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
+                 "different orders)", report));
 }
 
-// Issues one operation: deferred point-to-point first (call order is NCCL order), then the
-// enqueue, then local epilogue kernels (integer averages), then the completion event.
+// Issues one collective: deferred point-to-point first (call order is NCCL order), then the
+// enqueue, then local epilogue kernels (integer averages), then the completion event. The
+// state's mutex is the one lock of the whole post.
 template <class Enqueue, class Epilogue>
 nccl_request nccl_launch_op(const nccl_communicator& comm, device::stream_t s, nccl_op_start& start, Enqueue&& enqueue,
                             Epilogue&& epilogue) {
   const auto& what = start.what();
   auto& st = comm.state(what);
   device_guard guard(st.device, what);
-  std::lock_guard<std::mutex> lock(st.mutex);
+  std::lock_guard<flexcomm::mutex> lock(st.mutex);
   st.require_usable(what);
   st.flush_locked(what);
   const device::stream_t stream = s ? s : st.stream.get();
   if (enqueue(st.comm, stream) == device::nccl_in_progress && !nccl_settle(st.comm, what, st.timeout()))
     enqueue_timed_out(st, start);
   epilogue(stream);
-  auto launch = std::make_shared<nccl_launch>();
-  launch->done = st.events.take(what);
-  launch->done.record(stream, what);
-  launch->launched = true;
-  launch->sequence = start.take_sequence();
-  return nccl_request(comm.shared_state(), std::move(launch), what, riding_check(start.take_check()));
+  nccl_launch& launch = st.take_launch_locked(what);
+  launch.done.record(stream, what);
+  launch.launched = true;
+  launch.collective = ++st.collectives;
+  start.hand_over(launch);
+  return nccl_request(comm.shared_state(), &launch);
 }
 
 inline auto no_epilogue() {
@@ -145,13 +211,13 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
   const auto& what = start.what();
   auto& st = comm.state(what);
   device_guard guard(st.device, comm.name());  // the event belongs to the communicator's device
-  std::lock_guard<std::mutex> lock(st.mutex);
+  std::lock_guard<flexcomm::mutex> lock(st.mutex);
   st.require_usable(what);
-  auto launch = std::make_shared<nccl_launch>();
-  launch->done = st.events.take(what);
-  launch->sequence = start.take_sequence();
-  st.deferred.push_back({send, buf.data(), buf.size(), dtype_of<std::remove_const_t<T>>, peer, s, launch});
-  return nccl_request(comm.shared_state(), std::move(launch), what);
+  nccl_launch& launch = st.take_launch_locked(what);
+  st.deferred.push_back({send, buf.data(), buf.size(), dtype_of<std::remove_const_t<T>>, peer, s, &launch});
+  ++launch.holders;
+  start.hand_over(launch);
+  return nccl_request(comm.shared_state(), &launch);
 }
 }  // namespace detail
 
@@ -306,7 +372,7 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
   // `recv` is exactly this rank's block.
   template <class T>
   static request post_ireduce_scatter(const communicator& comm, start& st, span<const T> send, span<T> recv,
-                                      span<const int> counts, detail::blocks layout, op o, stream s) {
+                                      span<const int> counts, detail::blocks, op o, stream s) {
     bool even = true;
     for (const int count : counts) even = even && count == counts[0];
     constexpr dtype type = dtype_of<T>;
@@ -321,11 +387,13 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
           }
           // Uneven blocks: one reduce per block, to the rank that owns it, in one group.
           detail::nccl_group group(st.what());
+          std::size_t offset = 0;
           for (int r = 0; r < comm.size(); ++r) {
             const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+            offset += n;
             if (n == 0) continue;
-            check_nccl(device::nccl_reduce(send.data() + layout.offsets[static_cast<std::size_t>(r)],
-                                  r == comm.rank() ? recv.data() : nullptr, n, type, reduction, r, c, stream),
+            check_nccl(device::nccl_reduce(send.data() + offset - n, r == comm.rank() ? recv.data() : nullptr, n, type,
+                                           reduction, r, c, stream),
                        st.what(), ": block of rank ", r);
           }
           return group.end();

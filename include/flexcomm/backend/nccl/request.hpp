@@ -14,9 +14,9 @@
 #include <utility>
 
 #include "../../core/error.hpp"
+#include "../../core/mutex.hpp"
 #include "../../core/watchdog.hpp"
 #include "../request.hpp"
-#include "../mpi/call_check.hpp"
 #include "communicator.hpp"
 #include "state.hpp"
 #include "types.hpp"
@@ -26,84 +26,66 @@ namespace flexcomm {
 class nccl_request : public basic_request<nccl_request> {
  public:
   nccl_request() = default;
-  nccl_request(std::shared_ptr<detail::nccl_state> state, std::shared_ptr<detail::nccl_launch> launch,
-               std::string what, detail::riding_check check = {})
-      : state_(std::move(state)), launch_(std::move(launch)), what_(std::move(what)), check_(std::move(check)) {}
+  nccl_request(std::shared_ptr<detail::nccl_state> state, detail::nccl_launch* launch)
+      : state_(std::move(state)), launch_(launch) {}
   nccl_request(nccl_request&& o) noexcept { swap(o); }
   nccl_request& operator=(nccl_request&& o) noexcept { return take(std::move(o)); }
   ~nccl_request() { finish_pending(); }
 
   bool pending() const noexcept { return launch_ != nullptr; }
-  const std::string& what() const noexcept { return what_; }
+  // The operation's name while it is pending (its launch record holds it).
+  const std::string& what() const noexcept {
+    static const std::string none;
+    return launch_ ? launch_->what : none;
+  }
 
+  // Under the communicator's one lock: the consistency check's news, an abort, a deferred
+  // launch, the completion event, NCCL's asynchronous error, in that order.
   bool test() {
     if (!pending()) return true;
     auto& st = *state_;
-    if (check_.pending() && st.watch) {
-      // Mismatched calls would leave NCCL's kernels waiting for each other: abort, then say who.
-      check_.test(*st.watch, launch_->sequence, what_, watchdog::grace(st.timeout()), [&] {
-        std::lock_guard<std::mutex> lock(st.mutex);
-        st.abort_locked(cat(what_, ": the ranks disagreed on the call"));
-        end(op_state::failed);
-      });
-    }
-    {
-      std::lock_guard<std::mutex> lock(st.mutex);
-      if (st.aborted) {
-        end(op_state::failed);
-        fail(what_, cat(st.where(), " was aborted: ", st.abort_reason));
+    std::lock_guard<flexcomm::mutex> lock(st.mutex);
+    agreed_locked(false);
+    if (st.aborted) fail_locked(op_state::failed, cat(st.where(), " was aborted: ", st.abort_reason));
+    if (!launch_->launched) {
+      try {
+        st.flush_locked(launch_->what);
+      } catch (...) {
+        end_locked(op_state::failed);
+        throw;
       }
-      if (!launch_->launched) {
-        try {
-          st.flush_locked(what_);
-        } catch (...) {
-          end(op_state::failed);
-          throw;
-        }
-        // An event never recorded reads as reached: an operation lost with a failed group launch
-        // must not look finished.
-        if (!launch_->launched) {
-          end(op_state::failed);
-          fail(what_, "its NCCL group launch failed (reported by the operation that launched it)");
-        }
-      }
+      // An event never recorded reads as reached: an operation lost with a failed group launch
+      // must not look finished.
+      if (!launch_->launched)
+        fail_locked(op_state::failed, "its NCCL group launch failed (reported by the operation that launched it)");
     }
-    if (reached()) {
-      if (check_.pending()) return false;
-      end(op_state::completed);
+    if (reached_locked()) {
+      end_locked(op_state::completed);
       return true;
     }
-    std::lock_guard<std::mutex> lock(st.mutex);
-    if (const auto cause = st.failure_locked(what_); !cause.empty()) failed(cause);
+    if (const auto cause = st.failure_locked(launch_->what); !cause.empty()) fail_locked(op_state::failed, cause);
+    agreed_locked(true);
     return false;
   }
 
   // For an operation issued into a stream that was capturing into a CUDA graph: it runs at each
   // replay of the graph, and its event marks a point in the graph, so test() and wait() (an event
-  // query) would break the capture. Settles the host side now, once: the consistency check that
-  // went out with it (MPI on the control communicator, under the timeout), then its entry in the
-  // flight recorder. The request is empty afterwards.
+  // query) would break the capture. Settles the host side now, once: the consistency check's news
+  // so far (its signature went into the batch at the post), then its entry in the flight recorder.
+  // The event stays the graph's: it never goes back to the pool, where a replay would record it
+  // under a later operation. The request is empty afterwards.
   void release_captured() {
     if (!pending()) return;
     auto& st = *state_;
-    if (check_.pending() && st.watch) {
-      const auto limit = st.timeout();
-      const auto test_check = [&] {
-        check_.test(*st.watch, launch_->sequence, what_, watchdog::grace(limit), [&] {
-          std::lock_guard<std::mutex> lock(st.mutex);
-          st.abort_locked(cat(what_, ": the ranks disagreed on the call"));
-          end(op_state::failed);
-        });
-        return !check_.pending();
-      };
-      if (!wait_answering(default_wait(), limit, test_check, [&] { answer_queries(); })) timed_out(limit);
-    }
-    end(op_state::completed);
+    std::lock_guard<flexcomm::mutex> lock(st.mutex);
+    agreed_locked(false);
+    st.keep_captured_locked(*launch_);
+    end_locked(op_state::completed);
   }
 
   // Marks this request as collective `kind` on `comm` in the trace, from now to completion.
   void trace_collective(const char* kind, const nccl_communicator& comm) {
-    if (launch_) launch_->trace.begin(kind, comm.name(), comm.next_collective());
+    if (launch_) launch_->trace.begin(kind, comm.name(), launch_->collective);
   }
 
  private:
@@ -125,39 +107,45 @@ class nccl_request : public basic_request<nccl_request> {
   bool abandon() noexcept {
     if (!launch_) return false;  // ended by the failure being reported
     try {
-      std::lock_guard<std::mutex> lock(state_->mutex);
+      std::lock_guard<flexcomm::mutex> lock(state_->mutex);
       if (!state_->aborted) return false;
-      end(op_state::abandoned);
-      check_.abandon();
+      end_locked(op_state::abandoned);
       return true;
     } catch (...) {
       return false;
     }
   }
 
-  // Whether the completion event was reached. A poisoned CUDA context (a kernel that faulted) is
-  // this rank's failure: the communicator aborted, the peers told (nccl_state::fail_locked).
-  bool reached() {
+  // Under the lock: whether the completion event was reached. A poisoned CUDA context (a kernel
+  // that faulted) is this rank's failure: the communicator aborted, the peers told
+  // (nccl_state::fail_locked).
+  bool reached_locked() {
     try {
-      return launch_->done.done(what_);
+      return launch_->done.done(launch_->what);
     } catch (const error& e) {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      failed(state_->fail_locked(what_, e.cause()));
+      fail_locked(op_state::failed, state_->fail_locked(launch_->what, e.cause()));
     }
   }
 
-  // Called with the state's mutex held: the operation ends failed, its check left to MPI.
-  [[noreturn]] void failed(const std::string& cause) {
-    end(op_state::failed);
-    check_.abandon();
-    fail(what_, cause);
+  // The consistency check (mpi/batched_check.hpp): what the previous rank sent is compared with
+  // this rank's calls, and, while this operation is `stuck`, this rank's unsent signatures leave.
+  // Mismatched calls would leave NCCL's kernels waiting for each other: the communicator is
+  // aborted and the error says who disagreed on what.
+  void agreed_locked(bool stuck) {
+    const std::string& verdict = state_->consistency.poll(stuck);
+    if (verdict.empty()) return;
+    state_->abort_locked(cat("the ranks disagreed on the calls: ", verdict));
+    fail_locked(op_state::failed, verdict);
   }
 
   [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
     auto& st = *state_;
     const auto seq = launch_->sequence;
-    end(op_state::timed_out);
-    check_.abandon();
+    const std::string what = launch_->what;
+    {
+      std::lock_guard<flexcomm::mutex> lock(st.mutex);
+      end_locked(op_state::timed_out);
+    }
     std::string report;
     if (st.watch) {
       st.watch->announce();
@@ -165,41 +153,36 @@ class nccl_request : public basic_request<nccl_request> {
     }
     std::string place;
     {
-      std::lock_guard<std::mutex> lock(st.mutex);
+      std::lock_guard<flexcomm::mutex> lock(st.mutex);
       place = st.where();
-      st.abort_locked(cat(what_, ": timed out after ", limit.count(), " ms"));
+      st.abort_locked(cat(what, ": timed out after ", limit.count(), " ms"));
     }
-    fail(what_, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); ", place,
-                    " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
-                    "different orders)", report));
+    fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); ", place,
+                   " aborted with ncclCommAbort (a rank did not take part, or the ranks issued operations in ",
+                   "different orders)", report));
   }
 
-  // The operation is over, one way or another: recorded as such, its trace span closed.
-  void end(op_state how) noexcept {
+  // The operation is over, one way or another: recorded as such, its trace span closed, its
+  // launch record back to the communicator (with its event, when reached). Under the lock.
+  void end_locked(op_state how) noexcept {
     state_->finish(launch_->sequence, how);
     launch_->trace.end();
-    // A reached event goes back to the communicator for the next operation. (Never called with
-    // the state's mutex held when `how` is completed.)
-    if (how == op_state::completed && launch_.use_count() == 1) {
-      try {
-        state_->events.give_back(launch_->done);
-      } catch (...) {
-      }
-    }
-    launch_.reset();
+    state_->release_locked(*launch_, how == op_state::completed);
+    launch_ = nullptr;
+  }
+  [[noreturn]] void fail_locked(op_state how, const std::string& cause) {
+    std::string what = launch_->what;
+    end_locked(how);
+    fail(std::move(what), cause);
   }
 
   void swap(nccl_request& o) noexcept {
     std::swap(state_, o.state_);
     std::swap(launch_, o.launch_);
-    std::swap(what_, o.what_);
-    check_.swap(o.check_);
   }
 
   std::shared_ptr<detail::nccl_state> state_;
-  std::shared_ptr<detail::nccl_launch> launch_;
-  std::string what_;
-  detail::riding_check check_;
+  detail::nccl_launch* launch_ = nullptr;
 };
 
 }  // namespace flexcomm

@@ -5,6 +5,7 @@
 
 #include "../cuda/runtime.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -14,9 +15,11 @@
 #include <vector>
 
 #include "../../core/error.hpp"
+#include "../../core/mutex.hpp"
 #include "../../core/trace.hpp"
 #include "../../core/wait.hpp"
 #include "../cuda/error.hpp"
+#include "../mpi/batched_check.hpp"
 #include "../mpi/watchdog.hpp"
 #include "types.hpp"
 
@@ -40,7 +43,7 @@ class nccl_group {
   }
 
  private:
-  std::string what_;
+  const std::string& what_;  // outlives the group: the operation's name
   bool open_ = true;
 };
 
@@ -59,11 +62,16 @@ inline bool nccl_settle(device::nccl_comm_t comm, const std::string& what, std::
 }
 
 // Marks a launched operation: the event is recorded after its kernels, under the state's lock.
+// Records are the communicator's, reused from operation to operation with their event and the
+// room of their name, so that a post allocates nothing once the communicator has warmed up.
 struct nccl_launch {
   cuda::event done;
   bool launched = false;
   std::uint64_t sequence = 0;       // in the communicator's flight recorder
+  std::uint64_t collective = 0;     // collectives only: numbered alike on every rank
   trace::collective_mark trace;     // collectives only
+  std::string what;                 // the operation's name, for its errors
+  int holders = 0;                  // its request, and a deferred send or receive; under the lock
 };
 
 struct nccl_p2p {
@@ -73,7 +81,7 @@ struct nccl_p2p {
   dtype type;
   int peer;
   device::stream_t stream;
-  std::shared_ptr<nccl_launch> launch;
+  nccl_launch* launch;  // held (holders) until launched
 };
 
 // What a communicator and its requests share: the NCCL handle, its stream, the deferred
@@ -83,18 +91,24 @@ struct nccl_state {
   cuda::stream_handle stream;
   std::string name;
   int rank = -1, size = 0, device = 0;
-  std::mutex mutex;  // one thread at a time issues NCCL calls on this communicator
+  flexcomm::mutex mutex;  // one thread at a time issues NCCL calls on this communicator; a post's one lock
   std::vector<nccl_p2p> deferred;
   // The MPI backend's bookkeeping over the same ranks: flight recorder, timeout and the side
   // channel on which a rank that timed out asks its peers where they stand. NCCL operations are
   // recorded there, so a timeout names the ranks that did not arrive, as MPI's do.
   std::shared_ptr<mpi_comm_state> watch;
   std::uint64_t collectives = 0;  // under the mutex; names the same collective on every rank
-  bool aborted = false;
+  std::atomic<bool> aborted{false};  // set under the mutex; read without it by a post's first check
   std::string abort_reason;
   std::vector<std::unique_ptr<device::nccl_comm_t>> split_slots;
-  // Completion events of finished operations, for the next ones.
-  cuda::event_pool events{64};
+  // Every launch record made, and those free for the next operation: as many as were ever in
+  // flight at once, each with its reached event (mpi/batched_check.hpp: FLEXCOMM_CHECK).
+  std::vector<std::unique_ptr<nccl_launch>> launches;
+  std::vector<nccl_launch*> spare;
+  batched_check consistency;  // after `watch`: closed before the side channel goes
+  // Events recorded inside CUDA graphs: each replay records them again, so they are the graphs'
+  // for as long as the communicator lives, never reused for a later operation.
+  std::vector<cuda::event> captured;
 
   nccl_state() = default;
   nccl_state(const nccl_state&) = delete;
@@ -139,7 +153,36 @@ struct nccl_state {
 
   // Called with the mutex held.
   void require_usable(const std::string& what) const {
-    check(!aborted, what, where(), " was aborted: ", abort_reason);
+    if (aborted) fail(what, cat(where(), " was aborted: ", abort_reason));  // where() only then
+  }
+
+  // Called with the mutex held: a record for one operation, with an event to record.
+  nccl_launch& take_launch_locked(const std::string& what) {
+    if (spare.empty()) {
+      launches.push_back(std::make_unique<nccl_launch>());
+      spare.push_back(launches.back().get());
+    }
+    nccl_launch& l = *spare.back();
+    if (!l.done) l.done = cuda::event::create(what);
+    spare.pop_back();
+    l.launched = false;
+    l.sequence = l.collective = 0;
+    l.holders = 1;
+    return l;
+  }
+
+  // Called with the mutex held: one holder lets go; the last one gives the record back, its event
+  // kept only when `reached` (recording it again captures the next operation).
+  void release_locked(nccl_launch& l, bool reached) {
+    if (--l.holders > 0) return;
+    if (!reached) l.done = cuda::event{};
+    spare.push_back(&l);
+  }
+
+  // Called with the mutex held: the record's event stays with the graph it was captured into.
+  void keep_captured_locked(nccl_launch& l) {
+    captured.push_back(std::move(l.done));
+    l.done = cuda::event{};
   }
 
   // Called with the mutex held: ends the communicator so that kernels stuck in it return.
@@ -147,6 +190,8 @@ struct nccl_state {
     if (aborted) return;
     aborted = true;
     abort_reason = reason;
+    for (auto& p : deferred) release_locked(*p.launch, false);
+    deferred.clear();
     if (comm) {
       device_guard guard(device, name);
       device::nccl_comm_abort(comm);
@@ -200,11 +245,24 @@ struct nccl_state {
   void flush_locked(const std::string& what) {
     if (deferred.empty()) return;
     require_usable(what);
-    std::vector<nccl_p2p> batch;
-    batch.swap(deferred);
+    flushing.swap(deferred);  // both keep their room: a flush allocates nothing
+    try {
+      launch_flushing_locked(what);
+    } catch (...) {
+      for (auto& p : flushing) release_locked(*p.launch, false);
+      flushing.clear();
+      throw;
+    }
+    flushing.clear();
+  }
+
+ private:
+  std::vector<nccl_p2p> flushing;
+
+  void launch_flushing_locked(const std::string& what) {
     device_guard guard(device, what);
     nccl_group group(what);
-    for (const auto& p : batch) {
+    for (const auto& p : flushing) {
       device::stream_t s = p.stream ? p.stream : stream.get();
       if (p.count == 0) continue;  // both sides know the count: an empty message is no message
       if (p.send)
@@ -214,9 +272,10 @@ struct nccl_state {
                    what, ": ncclRecv from ", p.peer);
     }
     settle_locked(what, group.end());
-    for (const auto& p : batch) {
+    for (const auto& p : flushing) {
       p.launch->done.record(p.stream ? p.stream : stream.get(), what);
       p.launch->launched = true;
+      release_locked(*p.launch, true);
     }
   }
 };

@@ -93,7 +93,7 @@ struct staged_lane {
   cuda::pinned_pool::user pinned;  // declared before the operations: outlives their blocks
   const std::size_t block_bytes = pinned.block_bytes();
   mpi_communicator transport;      // a private duplicate; operations that began later still reach it
-  std::mutex mutex;
+  flexcomm::mutex mutex;
   std::deque<std::shared_ptr<staged_op>> starting;  // some chunk not begun yet
   std::vector<std::shared_ptr<staged_op>> moving;   // some chunk not done yet
   cuda::stream_handle own;   // operations' stream when the caller names none
@@ -101,7 +101,7 @@ struct staged_lane {
   cuda::stream_handle stage = cuda::stream_handle::create("staged communicator", true);  // copies into blocks
   int device = 0;
   // Events of finished chunks and operations, for the next ones.
-  cuda::event_pool events{256};
+  cuda::event_pool events;
   std::size_t blocks_back = 0;  // blocks given back by finished chunks, ever
 
   // Elements of T per chunk: FLEXCOMM_STAGE_CHUNK's worth, as much as a block holds.

@@ -40,7 +40,7 @@ class staged_builder : public unchecked_calls {
  public:
   // The type, op, peer and tag are recorded by the MPI operations of each chunk.
   staged_builder(const staged_communicator<Direct>& comm, device::stream_t s, const char* name, std::size_t count, dtype,
-                 const char*, int, int, const std::string& extra)
+                 const char*, int, int, const call_detail& extra)
       : comm_(comm),
         lane_(lane_of(comm, name)),
         guard_(lane_.device, comm.name()) {
@@ -124,7 +124,7 @@ class staged_builder : public unchecked_calls {
     };
     auto shared = comm_.shared_lane();
     {
-      std::lock_guard<std::mutex> lock(lane_.mutex);
+      std::lock_guard<flexcomm::mutex> lock(lane_.mutex);
       lane_.post_locked(op_, stream_);  // chunks go as far as they can now
     }
     return staged_request<Direct>(shared, op_);

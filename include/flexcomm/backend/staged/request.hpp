@@ -40,7 +40,7 @@ class staged_request : public basic_request<staged_request<Direct>> {
 
   bool test() {
     if (!pending()) return true;
-    std::lock_guard<std::mutex> lock(lane_->mutex);
+    std::lock_guard<flexcomm::mutex> lock(lane_->mutex);
     try {
       cuda::device_guard guard(lane_->device, op_->what);
       lane_->drive_locked(*op_);
@@ -76,7 +76,7 @@ class staged_request : public basic_request<staged_request<Direct>> {
   [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
     failed_ = true;
     {
-      std::lock_guard<std::mutex> lock(lane_->mutex);
+      std::lock_guard<flexcomm::mutex> lock(lane_->mutex);
       lane_->forget_locked(op_);
     }
     // Diagnosed on the transport, where the chunks' MPI operations are recorded.
