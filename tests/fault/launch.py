@@ -34,8 +34,12 @@ LAUNCHERS = {
 # What every rank of host 0 reports when host 1's only trainer stops making its steps (the two
 # claim-*-hosts faults, stalled or dead alike).
 CLAIM_ACROSS_HOSTS = [
-    r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
+    r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); {stalled}not answered by world rank {f}$',
     r'across hosts: host 1 makes step \d+, and its courier, world rank {f}, sends it to this host']
+
+# What leads a timeout's cause where the ranks waited on were followed (core/stall.hpp): the ranks
+# that stopped, with their roles and states; {stalled} in an expected text.
+STALLED = r'(?:stalled at [^\n]*; )?'
 
 # How the driver behaves for each fault (tests/fault/fault.cpp); {f} is the faulty (last) rank,
 # {others} the other ranks as the report lists them, {n} the world size.
@@ -175,7 +179,7 @@ FAULTS = {
                                'SIGSTOP)', min_ranks=2,
         mpiexec=[], survivors='producer', kind='timeout', guards=False,
         expect=[r'(?m)one_to_many: (credits|send) of step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); '
-                r'not answered by world rank {f}$'],
+                r'{stalled}not answered by world rank {f}$'],
         reports='the producer: `one_to_many: credits of step N: timed out after 2000 ms (FLEXCOMM_TIMEOUT); not '
                 'answered by world rank {f}`'),
     # The adaptive feed (every rank a trainer that makes steps when idle): a maker that stops holding
@@ -185,14 +189,14 @@ FAULTS = {
         driver='adapter', what="adaptive feed over 'members={n}x1': rank {f} stalls for 4x the timeout in the "
                                "loader of a step it claimed (as under SIGSTOP)", min_ranks=2,
         mpiexec=[], survivors='others', kind='timeout', guards=False,
-        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$'],
+        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); {stalled}not answered by world rank {f}$'],
         reports='each other rank: `adaptive: step N: timed out after 2000 ms (FLEXCOMM_TIMEOUT); not answered by world '
                 'rank {f}` and `(... it claimed piece 0 of step N and has not made it)`'),
     'claim-dies': dict(
         driver='adapter', what="adaptive feed over 'members={n}x1': rank {f} dies in the loader of a step it "
                                "claimed (mpiexec told to keep the job: {keep_going})", min_ranks=2,
         mpiexec='keep_going', survivors='others', kind='timeout', guards=False,
-        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$'],
+        expect=[r'(?m)adaptive: step \d+: timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); {stalled}not answered by world rank {f}$'],
         reports='as claim-stall: every other rank names world rank {f}, which claimed the piece'),
     # Across hosts with no producer: the steps of a host whose only trainer stops holding a claim
     # are named, by every rank of the other host that waits for them, by that host's ranks and the
@@ -218,7 +222,7 @@ FAULTS = {
                                "of a piece it was granted", min_ranks=2,
         mpiexec=[], survivors='producer', kind='timeout', guards=False,
         expect=[r'(?m)(adaptive: piece \d+ of step \d+, claimed by world rank {f}|one_to_many: (credits|send) of step \d+): '
-                r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
+                r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); {stalled}not answered by world rank {f}$',
                 r'claimed by world rank {f}:|world rank {f} was granted piece'],
         reports='the producer: `adaptive: piece 0 of step N, claimed by world rank {f}: timed out after 2000 ms '
                 '(FLEXCOMM_TIMEOUT); not answered by world rank {f}`, or, where rank {f} was granted a piece of a '
@@ -230,7 +234,7 @@ FAULTS = {
                                "{keep_going})", min_ranks=2,
         mpiexec='keep_going', survivors='producer', kind='timeout', guards=False,
         expect=[r'(?m)(adaptive: piece \d+ of step \d+, claimed by world rank {f}|one_to_many: (credits|send) of step \d+): '
-                r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); not answered by world rank {f}$',
+                r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); {stalled}not answered by world rank {f}$',
                 r'claimed by world rank {f}:|world rank {f} was granted piece'],
         reports='as claim-stall-messages: the producer names world rank {f}, which holds the grant'),
     'sync-stall': dict(
@@ -411,7 +415,7 @@ def fields(n, mpi='mpich'):
     others = list(range(n - 1))
     others_ranks = ('ranks ' if len(others) > 1 else 'rank ') + ','.join(map(str, others))
     return dict(f=f, p=n - 2, n=n, n1=n + 1, n1h=n - 1, others_ranks=others_ranks, launcher=LAUNCHERS[mpi]['name'],
-                keep_going=' '.join(LAUNCHERS[mpi]['keep_going']))
+                keep_going=' '.join(LAUNCHERS[mpi]['keep_going']), stalled=STALLED)
 
 
 def spec_for(fault, mpi):

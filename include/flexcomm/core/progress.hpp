@@ -36,9 +36,12 @@ class completion {
   // Waits under the policy; rethrows what the task threw; a timeout becomes a flexcomm::error.
   void wait(const wait_policy& policy = default_wait(),
             std::chrono::milliseconds timeout = default_timeout()) const {
-    if (!wait_answering(policy, timeout, [&] { return done(); }, [] { watchdog::instance().answer_queries(); }))
-      fail(what_, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT) waiting in the progress engine\n",
-                      watchdog::instance().timed_out(nullptr, 0, timeout)));
+    if (!wait_answering(policy, timeout, [&] { return done(); }, [] { watchdog::instance().answer_queries(); })) {
+      std::string stalled;  // the ranks that stopped, first (stall.hpp)
+      const std::string report = watchdog::instance().timed_out(nullptr, 0, timeout, &stalled);
+      fail(what_, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT) waiting in the progress engine",
+                      stalled.empty() ? "" : "; ", stalled, "\n", report));
+    }
     if (state_.load(std::memory_order_acquire) == failed) std::rethrow_exception(error_);
   }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/prctl.h>
@@ -18,6 +19,7 @@
 #include "doorbell.hpp"
 #include "error.hpp"
 #include "settings.hpp"
+#include "stall.hpp"
 
 namespace flexcomm {
 
@@ -272,7 +274,10 @@ bool wait_answering(const wait_policy& policy, std::chrono::milliseconds limit, 
   return policy.until(
       [&] {
         if (done()) return true;
-        if ((++round & 255u) == 0 && std::chrono::steady_clock::now() - start > answer_queries_after) answer();
+        if ((++round & 255u) == 0 && std::chrono::steady_clock::now() - start > answer_queries_after) {
+          answer();
+          stall_registry::instance().answer();  // peers following a stall through this rank
+        }
         return false;
       },
       limit);
@@ -280,22 +285,57 @@ bool wait_answering(const wait_policy& policy, std::chrono::milliseconds limit, 
 
 namespace detail {
 
+// The world ranks a wait's words name: every "world rank N" or "world ranks N, M" of the first line
+// of `text` (hosts, where a report gives them, are skipped: "world ranks 3, host a, 4, host b").
+inline std::vector<int> ranks_named_in(const std::string& text) {
+  const std::string line = text.substr(0, text.find('\n'));
+  std::vector<int> out;
+  for (std::size_t at = line.find("world rank"); at != std::string::npos; at = line.find("world rank", at + 1)) {
+    std::size_t i = at + 10;
+    if (i < line.size() && line[i] == 's') ++i;
+    for (bool first = true;; first = false) {
+      if (!first) {
+        if (line.compare(i, 2, ", ") != 0) break;
+        i += 2;
+        if (line.compare(i, 5, "host ") == 0) {
+          i = line.find(", ", i);
+          if (i == std::string::npos) break;
+          continue;
+        }
+      } else if (i < line.size() && line[i] == ' ') {
+        ++i;
+      }
+      if (i >= line.size() || line[i] < '0' || line[i] > '9') break;
+      int r = 0;
+      while (i < line.size() && line[i] >= '0' && line[i] <= '9') r = r * 10 + (line[i++] - '0');
+      if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
+    }
+  }
+  return out;
+}
+
 // Past FLEXCOMM_TIMEOUT, `what` fails naming who has not moved (`late`), in the words a wait on
 // messages uses (patterns/feed/steps_in_flight.hpp): for waits in shared memory, and for claims
-// by message.
+// by message. The ranks `late` names are followed first to the ranks that stopped (stall.hpp).
 [[noreturn]] inline void timed_out_waiting(const std::string& what, std::chrono::milliseconds limit,
                                            const std::string& late) {
-  fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); not answered by ", late));
+  const std::string stalled = stall_registry::instance().lead(what, ranks_named_in(late), limit);
+  fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); ", stalled, "not answered by ", late));
 }
 
 // A wait on peers' counters in shared memory: through the wait policy, answering the watchdog's
-// queries; past FLEXCOMM_TIMEOUT it fails naming `late()`.
+// queries (and noting, once long, whom it waits on); past FLEXCOMM_TIMEOUT it fails naming `late()`.
 template <class Done, class Answer, class Late>
 void wait_in_shared_memory(Done&& done, Answer&& answer, const std::string& what, Late&& late,
                            const wait_policy& policy = default_wait()) {
   if (done()) return;
   const auto limit = default_timeout();
-  if (!wait_answering(policy, limit, done, answer)) timed_out_waiting(what, limit, late());
+  waiting_note note;
+  auto answer_noting = [&] {
+    note.set(what, ranks_named_in(late()));
+    answer();
+  };
+  if (!wait_answering(policy, limit, done, answer_noting)) timed_out_waiting(what, limit, late());
 }
 
 // The same wait for a change that whoever makes it announces on `bell` (on one of `channels`):
@@ -311,6 +351,7 @@ void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, Answe
   if (done()) return;
   const auto limit = default_timeout();
   const auto start = std::chrono::steady_clock::now();
+  waiting_note note;
   for (;;) {
     const auto waited = std::chrono::steady_clock::now() - start;
     auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(answer_queries_after);
@@ -318,7 +359,11 @@ void wait_on_doorbell(doorbell& bell, std::uint32_t channels, Done&& done, Answe
       if (waited >= limit) break;
       slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(limit - waited));
     }
-    if (waited >= answer_queries_after) answer();
+    if (waited >= answer_queries_after) {
+      note.set(what, ranks_named_in(late()));
+      answer();
+      stall_registry::instance().answer();
+    }
     bell.sleep_unless(done, slice, channels);
     if (done()) return;
   }

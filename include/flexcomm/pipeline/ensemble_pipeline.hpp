@@ -28,6 +28,7 @@
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/span.hpp"
+#include "../core/stall.hpp"
 #include "../backend/contract.hpp"
 #include "../patterns/feed/vocabulary.hpp"
 #include "../patterns/feed/agreement.hpp"
@@ -229,6 +230,15 @@ class ensemble_pipeline {
     auto placed = detail::placed_for(world, layout, "ensemble_pipeline");
     placed.validate(world.size());
     if (Feed::needs_producers) placed.require_producers("ensemble_pipeline");
+    // What each world rank does, for reports that name a rank that stopped (core/stall.hpp).
+    for (int r = 0; r < world.size(); ++r) {
+      const rank_role role = placed.role_of(r);
+      stall_registry::instance().set_role(
+          world.world_rank_of(r),
+          cat(role.kind == role::producer ? cat("producer ", role.producer)
+                                          : cat("member ", role.member, "'s rank ", role.rank_in_member),
+              r == placed.aggregator() ? ", the aggregator" : ""));
+    }
     return placed;
   }
 

@@ -265,6 +265,7 @@ class environment {
       end_job(cat("shutdown barrier: ", e.what()));
     }
     detail::stamp_shutdown_barrier();
+    stall_registry::instance().set_channel(nullptr);
     world_.reset();
     node_.reset();
     detail::finalize_within(finalize_timeout(), exit_status());
@@ -359,6 +360,8 @@ class environment {
   // flexcomm's duplicate of the world, the node's communicator, and what hosts the ranks are on.
   void make_world_and_node(int rank) {
     world_.emplace(mpi::communicator::duplicate(MPI_COMM_WORLD, "world"));
+    // Peers whose waits time out ask this rank, through it, whom it waits on (core/stall.hpp).
+    stall_registry::instance().set_channel(std::make_shared<detail::mpi_stall_channel>());
     MPI_Comm node = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split_type(world_->native(), MPI_COMM_TYPE_SHARED, world_->rank(), MPI_INFO_NULL, &node),
               "environment: split by node");
@@ -432,8 +435,13 @@ class environment {
                                                "that cannot finish" : why.c_str(),
                  watchdog::instance().abandoned());
     std::fflush(stderr);
-    // Two grace periods: ranks whose waits started a little later still time out and report.
-    std::this_thread::sleep_for(2 * watchdog::grace(default_timeout()));
+    // Two grace periods: ranks whose waits started a little later still time out and report,
+    // and this rank tells those that follow a stall through it whom it waited on (stall.hpp).
+    const auto until = std::chrono::steady_clock::now() + 2 * watchdog::grace(default_timeout());
+    while (std::chrono::steady_clock::now() < until) {
+      stall_registry::instance().answer();
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    }
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);
   }
@@ -451,6 +459,7 @@ class environment {
   void release_without_finalize() noexcept {
     if (watchdog::instance().job_must_end()) end_job("");
     stop_tracing_and_engine();
+    stall_registry::instance().set_channel(nullptr);
     world_.reset();
     node_.reset();
   }

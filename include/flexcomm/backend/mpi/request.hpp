@@ -116,9 +116,11 @@ class mpi_request : public basic_request<mpi_request> {
   [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
     const auto seq = seq_;
     if (state_ && seq_) state_->recorder().finish(seq_, op_state::timed_out);
-    const std::string report = watchdog::instance().timed_out(state_.get(), seq, limit);
-    if (state_) state_->poison(cat("operation #", seq, " timed out (", what_, ")"));
-    fail(what_, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT)\n", report));
+    std::string stalled;  // the ranks that stopped, first (core/stall.hpp)
+    const std::string report = watchdog::instance().timed_out(state_.get(), seq, limit, &stalled);
+    const std::string lead = stalled.empty() ? std::string() : cat("; ", stalled);
+    if (state_) state_->poison(cat("operation #", seq, " timed out (", what_, ")", lead));
+    fail(what_, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT)", lead, "\n", report));
   }
 
   // A pending operation failed in the destructor: the job ends (backend/request.hpp).

@@ -16,27 +16,55 @@
 #include <vector>
 
 #include "../../core/error.hpp"
+#include "../../core/stall.hpp"
 #include "../../core/wait.hpp"
 #include "types.hpp"
 
 namespace flexcomm::detail {
 
-// Waits for one setup request through the default wait policy, for at most FLEXCOMM_TIMEOUT. On
-// a timeout the request is left to MPI (it may still write its outputs) and `what` fails.
-inline void wait_setup(MPI_Request& request, const std::string& what) {
+// The world ranks of `comm` but this one: whom a setup collective waits on.
+inline std::vector<int> world_peers_of(MPI_Comm comm) {
+  std::vector<int> out;
+  if (comm == MPI_COMM_NULL) return out;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks, translated(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) ranks.push_back(r);
+  MPI_Group_translate_ranks(mine, size, ranks.data(), world, translated.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  for (int r = 0; r < size; ++r)
+    if (r != rank && translated[static_cast<std::size_t>(r)] != MPI_UNDEFINED) out.push_back(translated[static_cast<std::size_t>(r)]);
+  return out;
+}
+
+// Waits for one setup request over `comm` through the default wait policy, for at most
+// FLEXCOMM_TIMEOUT, answering peers that follow a stall (core/stall.hpp). On a timeout the
+// request is left to MPI (it may still write its outputs) and `what` fails, naming the ranks
+// that stopped answering.
+inline void wait_setup(MPI_Request& request, const std::string& what, MPI_Comm comm) {
   const auto limit = default_timeout();
   int rc = MPI_SUCCESS;
-  const bool done = default_wait().until(
+  waiting_note note;
+  const bool done = wait_answering(
+      default_wait(), limit,
       [&] {
         int flag = 0;
         rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
         return rc != MPI_SUCCESS || flag != 0;
       },
-      limit);
+      [&] {
+        if (!note.set_already()) note.set(what, world_peers_of(comm));
+      });
   check_mpi(rc, what);
   if (!done)
-    fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT): not every rank of the ",
-                   "communicator took part"));
+    fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); ",
+                   stall_registry::instance().lead(what, world_peers_of(comm), limit),
+                   "not every rank of the communicator took part"));
 }
 
 // MPI_Comm_dup, without the busy wait.
@@ -45,7 +73,7 @@ inline MPI_Comm duplicate_of(MPI_Comm comm, const std::string& what) {
   auto* copy = new MPI_Comm(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Comm_idup(comm, copy, &request), cat(what, ": MPI_Comm_idup"));
-  wait_setup(request, cat(what, ": MPI_Comm_idup"));
+  wait_setup(request, cat(what, ": MPI_Comm_idup"), comm);
   const MPI_Comm out = *copy;
   delete copy;
   return out;
@@ -62,7 +90,7 @@ inline MPI_Comm split_of(MPI_Comm comm, int color, int key, const std::string& w
   std::vector<int> all(2 * static_cast<std::size_t>(size));
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm, &request), cat(what, ": MPI_Iallgather"));
-  wait_setup(request, cat(what, ": MPI_Iallgather"));
+  wait_setup(request, cat(what, ": MPI_Iallgather"), comm);
   if (color == MPI_UNDEFINED) return MPI_COMM_NULL;
   std::vector<int> ranks;
   for (int r = 0; r < size; ++r)
@@ -85,7 +113,7 @@ inline MPI_Comm split_of(MPI_Comm comm, int color, int key, const std::string& w
 inline void barrier(MPI_Comm comm, const std::string& what) {
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Ibarrier(comm, &request), cat(what, ": MPI_Ibarrier"));
-  wait_setup(request, cat(what, ": MPI_Ibarrier"));
+  wait_setup(request, cat(what, ": MPI_Ibarrier"), comm);
 }
 
 // This process's host, named by the lowest world rank on it (MPI_COMM_TYPE_SHARED); -1 until
@@ -106,7 +134,7 @@ inline bool shares_one_host(MPI_Comm comm, const std::string& what) {
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Iallgather(&key, 1, MPI_INT, keys.data(), 1, MPI_INT, comm, &request),
               cat(what, ": MPI_Iallgather"));
-    wait_setup(request, cat(what, ": MPI_Iallgather"));
+    wait_setup(request, cat(what, ": MPI_Iallgather"), comm);
     return std::all_of(keys.begin(), keys.end(), [&](int k) { return k == key; });
   }
   int rank = 0;

@@ -66,20 +66,20 @@ class mpi_host_group final : public shm::host_group {
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Iallgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_->native(), &request),
               cat(who, " (MPI_Iallgather)"));
-    wait_setup(request, cat(who, " (", for_what, ")"));
+    wait_setup(request, cat(who, " (", for_what, ")"), comm_->native());
     return all;
   }
   void broadcast(void* data, std::size_t bytes, const std::string& who, const char* for_what) const override {
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Ibcast(data, mpi_count(bytes, who), MPI_BYTE, 0, comm_->native(), &request),
               cat(who, " (MPI_Ibcast)"));
-    wait_setup(request, cat(who, " (", for_what, ")"));
+    wait_setup(request, cat(who, " (", for_what, ")"), comm_->native());
   }
   int sum(int mine, const std::string& who, const char* for_what) const override {
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, &mine, 1, MPI_INT, MPI_SUM, comm_->native(), &request),
               cat(who, " (MPI_Iallreduce)"));
-    wait_setup(request, cat(who, " (", for_what, ")"));
+    wait_setup(request, cat(who, " (", for_what, ")"), comm_->native());
     return mine;
   }
   void barrier(const std::string& who) const override { detail::barrier(comm_->native(), who); }

@@ -22,7 +22,9 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -35,6 +37,7 @@
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/reduce.hpp"
+#include "../../core/stall.hpp"
 #include "../../core/wait.hpp"
 #include "../../core/hosts.hpp"
 #include "../../core/watchdog.hpp"
@@ -241,6 +244,7 @@ class mpi_comm_state final : public watched {
       }
       if (!answered[static_cast<std::size_t>(p)]) {
         missing.push_back(who(p));
+        silent_.push_back(world_rank(p));
         peers += cat("\n    rank ", who(p), ": no answer within ", grace.count(),
                      " ms: not waiting in flexcomm (stalled, busy elsewhere or dead)");
         continue;
@@ -250,6 +254,7 @@ class mpi_comm_state final : public watched {
                                    : std::string("nothing in flight here");
       if (enqueued < seq) {
         missing.push_back(who(p));
+        behind_.push_back(world_rank(p));
         peers += cat("\n    rank ", who(p), ": behind, last enqueued #", a[4], ", last completed #", a[5], ", ",
                      where);
       } else {
@@ -269,6 +274,12 @@ class mpi_comm_state final : public watched {
     s += "\n" + recorder_.dump(cat("'", name_, "'"));
     diagnosis_ = s;
     return s;
+  }
+
+  void late(std::vector<int>& silent, std::vector<int>& behind) const override {
+    std::lock_guard<std::mutex> lock(diagnose_mutex_);
+    silent.insert(silent.end(), silent_.begin(), silent_.end());
+    behind.insert(behind.end(), behind_.begin(), behind_.end());
   }
 
   // The fields of `mine` vs everyone's: every rank calls it once the MIN/MAX allreduce showed a
@@ -370,7 +381,8 @@ class mpi_comm_state final : public watched {
   MPI_Comm side_ = MPI_COMM_NULL;
   flight_recorder recorder_;
   mutable std::mutex mutex_;
-  std::mutex diagnose_mutex_;
+  mutable std::mutex diagnose_mutex_;
+  std::vector<int> silent_, behind_;  // world ranks, as the diagnosis found them
   std::atomic<bool> poisoned_{false};
   std::string poison_reason_;
   std::atomic<bool> announced_{false};
@@ -400,6 +412,153 @@ struct mpi_signature_check {
       if (out[static_cast<std::size_t>(i)] != -out[static_cast<std::size_t>(i + mpi_signature::fields)]) return false;
     return true;
   }
+};
+
+// The question of core/stall.hpp over a duplicate of MPI_COMM_WORLD, whose ranks are the world's:
+// a question is {asker, reply tag}; the reply, where this rank stands as text (its waits' world
+// ranks, the operations, its newest operation started and completed). Each ask has its own tag,
+// so a late reply to an ask given up never answers a later one. Buffers that MPI may still use
+// when their peer is gone are leaked on purpose: the job is ending.
+// Besides the long waits, a thread of its own answers every `every`: a rank busy outside
+// flexcomm, or blocked in a call that does not answer (MPI_Comm_create_group), still says where
+// it stands, so that the ranks that give no answer are the ones stopped or dead.
+class mpi_stall_channel final : public stall_channel {
+ public:
+  static constexpr int question_tag = 1;
+  static constexpr int reply_bytes = 1024;
+  static constexpr std::chrono::milliseconds every{50};
+
+  mpi_stall_channel() {
+    comm_ = duplicate_of(MPI_COMM_WORLD, "the watchdog's stall channel");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    answering_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(stop_mutex_);
+      while (!stop_wake_.wait_for(lock, every, [&] { return stop_; })) {
+        lock.unlock();
+        answer();
+        lock.lock();
+      }
+    });
+  }
+  ~mpi_stall_channel() override {
+    {
+      std::lock_guard<std::mutex> lock(stop_mutex_);
+      stop_ = true;
+    }
+    stop_wake_.notify_one();
+    answering_.join();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  mpi_stall_channel(const mpi_stall_channel&) = delete;
+  mpi_stall_channel& operator=(const mpi_stall_channel&) = delete;
+
+  void answer() override {
+    std::unique_lock<std::mutex> lock(answer_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, question_tag, comm_, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+      int question[2] = {-1, -1};
+      if (MPI_Mrecv(question, 2, MPI_INT, &message, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+      const std::string text = reply_text();
+      auto* out = new char[reply_bytes]();  // may outlive this call: the asker may be gone
+      std::memcpy(out, text.data(), std::min(text.size(), static_cast<std::size_t>(reply_bytes - 1)));
+      MPI_Request req;
+      if (MPI_Isend(out, reply_bytes, MPI_CHAR, status.MPI_SOURCE, question[1], comm_, &req) == MPI_SUCCESS)
+        MPI_Request_free(&req);
+    }
+  }
+
+  void ask(int world_rank) override {
+    auto& a = asks_[world_rank];
+    a.tag = 2 + static_cast<int>(next_tag_++ % 30000);
+    a.box = new char[reply_bytes]();
+    if (MPI_Irecv(a.box, reply_bytes, MPI_CHAR, world_rank, a.tag, comm_, &a.recv) != MPI_SUCCESS) a.recv = MPI_REQUEST_NULL;
+    auto* question = new int[2]{rank_, a.tag};  // may outlive this call: see answer()
+    MPI_Request req;
+    if (MPI_Isend(question, 2, MPI_INT, world_rank, question_tag, comm_, &req) == MPI_SUCCESS) MPI_Request_free(&req);
+  }
+
+  bool poll(int world_rank, stall_answer& out) override {
+    const auto it = asks_.find(world_rank);
+    out = stall_answer{};
+    if (it == asks_.end() || it->second.recv == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    if (MPI_Test(&it->second.recv, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      asks_.erase(it);  // a dead peer: no answer (its box stays with MPI)
+      return true;
+    }
+    if (!flag) return false;
+    out = parse(std::string(it->second.box, strnlen(it->second.box, reply_bytes)));
+    delete[] it->second.box;
+    asks_.erase(it);
+    return true;
+  }
+
+  void give_up() override {
+    for (auto& [rank, a] : asks_) {
+      static_cast<void>(rank);
+      if (a.recv == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&a.recv);
+      MPI_Request_free(&a.recv);
+    }
+    asks_.clear();
+  }
+
+ private:
+  struct open_ask {
+    int tag = 0;
+    char* box = nullptr;
+    MPI_Request recv = MPI_REQUEST_NULL;
+  };
+
+  // "5,7\n<waiting in>\n<last started>\n<last completed>"
+  static std::string reply_text() {
+    const stall_answer here = stall_registry::instance().where();
+    const auto [started, completed] = watchdog::instance().last_operations();
+    std::string ranks;
+    for (int r : here.waits_on) ranks += cat(ranks.empty() ? "" : ",", r);
+    auto one_line = [](std::string t) {
+      for (char& c : t)
+        if (c == '\n') c = ' ';
+      return t.substr(0, 300);
+    };
+    return cat(ranks, "\n", one_line(here.waiting_in), "\n", one_line(started), "\n", one_line(completed));
+  }
+  static stall_answer parse(const std::string& text) {
+    stall_answer a;
+    a.answered = true;
+    std::vector<std::string> lines(1);
+    for (char c : text) {
+      if (c == '\n') lines.emplace_back();
+      else lines.back() += c;
+    }
+    lines.resize(4);
+    for (std::size_t i = 0; i < lines[0].size();) {
+      const std::size_t end = std::min(lines[0].find(',', i), lines[0].size());
+      a.waits_on.push_back(std::atoi(lines[0].substr(i, end - i).c_str()));
+      i = end + 1;
+    }
+    a.waiting_in = lines[1];
+    a.last_started = lines[2];
+    a.last_completed = lines[3];
+    return a;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = -1;
+  std::mutex answer_mutex_;           // one thread answers at a time
+  std::map<int, open_ask> asks_;      // the following thread's (stall_registry holds one at a time)
+  unsigned next_tag_ = 0;
+  std::mutex stop_mutex_;
+  std::condition_variable stop_wake_;
+  bool stop_ = false;
+  std::thread answering_;
 };
 
 }  // namespace flexcomm::detail

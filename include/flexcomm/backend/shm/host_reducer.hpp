@@ -83,7 +83,10 @@ namespace detail {
 class stall_clock {
  public:
   // The task moved on: the next wait starts afresh.
-  void moved() noexcept { polls_ = 0; }
+  void moved() noexcept {
+    polls_ = 0;
+    long_ = false;
+  }
   // Another poll found the peers not there: true once that wait has lasted longer than `limit`
   // (zero: no limit).
   bool past(std::chrono::milliseconds limit) {
@@ -91,11 +94,17 @@ class stall_clock {
       since_ = std::chrono::steady_clock::now();
       return false;
     }
-    return limit.count() > 0 && polls_ % 64 == 0 && std::chrono::steady_clock::now() - since_ > limit;
+    if (polls_ % 64 != 0) return false;
+    const auto waited = std::chrono::steady_clock::now() - since_;
+    long_ = waited > answer_queries_after;
+    return limit.count() > 0 && waited > limit;
   }
+  // Whether this wait is long enough to note whom it waits on (stall.hpp), as of the last look.
+  bool long_wait() const noexcept { return long_; }
 
  private:
   std::uint64_t polls_ = 0;
+  bool long_ = false;
   std::chrono::steady_clock::time_point since_;
 };
 
@@ -222,6 +231,31 @@ class host_segment {
     return out;
   }
   int world_rank(int r) const { return world_ranks[static_cast<std::size_t>(r)]; }
+  // The world ranks that have not finished `step`.
+  std::vector<int> behind_ranks(std::uint64_t step) const {
+    std::vector<int> out;
+    for (int r = 0; r < ranks; ++r)
+      if (progress(r).load(std::memory_order_acquire) < step) out.push_back(world_rank(r));
+    return out;
+  }
+
+  // A task timed out, failed or was dropped: no later one may run, and each that would says
+  // why, with the first cause (a secondary error never prints alone).
+  void break_with(const std::string& cause) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (broken_cause_.empty()) broken_cause_ = cause;
+    }
+    broken.store(true, std::memory_order_release);
+  }
+  [[noreturn]] void fail_unusable(const std::string& who) {
+    std::string cause;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      cause = broken_cause_;
+    }
+    fail(who, cat("earlier, ", cause, "; since then ", group->name(), " is unusable"));
+  }
 
   // Queues a started task behind the others (the caller's thread, in start order).
   void enqueue(const std::shared_ptr<segment_task>& task) {
@@ -243,6 +277,8 @@ class host_segment {
         if (!front) {
           // Dropped before it finished (an engine stopped with it pending): its peers will wait
           // for steps this rank never takes, so nothing after it may run.
+          if (broken_cause_.empty())
+            broken_cause_ = "a task was dropped before it finished (its progress engine stopped with it pending)";
           broken.store(true, std::memory_order_release);
           queue_.pop_front();
           continue;
@@ -270,9 +306,23 @@ class host_segment {
 
  private:
   std::mutex driving_;      // held by the thread driving the tasks
-  std::mutex queue_mutex_;  // guards queue_ only: start() never waits for a step to end
+  std::mutex queue_mutex_;  // guards queue_ and broken_cause_: start() never waits for a step to end
   std::deque<std::weak_ptr<segment_task>> queue_;  // started, not finished, in start order
+  std::string broken_cause_;  // why `broken`: the first task's failure
 };
+
+// A task of `seg` waited `limit` for step `needed` (of the group's rank `only`, or of every rank
+// behind when -1): the segment breaks with this cause, led by the ranks that stopped (stall.hpp).
+[[noreturn]] inline void fail_waiting(const std::shared_ptr<host_segment>& seg, const std::string& who,
+                                      std::chrono::milliseconds limit, const char* for_what, std::uint64_t needed,
+                                      int only = -1) {
+  const std::vector<int> late = only >= 0 ? std::vector<int>{seg->world_rank(only)} : seg->behind_ranks(needed);
+  const std::string behind = only >= 0 ? cat(only) : seg->behind(needed);
+  const std::string cause = cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
+                                "); ", stall_registry::instance().lead(who, late, limit), "not arrived: ", behind);
+  seg->break_with(cat(who, ": ", cause));
+  fail(who, cause);
+}
 
 // One allreduce through a host_segment: the steps [first + 1, first + steps] of every rank.
 template <class T>
@@ -326,8 +376,7 @@ class host_allreduce final : public segment_task {
  private:
   bool step() override {
     if (stage_ == stage::queued) {
-      if (seg_->broken.load(std::memory_order_acquire))
-        fail(who(), cat(seg_->group->name(), " is unusable after an earlier task timed out or was dropped"));
+      if (seg_->broken.load(std::memory_order_acquire)) seg_->fail_unusable(who());
       stage_ = plan_.in_place ? stage::place_describe : plan_.small_slot >= 0 ? stage::small_write : stage::large_write;
       stalled_.moved();
     }
@@ -393,6 +442,7 @@ class host_allreduce final : public segment_task {
         gather_chunk();
         seg_->publish(step(3));
         stalled_.moved();
+        noted_.clear();
         if ((++chunk_) * per_chunk() >= n_) {
           stage_ = stage::done;
           learn(seg_->writer);
@@ -442,6 +492,7 @@ class host_allreduce final : public segment_task {
 
   std::string who() const { return cat(what(), ", rank ", seg_->rank, " (world ", seg_->world_rank(seg_->rank), ")"); }
   void land() {
+    noted_.clear();
     trace::collective_end(trace::names::bucket_reduce, std::exchange(traced_, 0));
     if (!landing_) return;
     const std::int64_t from = trace::enabled() ? trace::now() : 0;
@@ -461,17 +512,16 @@ class host_allreduce final : public segment_task {
   bool ready(std::uint64_t needed, const char* for_what) {
     if (seg_->reached(needed)) return true;
     const auto limit = seg_->group->timeout();
-    if (stalled_.past(limit)) {
-      seg_->broken.store(true, std::memory_order_release);
-      fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
-                      "); not arrived: ", seg_->behind(needed)));
-    }
+    if (stalled_.past(limit)) fail_waiting(seg_, who(), limit, for_what, needed);
+    // Long: noted, for peers that follow a stall through this rank (core/stall.hpp).
+    if (stalled_.long_wait() && !noted_.set_already()) noted_.set(what(), seg_->behind_ranks(needed));
     return false;
   }
   void advance(stage next, int k) {
     seg_->publish(plan_.small_slot >= 0 || plan_.in_place ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
     stage_ = next;
     stalled_.moved();
+    noted_.clear();
   }
 
   const T* small_of(int r) const {
@@ -516,7 +566,7 @@ class host_allreduce final : public segment_task {
   }
   void check_descriptions() {
     const auto broken = [&](std::string cause) {
-      seg_->broken.store(true, std::memory_order_release);
+      seg_->break_with(cat(who(), ": ", cause));
       fail(who(), std::move(cause));
     };
     if (!plan_.arena)
@@ -608,6 +658,7 @@ class host_allreduce final : public segment_task {
   stage stage_ = stage::queued;
   std::uint64_t chunk_ = 0;
   stall_clock stalled_;
+  waiting_note noted_;
   std::chrono::steady_clock::time_point timed_from_;
 };
 
@@ -644,8 +695,7 @@ class host_broadcast final : public segment_task {
  private:
   bool step() override {
     if (!started_) {
-      if (seg_->broken.load(std::memory_order_acquire))
-        fail(who(), cat(seg_->group->name(), " is unusable after an earlier task timed out or was dropped"));
+      if (seg_->broken.load(std::memory_order_acquire)) seg_->fail_unusable(who());
       started_ = true;
       stalled_.moved();
     }
@@ -678,13 +728,12 @@ class host_broadcast final : public segment_task {
   template <class Behind>
   bool late(std::uint64_t needed, const char* for_what, Behind&& behind) {
     const auto limit = seg_->group->timeout();
-    if (stalled_.past(limit)) {
-      seg_->broken.store(true, std::memory_order_release);
-      fail(who(), cat("timed out after ", limit.count(), " ms waiting for ", for_what, " (step ", needed,
-                      "); not arrived: ", behind()));
-    }
+    static_cast<void>(behind);
+    if (stalled_.past(limit)) fail_waiting(seg_, who(), limit, for_what, needed, root_ways(needed));
     return false;
   }
+  // Who step `needed` waits on: every rank behind, or (a rank copying out) the root alone.
+  int root_ways(std::uint64_t needed) const { return seg_->rank == root_ || seg_->reached_by(root_, needed) ? -1 : root_; }
 
   std::shared_ptr<host_segment> seg_;
   T* data_;

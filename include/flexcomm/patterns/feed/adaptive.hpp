@@ -272,6 +272,7 @@ void adaptive<B>::name_couriers(const communicator& world, const host_map& hosts
     for (int r : hosts.ranks_on(h)) names += cat(names.empty() ? "" : ", ", world.world_rank_of(r));
     host_ranks_.push_back(cat(hosts.ranks_per_host(h) == 1 ? "world rank " : "world ranks ", names));
     courier_ranks_.push_back(world.world_rank_of(hosts.leader_of(h)));
+    stall_registry::instance().add_role(courier_ranks_.back(), cat("courier of host ", h));  // for reports
   }
 }
 

@@ -343,8 +343,11 @@ class claimant {
   bool answered() { return asking_ && answer_.test(); }
   // Waits for the answer to the claim out; past FLEXCOMM_TIMEOUT names the producer.
   void await_answer(std::int64_t awaited) {
-    if (!wait_answering(engine_wait(), default_timeout(), [&] { return answer_.test(); },
-                        [] { watchdog::instance().answer_queries(); })) {
+    waiting_note note;  // once long: whom this wait is on (core/stall.hpp)
+    if (!wait_answering(engine_wait(), default_timeout(), [&] { return answer_.test(); }, [&] {
+          note.set(cat(who_, ": claim while waiting for step ", awaited), {producer_});
+          watchdog::instance().answer_queries();
+        })) {
       watchdog::instance().must_end();
       timed_out_waiting(cat(who_, ": claim while waiting for step ", awaited), default_timeout(),
                         cat("world rank ", producer_, on_host(producer_)));

@@ -334,13 +334,17 @@ void one_to_many<B>::claim_while_waiting(std::int64_t s) {
   // of preprocessing, 4 members.
   if (!c.asking() && reach() == 1 && step_make_ns_ > 0 && waits_++ % 16 != 0) return;
   bool denied = false;
+  waiting_note note;  // once long: whom this wait is on (core/stall.hpp)
   while (!source_.here(s)) {
     if (!c.asking()) {
       if (denied) return;  // nothing left to make: take() waits for the step
       c.ask(s, s + reach());
     }
     if (!wait_answering(detail::engine_wait(), default_timeout(), [&] { return source_.here(s) || c.answered(); },
-                        [] { watchdog::instance().answer_queries(); }))
+                        [&] {
+                          note.set(cat("one_to_many: claim for step ", s), {c.producer()});
+                          watchdog::instance().answer_queries();
+                        }))
       c.await_answer(s);  // names the producer
     if (!c.answered()) continue;
     const detail::answer_message a = take_answer(c);

@@ -185,6 +185,12 @@ class steps_in_flight {
     const auto timeout = default_timeout();
     const auto start = std::chrono::steady_clock::now();
     auto engine_gone = [&] { return task_ && task_->done(); };
+    // Once long, whom it waits on, for peers that follow a stall through this rank (stall.hpp).
+    waiting_note note;
+    auto answer = [&] {
+      note.set(what, owed_by(p));
+      stall_registry::instance().answer();
+    };
     if (policy.kind == wait_kind::backoff) {
       std::unique_lock<std::mutex> lock(p.wake.mutex);
       while (!p.wake.fired.load(std::memory_order_acquire)) {
@@ -192,6 +198,7 @@ class steps_in_flight {
         if (p.wake.fired.load(std::memory_order_acquire)) break;
         lock.unlock();
         const bool gone = engine_gone();
+        if (std::chrono::steady_clock::now() - start > answer_queries_after) answer();
         lock.lock();
         if (gone) break;
         if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) {
@@ -199,8 +206,9 @@ class steps_in_flight {
           fail_timed_out(p, what, timeout);
         }
       }
-    } else if (!engine_wait().until([&] { return p.wake.fired.load(std::memory_order_acquire) || engine_gone(); },
-                                    timeout)) {
+    } else if (!wait_answering(engine_wait(), timeout,
+                               [&] { return p.wake.fired.load(std::memory_order_acquire) || engine_gone(); },
+                               [&] { note.set(what, owed_by(p)); })) {
       fail_timed_out(p, what, timeout);
     }
     if (!p.wake.fired.load(std::memory_order_acquire)) {
@@ -212,7 +220,19 @@ class steps_in_flight {
  public:
   // Fails `what` as a wait on p that timed out, naming the ranks p's requests still owe (for a
   // thread that waits on p its own way: a producer answering claims, claims.hpp).
+  // The followed stall leads (stall.hpp: the ranks that stopped, where the owed ones wait on them).
   [[noreturn]] void fail_timed_out(part& p, const std::string& what, std::chrono::milliseconds timeout) {
+    const std::vector<int> owed = owed_by(p);
+    std::string who;
+    for (int r : owed) who += cat(who.empty() ? "" : ", ", r, on_host(r));
+    const std::string stalled = stall_registry::instance().lead(what, owed, timeout);
+    fail(what, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)",
+                   who.empty() ? "" : cat("; ", stalled, "not answered by world rank", owed.size() > 1 ? "s " : " ", who)));
+  }
+
+ private:
+  // The world ranks p's requests still owe, each once.
+  std::vector<int> owed_by(part& p) {
     std::vector<int> owed;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
@@ -220,13 +240,8 @@ class steps_in_flight {
     }
     std::sort(owed.begin(), owed.end());
     owed.erase(std::unique(owed.begin(), owed.end()), owed.end());
-    std::string who;
-    for (int r : owed) who += cat(who.empty() ? "" : ", ", r, on_host(r));
-    fail(what, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)",
-                   who.empty() ? "" : cat("; not answered by world rank", owed.size() > 1 ? "s " : " ", who)));
+    return owed;
   }
-
- private:
 
   // Tests every request (not only up to the first pending one), so that the ranks still owed
   // are known when a wait times out.
