@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what flexcomm's tests need (Debian packages) if missing, configures, builds and runs
 # the suites.  Usage: tests/run.sh [plain|openmpi|asan|tsan] [meson test arguments...]
-#   plain    the default build (CUDA code compiled when nvcc and NCCL are present), on MPICH
+#   plain    the default build (CUDA code compiled when nvcc and NCCL are present), on MPICH; the
+#            fault rows at 2 and 4 ranks (the other builds run them at 3)
 #   openmpi  the same on Debian's Open MPI (installed beside MPICH), MPI tests at 1-4 ranks, the
 #            fault rows at 3 (what differs there is the launcher and its abort, not the count); the
 #            cluster suite runs each binary once per layout, its short cases only (the plain build
