@@ -61,25 +61,29 @@ bool bitwise_equal(const T* a, const T* b, std::size_t n) {
   return n == 0 || std::memcmp(a, b, n * sizeof(T)) == 0;
 }
 
-// A device allocation of `total` elements, uploaded synchronized (the kernels may then run on any
-// stream), read back after the given stream has finished.
+// A device allocation of up to `capacity` elements, reused across cases. Uploads are synchronized
+// (the kernels may then run on any stream); reads wait for the given stream first.
 template <class T>
 struct device_array {
   T* ptr = nullptr;
-  std::size_t total = 0;
-  explicit device_array(const std::vector<T>& h) : total(h.size()) {
-    fc::check_cuda(cudaMalloc(&ptr, total * sizeof(T) + 1), "test: cudaMalloc");
-    fc::check_cuda(cudaMemcpy(ptr, h.data(), total * sizeof(T), cudaMemcpyHostToDevice), "test: upload");
-    fc::check_cuda(cudaDeviceSynchronize(), "test: upload synchronized");
+  std::size_t used = 0;
+  explicit device_array(std::size_t capacity) {
+    fc::check_cuda(cudaMalloc(&ptr, capacity * sizeof(T) + 1), "test: cudaMalloc");
   }
+  explicit device_array(const std::vector<T>& h) : device_array(h.size()) { upload(h); }
   ~device_array() { cudaFree(ptr); }
   device_array(const device_array&) = delete;
   device_array& operator=(const device_array&) = delete;
+  void upload(const std::vector<T>& h) {
+    used = h.size();
+    fc::check_cuda(cudaMemcpy(ptr, h.data(), used * sizeof(T), cudaMemcpyHostToDevice), "test: upload");
+    fc::check_cuda(cudaDeviceSynchronize(), "test: upload synchronized");
+  }
   std::vector<T> host(cudaStream_t after) const {
     fc::check_cuda(cudaStreamSynchronize(after), "test: cudaStreamSynchronize");
     fc::check_cuda(cudaDeviceSynchronize(), "test: cudaDeviceSynchronize");
-    std::vector<T> h(total);
-    fc::check_cuda(cudaMemcpy(h.data(), ptr, total * sizeof(T), cudaMemcpyDeviceToHost), "test: download");
+    std::vector<T> h(used);
+    fc::check_cuda(cudaMemcpy(h.data(), ptr, used * sizeof(T), cudaMemcpyDeviceToHost), "test: download");
     return h;
   }
 };
@@ -99,13 +103,17 @@ std::vector<std::size_t> offsets() {
   return o;
 }
 
-const std::size_t pad = 40;  // elements around each range: canaries, never written
+// Elements around each range: canaries, never written. pad / 2 elements are 16-byte multiples for
+// every type, so that offset 0 is aligned.
+const std::size_t pad = 64;
 
 // One combine on the device at the given offsets against the host loop on the same data.
 template <class T>
-void check_combine(fc::op o, std::size_t n, std::size_t at, std::size_t from, cudaStream_t stream) {
+void check_combine(fc::op o, std::size_t n, std::size_t at, std::size_t from, cudaStream_t stream, device_array<T>& da,
+                   device_array<T>& db) {
   const auto a = sample<T>(n + 2 * pad, static_cast<unsigned>(n * 7 + at)), b = sample<T>(n + 2 * pad, static_cast<unsigned>(n * 11 + from + 1));
-  device_array<T> da(a), db(b);
+  da.upload(a);
+  db.upload(b);
   fc::cuda::combine(o, da.ptr + at, db.ptr + from, n, stream);
   auto want = a;
   fc::combine(o, want.data() + at, b.data() + from, n);
@@ -116,30 +124,37 @@ void check_combine(fc::op o, std::size_t n, std::size_t at, std::size_t from, cu
 }
 }  // namespace
 
+// Counts around the vector width and beyond one block; offsets of 0, 1 and lanes - 1 elements
+// from 16-byte alignment for inout and in, every pair (alike: vectors; different: shifted).
 BOOST_AUTO_TEST_CASE_TEMPLATE(combine_equals_the_host_reference_at_every_alignment, T, element_types) {
   stream_holder side;
+  const std::size_t sizes[] = {1, 3, lanes<T>, 2 * lanes<T> + 1, 1001, 4099};
+  device_array<T> da(4099 + 2 * pad), db(4099 + 2 * pad);
   int k = 0;
   for (fc::op o : all_ops)
-    for (std::size_t n : {std::size_t{1}, std::size_t{3}, lanes<T>, 2 * lanes<T> + 1, std::size_t{1001}, std::size_t{70001}})
+    for (std::size_t n : sizes)
       for (std::size_t at : offsets<T>())
-        for (std::size_t from : offsets<T>()) check_combine<T>(o, n, pad / 2 + at, pad / 2 + from, ++k % 2 ? side.s : nullptr);
+        for (std::size_t from : offsets<T>())
+          check_combine<T>(o, n, pad / 2 + at, pad / 2 + from, ++k % 2 ? side.s : nullptr, da, db);
 }
 
 // Past one grid (4096 blocks of 256 threads, a vector each): every thread loops.
 BOOST_AUTO_TEST_CASE_TEMPLATE(combine_past_one_grid, T, element_types) {
   stream_holder side;
   const std::size_t n = 4096 * 256 * lanes<T> + 2 * lanes<T> + 3;
-  check_combine<T>(fc::op::sum, n, pad / 2, pad / 2, side.s);
-  check_combine<T>(fc::op::max, n, pad / 2 + 1, pad / 2, nullptr);
+  device_array<T> da(n + 2 * pad), db(n + 2 * pad);
+  check_combine<T>(fc::op::sum, n, pad / 2, pad / 2, side.s, da, db);
+  check_combine<T>(fc::op::max, n, pad / 2 + 1, pad / 2, nullptr, da, db);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(divide_equals_the_host_reference, T, element_types) {
   stream_holder side;
+  device_array<T> da(4099 + 2 * pad);
   for (int ranks : {1, 2, 3, 7, 256, 1000, 2147483647})
-    for (std::size_t n : {std::size_t{1}, std::size_t{5}, 2 * lanes<T> + 1, std::size_t{70001}})
+    for (std::size_t n : {std::size_t{1}, std::size_t{5}, 2 * lanes<T> + 1, std::size_t{4099}})
       for (std::size_t at : offsets<T>()) {
         const auto a = sample<T>(n + 2 * pad, static_cast<unsigned>(n + at + static_cast<std::size_t>(ranks)));
-        device_array<T> da(a);
+        da.upload(a);
         cudaStream_t s = ranks % 2 ? side.s : nullptr;
         fc::cuda::divide(da.ptr + pad / 2 + at, n, ranks, s);
         auto want = a;

@@ -237,11 +237,12 @@ BOOST_AUTO_TEST_CASE(magic_division_equals_division) {
     std::vector<std::int64_t> i64{0, 1, -1, std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()};
     std::vector<std::uint8_t> u8;
     for (int x = 0; x < 256; ++x) u8.push_back(static_cast<std::uint8_t>(x));
-    for (std::int64_t m : {std::int64_t{1}, std::int64_t{7}, std::int64_t{1} << 20, std::int64_t{1} << 40})
-      for (std::int64_t e : {-1, 0, 1}) {
-        i32.push_back(static_cast<std::int32_t>(static_cast<std::int64_t>(d) * m + e));
-        i64.push_back(static_cast<std::int64_t>(d) * m + e);
-        i64.push_back(-(static_cast<std::int64_t>(d) * m + e));
+    for (std::uint64_t m : {std::uint64_t{1}, std::uint64_t{7}, std::uint64_t{1} << 20, std::uint64_t{1} << 40})
+      for (std::uint64_t e : {~std::uint64_t{0}, std::uint64_t{0}, std::uint64_t{1}}) {  // multiples of d, -1, +1 (wrapping)
+        const std::uint64_t x = d * m + e;
+        i32.push_back(static_cast<std::int32_t>(x));
+        i64.push_back(static_cast<std::int64_t>(x));
+        i64.push_back(static_cast<std::int64_t>(std::uint64_t{0} - x));
       }
     for (int k = 0; k < 200; ++k) {
       i32.push_back(static_cast<std::int32_t>(gen()));
