@@ -8,8 +8,9 @@
 // until `inout` is 16-byte aligned), a body of 16-byte vectors, grid-stride, and a scalar tail. An
 // `in` aligned differently from `inout` (a ring's segment at any element offset) is read as
 // aligned vectors and funnel-shifted into place. half and bfloat16 add and multiply as half2 /
-// bfloat162 pairs (one rounding, which equals the host's float-then-round: float's 24 bits are at
-// least twice 11 + 1), take min, max and division through float, and every NaN lane becomes 0x7fff.
+// bfloat162 pairs (one rounding, which equals the host's float-then-round: rounding twice is
+// harmless when the wider format has 2p + 2 bits, 24 >= 2 x 11 + 2), take min, max and division
+// through float, and every NaN lane becomes 0x7fff.
 // The bodies are __host__ __device__, so a test can run them on the host thread by thread.
 #pragma once
 
