@@ -164,7 +164,11 @@ int main(int argc, char** argv) {
     dv::nccl_id_t id;
     std::memcpy(&id, id_bytes.data(), sizeof id);
 #if defined(FLEXCOMM_DEVICE_STANDIN)
+    // The stand-in's init is nonblocking, as flexcomm's: ready once every rank has joined.
+    dv::nccl_result_t state = dv::nccl_in_progress;
     fc::check_nccl(dv::nccl_comm_init(&plain, ranks, id, rank, world.native()), "ncclCommInitRank");
+    while (state == dv::nccl_in_progress) fc::check_nccl(dv::nccl_comm_get_async_error(plain, &state), "init");
+    fc::check_nccl(state, "ncclCommInitRank");
 #else
     fc::check_nccl(ncclCommInitRank(&plain, ranks, id, rank), "ncclCommInitRank");
 #endif

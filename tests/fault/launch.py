@@ -11,6 +11,7 @@ is printed from real runs with --table.
   launch.py --mpiexec mpiexec --driver build/tests/fault_driver --table -n 4
   (with --fault F: that row alone)
   launch.py --check-doc docs/reliability.md
+  (device faults: --device-driver build/tests/device_fault_driver)
 
 --mpi openmpi (with --mpiexec mpiexec.openmpi and its --mpiexec-flags) checks the rows as Open MPI
 ends them where they differ from MPICH: see LAUNCHERS and each fault's 'openmpi' entry.
@@ -259,6 +260,86 @@ FAULTS = {
 }
 
 
+# Device faults (tests/fault/device_fault.cpp): the nccl backend on the device stand-in, each fault
+# injected on the last rank through the stand-in's test hooks. A rank whose side failed by itself
+# tells the others on the side channel, and their waits end naming it ('peer': within the timeout).
+PEER_FAILED = r'the communicator of rank {f} \(world {f}\) failed: nccl iallreduce on world #7 \(1000 x float, sum\): '
+DEVICE_FAULTS = {
+    'device-none': dict(
+        driver='device', what='nccl backend on the device stand-in, no fault (control)',
+        mpiexec=[], survivors='all', kind='none', succeeds=True, guards=False,
+        expect=[r'finished every step'], reports='finished every step'),
+    'nccl-remote-error': dict(
+        driver='device', what="rank {f}'s NCCL communicator reports ncclRemoteError before its step-3 allreduce is "
+                              "enqueued (the enqueue returns it, as ncclCommEnsureReady does)", min_ranks=2,
+        mpiexec=[], survivors='others', kind='peer', guards=False,
+        faulty_expect=r'rank {f}: nccl iallreduce on world #7 \(1000 x float, sum\): ncclRemoteError: remote process '
+                      r'exited or there was a network error',
+        expect=[PEER_FAILED + r'asynchronous NCCL error ncclRemoteError', r'aborted with ncclCommAbort'],
+        reports="rank {f}: `nccl iallreduce on world #7 (1000 x float, sum): ncclRemoteError: remote process exited or "
+                "there was a network error`; each other rank: `the communicator of rank {f} (world {f}) failed: nccl "
+                "iallreduce on world #7 ...: asynchronous NCCL error ncclRemoteError: ...; nccl communicator 'world' "
+                "(...) aborted with ncclCommAbort`"),
+    'nccl-system-error': dict(
+        driver='device', what="rank {f}'s NCCL communicator reports ncclSystemError right after its step-3 allreduce "
+                              "is posted (found by ncclCommGetAsyncError while it is in flight, or returned by the "
+                              "step-4 enqueue where it had completed)", min_ranks=2,
+        mpiexec=[], survivors='others', kind='peer', guards=False,
+        faulty_expect=r'rank {f}: nccl (iallreduce|ibcast) on world #[789] \([^)]*\): (asynchronous NCCL error )?'
+                      r'ncclSystemError: unhandled system error',
+        expect=[r'the communicator of rank {f} \(world {f}\) failed: nccl (iallreduce|ibcast) on world #[789] '
+                r'\([^)]*\): (asynchronous NCCL error )?ncclSystemError'],
+        reports="rank {f}: `nccl iallreduce on world #7 ...: asynchronous NCCL error ncclSystemError: unhandled "
+                "system error; ... aborted with ncclCommAbort` (or its ibcast #8, or #9 at the enqueue); each other rank: `the "
+                "communicator of rank {f} (world {f}) failed: nccl iallreduce on world #7 ...: asynchronous NCCL "
+                "error ncclSystemError ...`"),
+    'cuda-sticky': dict(
+        driver='device', what='a kernel of rank {f} faults before step 3 (cudaErrorIllegalAddress): its CUDA context '
+                              'is poisoned', min_ranks=2,
+        mpiexec=[], survivors='others', kind='peer', guards=False,
+        faulty_expect=r'rank {f}: nccl iallreduce on world #7 \(1000 x float, sum\): ncclUnhandledCudaError: .*CUDA: '
+                      r'cudaErrorIllegalAddress: an illegal memory access was encountered',
+        expect=[PEER_FAILED + r'asynchronous NCCL error ncclUnhandledCudaError: unhandled cuda error; CUDA: '
+                              r'cudaErrorIllegalAddress'],
+        reports="rank {f}: `nccl iallreduce on world #7 ...: ncclUnhandledCudaError: unhandled cuda error (...); CUDA: "
+                "cudaErrorIllegalAddress: an illegal memory access was encountered`; each other rank: `the "
+                "communicator of rank {f} (world {f}) failed: ... ncclUnhandledCudaError ...; CUDA: "
+                "cudaErrorIllegalAddress ...`"),
+    'nccl-init-missing': dict(
+        driver='device', what='rank {f} stalls for 4x the timeout instead of making the NCCL communicator',
+        min_ranks=2, mpiexec=[], survivors='others', kind='timeout', guards=False,
+        expect=[r"(mpi ibcast on world #1 \(129 x uint8, root 0\)|nccl init of 'world' \(rank \d+ of {n}\)): "
+                r"(timed out after|did not finish within) \d+ ms \(FLEXCOMM_TIMEOUT\)",
+                r'ranks that did not arrive: {f} \(world {f}\)'],
+        reports="`mpi ibcast on world #1 (129 x uint8, root 0): timed out after 2000 ms (FLEXCOMM_TIMEOUT)` (the "
+                "broadcast of NCCL's unique id; where it completes without rank {f}, `nccl init of 'world' ...: did "
+                "not finish within 2000 ms`); ranks that did not arrive: {f}"),
+    'nccl-split-missing': dict(
+        driver='device', what='rank {f} stalls for 4x the timeout instead of taking part in an ncclCommSplit of '
+                              'the world', min_ranks=2,
+        mpiexec=[], survivors='others', kind='timeout', guards=False,
+        expect=[r"world: nccl split into 'all but the last': did not finish within \d+ ms \(FLEXCOMM_TIMEOUT\); "
+                r"the parent and the new communicator aborted with ncclCommAbort",
+                r'waiting in #7 ncclCommSplit', r'ranks that did not arrive: {f} \(world {f}\)'],
+        reports="`world: nccl split into 'all but the last': did not finish within 2000 ms (FLEXCOMM_TIMEOUT); the "
+                "parent and the new communicator aborted with ncclCommAbort`; waiting in #7 ncclCommSplit; ranks "
+                "that did not arrive: {f}"),
+    'nccl-finalize-stuck': dict(
+        driver='device', what='the other ranks enqueue an ncclAllReduce of their own that rank {f} never joins (it '
+                              'stalls), then destroy the communicator', min_ranks=2,
+        mpiexec=[], survivors='others', kind='timeout', guards=False,
+        time_pattern=r'destroyed its communicator after ([0-9.e+-]+) s',
+        survivors_expect=r"flexcomm: rank {r}: nccl communicator 'world' \(rank {r} of {n}\): ncclCommFinalize: did "
+                         r"not finish within \d+ ms \(FLEXCOMM_TIMEOUT\): work on it waits for a rank that is gone; "
+                         r"aborted with ncclCommAbort",
+        expect=[r'destroyed its communicator after'],
+        reports="each other rank, from the communicator's destructor: `nccl communicator 'world' (rank N of {n}): "
+                "ncclCommFinalize: did not finish within 2000 ms (FLEXCOMM_TIMEOUT): work on it waits for a rank "
+                "that is gone; aborted with ncclCommAbort`; the job then ends at the shutdown barrier, which names "
+                "rank {f}"),
+}
+FAULTS.update(DEVICE_FAULTS)
+
 # A bad value of each setting (tests/fault/fault.cpp sets it): every rank names the setting and the
 # job ends at start (core/setting_values.hpp: check_settings). fault -> (setting, value, what each
 # rank reports after `flexcomm: rank N: `).
@@ -318,6 +399,8 @@ def bound_seconds(kind, timeout):
     """The longest a surviving rank may take from the faulty step to its error."""
     if kind == 'timeout':
         return timeout + grace_seconds(timeout) * 2.5 + 1.0
+    if kind == 'peer':
+        return timeout  # a rank whose side failed tells the others at once
     if kind in ('hydra', 'local'):
         return 5.0  # includes mpiexec's start and end, or the steps before the fault
     return 2.0
@@ -375,13 +458,16 @@ def run(launch, fault, n):
             problems.append(f"rank {r}: no match for /{spec['every_rank_expect'].format(r=r, **f)}/")
     if 'faulty_expect' in spec and not re.search(spec['faulty_expect'].format(**f), out):
         problems.append(f"no match for /{spec['faulty_expect'].format(**f)}/")
+    for r in survivors if 'survivors_expect' in spec else []:
+        if not re.search(spec['survivors_expect'].format(r=r, **f), out):
+            problems.append(f"rank {r}: no match for /{spec['survivors_expect'].format(r=r, **f)}/")
     times = []
     for r in survivors:
         text = '\n'.join(by_rank.get(r, []))
         for pattern in spec['expect']:
             if not re.search(pattern.format(**f), text):
                 problems.append(f'rank {r}: no match for /{pattern.format(**f)}/')
-        m = re.search(r'caught after ([0-9.e+-]+) s', text)
+        m = re.search(spec.get('time_pattern', r'caught after ([0-9.e+-]+) s'), text)
         if spec.get('succeeds'):
             continue
         if not m:
@@ -456,6 +542,7 @@ def main():
                          '(e.g. openmpi mpiexec.openmpi "--oversubscribe" build-openmpi)')
     ap.add_argument('--driver', help='tests/fault/fault.cpp built')
     ap.add_argument('--adapter-driver', help='tests/fault/adapter_fault.cpp built')
+    ap.add_argument('--device-driver', help='tests/fault/device_fault.cpp built (on the device stand-in)')
     ap.add_argument('--fault', choices=sorted(FAULTS))
     ap.add_argument('-n', type=int, default=4)
     ap.add_argument('--table', action='store_true')
@@ -464,10 +551,11 @@ def main():
     if a.check_doc:
         return check_doc(a.check_doc)
     launches = [dict(mpi=a.mpi, mpiexec=a.mpiexec, flags=shlex.split(a.mpiexec_flags),
-                     drivers={'backend': a.driver, 'adapter': a.adapter_driver})]
+                     drivers={'backend': a.driver, 'adapter': a.adapter_driver, 'device': a.device_driver})]
     launches += [dict(mpi=m, mpiexec=x, flags=shlex.split(fl),
                       drivers={'backend': os.path.join(b, 'tests', 'fault_driver'),
-                               'adapter': os.path.join(b, 'tests', 'adapter_fault_driver')})
+                               'adapter': os.path.join(b, 'tests', 'adapter_fault_driver'),
+                               'device': os.path.join(b, 'tests', 'device_fault_driver')})
                  for m, x, fl, b in a.also]
     if a.table:
         return table(launches, a.n, a.fault)

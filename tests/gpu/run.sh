@@ -313,6 +313,16 @@ gpu_only_run "allreduce_nccl np1" 45 FLEXCOMM_TIMEOUT=30 -- "$mpx" -n 1 "$here/b
   -b 8 -e 16M -f 16 -n 10 -w 3 -c 1 -J "$OUT/allreduce_nccl_np1.json"
 gpu_only_run "allreduce_nccl np2" 45 FLEXCOMM_TIMEOUT=30 -- "$mpx" -n 2 "$bin/nccl_env.sh" \
   "$here/bench/allreduce_nccl" -b 8 -e 1M -f 32 -n 5 -w 2 -c 1 -J "$OUT/allreduce_nccl_np2.json"
+# The ceilings (issue 52): staged up to 64 MiB against pinned h2d+d2h, nccl against ncclAllReduce,
+# at 1 and 2 ranks (docs/benchmarks.md, "The device"); the 64 MiB line goes to the summary.
+for n in 1 2; do
+  wrap=()
+  [ "$n" = 2 ] && wrap=("$bin/nccl_env.sh")
+  last_log=
+  gpu_only_run "allreduce_nccl ceilings np$n" 60 FLEXCOMM_TIMEOUT=30 -- "$mpx" -n "$n" "${wrap[@]}" \
+    "$here/bench/allreduce_nccl" -b 4M -e 64M -f 4 -n 10 -w 3 -c 1 -J "$OUT/allreduce_nccl_ceilings_np$n.json"
+  [ -n "$last_log" ] && [ -f "$last_log" ] && while read -r l; do info "  ${l#\# }"; done < <(grep "^# at " "$last_log")
+done
 # The reduction kernels against a device-to-device copy (issue 52): GB/s and the ratio to the copy
 # for every type and op, 4 KiB to 256 MiB, beside the kernels as they were; its two verdict lines
 # (the worst ratio at >= 16 MiB, target >= 0.9; the worst time against the old kernels at

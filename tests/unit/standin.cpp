@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace fc = flexcomm;
@@ -266,6 +267,153 @@ BOOST_AUTO_TEST_CASE(the_legacy_stream_orders_blocking_streams_only) {
   device::stream_destroy(non_blocking);
 }
 #endif
+
+// CUDA graphs by stream capture: work issued into a capturing stream runs only when the graph is
+// launched, once per launch, in order.
+BOOST_AUTO_TEST_CASE(a_captured_stream_records_its_work_and_each_launch_replays_it) {
+  device::stream_t s = nullptr;
+  fc::check_cuda(device::stream_create(&s, true), "test: stream");
+  auto* x = static_cast<float*>(device_bytes(sizeof(float)));
+  auto* one = static_cast<float*>(device_bytes(sizeof(float)));
+  const float zero = 0, unit = 1;
+  fc::check_cuda(device::copy_async(x, &zero, sizeof zero, s), "test: up");
+  fc::check_cuda(device::copy_async(one, &unit, sizeof unit, s), "test: up");
+  fc::check_cuda(device::stream_synchronize(s), "test: sync");
+  fc::check_cuda(device::stream_begin_capture(s, device::capture_global), "test: begin");
+  device::capture_status_t status = device::capture_none;
+  fc::check_cuda(device::stream_is_capturing(s, &status), "test: is capturing");
+  BOOST_TEST(status == device::capture_active);
+  fc::check_cuda(device::combine(fc::op::sum, x, one, 1, s), "test: x += 1");
+  fc::check_cuda(device::combine(fc::op::prod, x, x, 1, s), "test: x *= x");
+  device::graph_t graph = nullptr;
+  fc::check_cuda(device::stream_end_capture(s, &graph), "test: end");
+  fc::check_cuda(device::stream_synchronize(s), "test: sync");
+  float got = -1;
+  fc::check_cuda(device::copy_sync(&got, x, sizeof got), "test: down");
+  BOOST_TEST(got == 0.0f);  // captured, not run
+  device::graph_exec_t exec = nullptr;
+  fc::check_cuda(device::graph_instantiate(&exec, graph), "test: instantiate");
+  for (int i = 0; i < 3; ++i) fc::check_cuda(device::graph_launch(exec, s), "test: launch");
+  fc::check_cuda(device::stream_synchronize(s), "test: sync");
+  fc::check_cuda(device::copy_sync(&got, x, sizeof got), "test: down");
+  BOOST_TEST(got == 25.0f);  // ((0+1)^2 + 1)^2 = 4, (4+1)^2 = 25
+  device::graph_exec_destroy(exec);
+  device::graph_destroy(graph);
+  device::free_device(x);
+  device::free_device(one);
+  device::stream_destroy(s);
+}
+
+namespace {
+// Begins a capture on `s`, runs `call`, ends it: the call's result, and the end's.
+template <class Call>
+std::pair<device::error_t, device::error_t> in_capture(device::stream_t s, device::capture_mode_t mode, Call&& call) {
+  fc::check_cuda(device::stream_begin_capture(s, mode), "test: begin");
+  const device::error_t during = call();
+  device::graph_t graph = nullptr;
+  const device::error_t end = device::stream_end_capture(s, &graph);
+  if (graph) device::graph_destroy(graph);
+  return {during, end};
+}
+}  // namespace
+
+// What CUDA refuses while a stream captures, each refusal invalidating the capture.
+BOOST_AUTO_TEST_CASE(a_capture_refuses_synchronizations_event_queries_and_unsafe_calls) {
+  using pair = std::pair<device::error_t, device::error_t>;
+  device::stream_t s = nullptr;
+  fc::check_cuda(device::stream_create(&s, true), "test: stream");
+  BOOST_TEST(device::stream_begin_capture(nullptr, device::capture_global) == device::invalid_value);
+  // Synchronizing the capturing stream, even in relaxed mode.
+  BOOST_TEST((in_capture(s, device::capture_relaxed, [&] { return device::stream_synchronize(s); }) ==
+              pair{device::capture_unsupported, device::capture_invalidated}));
+  // Querying an event recorded in the capture: it marks a graph, not a queue.
+  device::event_t e = nullptr;
+  fc::check_cuda(device::event_create(&e), "test: event");
+  BOOST_TEST((in_capture(s, device::capture_relaxed, [&] {
+                fc::check_cuda(device::event_record(e, s), "test: record");
+                return device::event_query(e);
+              }) == pair{device::captured_event, device::capture_invalidated}));
+  fc::check_cuda(device::event_record(e, s), "test: record outside");  // an ordinary event again
+  // Potentially unsafe calls: prohibited in global and thread-local mode on the capturing thread.
+  void* p = nullptr;
+  BOOST_TEST((in_capture(s, device::capture_global, [&] { return device::malloc_device(&p, 16); }) ==
+              pair{device::capture_unsupported, device::capture_invalidated}));
+  BOOST_TEST((in_capture(s, device::capture_thread_local, [&] { return device::event_query(e); }) ==
+              pair{device::capture_unsupported, device::capture_invalidated}));
+  BOOST_TEST((in_capture(s, device::capture_relaxed, [&] { return device::malloc_device(&p, 16); }) ==
+              pair{device::success, device::success}));
+  device::free_device(p);
+  // On another thread (a progress engine polling an event): prohibited in global mode only.
+  const auto elsewhere = [&] {
+    device::error_t rc = device::success;
+    std::thread([&] { rc = device::event_query(e); }).join();
+    return rc;
+  };
+  BOOST_TEST((in_capture(s, device::capture_global, elsewhere) == pair{device::capture_unsupported, device::capture_invalidated}));
+  BOOST_TEST((in_capture(s, device::capture_thread_local, elsewhere) == pair{device::success, device::success}));
+  device::event_destroy(e);
+  device::stream_destroy(s);
+}
+
+// The legacy default stream cannot take work while a blocking stream of its device captures
+// (an implicit dependency on the capture); a non-blocking one's capture leaves it usable.
+BOOST_AUTO_TEST_CASE(the_legacy_stream_is_unusable_while_a_blocking_stream_captures) {
+  using pair = std::pair<device::error_t, device::error_t>;
+  device::stream_t blocking = nullptr, non_blocking = nullptr;
+  fc::check_cuda(device::stream_create(&blocking, false), "test: stream");
+  fc::check_cuda(device::stream_create(&non_blocking, true), "test: stream");
+  auto* x = static_cast<float*>(device_bytes(16));
+  device::capture_status_t status = device::capture_none;
+  BOOST_TEST((in_capture(blocking, device::capture_relaxed, [&] { return device::stream_is_capturing(nullptr, &status); }) ==
+              pair{device::capture_implicit, device::success}));  // asking does not invalidate it
+  BOOST_TEST((in_capture(blocking, device::capture_relaxed, [&] { return device::fill(x, 0, 16); }) ==
+              pair{device::capture_implicit, device::capture_invalidated}));
+  BOOST_TEST((in_capture(blocking, device::capture_relaxed, [&] { return device::combine(fc::op::sum, x, x, 4, nullptr); }) ==
+              pair{device::capture_implicit, device::capture_invalidated}));
+  BOOST_TEST((in_capture(non_blocking, device::capture_relaxed, [&] { return device::combine(fc::op::sum, x, x, 4, nullptr); }) ==
+              pair{device::success, device::success}));
+  fc::check_cuda(device::device_synchronize(), "test: sync");
+  device::free_device(x);
+  device::stream_destroy(blocking);
+  device::stream_destroy(non_blocking);
+}
+
+// Another stream joins a capture by waiting on an event recorded in it, and must be joined back
+// to the stream the capture began on; waiting on work outside the capture crosses its boundary.
+BOOST_AUTO_TEST_CASE(a_forked_stream_must_join_back_and_a_capture_depends_on_nothing_outside) {
+  using pair = std::pair<device::error_t, device::error_t>;
+  device::stream_t origin = nullptr, side = nullptr;
+  fc::check_cuda(device::stream_create(&origin, true), "test: stream");
+  fc::check_cuda(device::stream_create(&side, true), "test: stream");
+  device::event_t fork = nullptr, join = nullptr;
+  fc::check_cuda(device::event_create(&fork), "test: event");
+  fc::check_cuda(device::event_create(&join), "test: event");
+  auto* x = static_cast<float*>(device_bytes(16));
+  const auto forked = [&](bool joined) {
+    return [&, joined] {
+      fc::check_cuda(device::event_record(fork, origin), "test: fork");
+      fc::check_cuda(device::stream_wait(side, fork), "test: side joins");
+      fc::check_cuda(device::combine(fc::op::sum, x, x, 4, side), "test: on the side");
+      if (joined) {
+        fc::check_cuda(device::event_record(join, side), "test: join");
+        fc::check_cuda(device::stream_wait(origin, join), "test: origin waits");
+      }
+      return device::success;
+    };
+  };
+  BOOST_TEST((in_capture(origin, device::capture_global, forked(false)) == pair{device::success, device::capture_unjoined}));
+  BOOST_TEST((in_capture(origin, device::capture_global, forked(true)) == pair{device::success, device::success}));
+  device::event_t outside = nullptr;
+  fc::check_cuda(device::event_create(&outside), "test: event");
+  fc::check_cuda(device::event_record(outside, side), "test: record");
+  BOOST_TEST((in_capture(origin, device::capture_global, [&] { return device::stream_wait(origin, outside); }) ==
+              pair{device::capture_isolation, device::capture_invalidated}));
+  fc::check_cuda(device::device_synchronize(), "test: sync");
+  for (device::event_t e : {fork, join, outside}) device::event_destroy(e);
+  device::free_device(x);
+  device::stream_destroy(origin);
+  device::stream_destroy(side);
+}
 
 // Last: it poisons this process's context. A kernel that reaches another device's memory (no peer
 // access) faults when it runs; from then on every call fails, as after a GPU's illegal address.

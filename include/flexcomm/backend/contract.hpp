@@ -5,7 +5,9 @@
 // the table in docs/architecture.md.
 #pragma once
 
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "../core/datatype.hpp"
 #include "../core/error.hpp"
@@ -84,6 +86,32 @@ template <class B>
 struct host_window_of<B, std::void_t<typename B::host_window>> : std::true_type {};
 template <class B>
 inline constexpr bool has_host_window = host_window_of<B>::value;
+
+// CUDA graphs. Whether a step on B can be captured into a CUDA graph and replayed: B declares
+// `static constexpr bool graph_capturable = true;` (nccl), and its requests end an operation
+// issued into a capturing stream with release_captured() (the host side, once) instead of a
+// wait, which would query the device. A backend with streams says whether one is capturing,
+// `static bool capturing(stream, what)`; a host backend has no stream to capture.
+template <class B, class = void>
+struct graph_capture_of : std::false_type {};
+template <class B>
+struct graph_capture_of<B, std::void_t<decltype(B::graph_capturable)>> : std::bool_constant<B::graph_capturable> {};
+template <class B>
+inline constexpr bool captures_into_graphs = graph_capture_of<B>::value;
+
+template <class B, class = void>
+struct stream_capture_of {
+  static bool capturing(const typename B::stream&, const std::string&) { return false; }
+};
+template <class B>
+struct stream_capture_of<B, std::void_t<decltype(B::capturing(std::declval<typename B::stream>(), std::string()))>> {
+  static bool capturing(const typename B::stream& s, const std::string& what) { return B::capturing(s, what); }
+};
+// True while `s` is being captured into a CUDA graph (never on a host backend).
+template <class B>
+bool stream_capturing(const typename B::stream& s, const std::string& what) {
+  return stream_capture_of<B>::capturing(s, what);
+}
 
 // The layout as it runs on `comm`: a per-host layout not yet placed is placed on the hosts of
 // comm's ranks (collective over comm: every rank calls this at the same point); any other layout

@@ -26,6 +26,25 @@
 // communicator's. Every runtime call but the few that need no context (get/set device aside:
 // cudaSetDevice opens one since CUDA 12) opens the primary context of the current device, and
 // contexts() says which devices this process opened one on.
+//
+// NCCL's communicators are nonblocking, as flexcomm's config asks: init and split return
+// ncclInProgress and stay in progress until every rank has joined (a missing rank leaves them
+// there), ncclCommFinalize stays in progress while work issued on the communicator is outstanding,
+// and ncclCommGetAsyncError reports an asynchronous error (ncclRemoteError, ncclSystemError) or a
+// poisoned context (ncclUnhandledCudaError). Two test hooks at the end (inject_async_error,
+// inject_kernel_fault) make the faults a GPU node shows; the library never calls them.
+//
+// CUDA graphs by stream capture, with the runtime's rules (cudaStreamBeginCapture,
+// cudaStreamIsCapturing, cudaThreadExchangeStreamCaptureMode): work issued into a capturing stream
+// (copies, kernels, NCCL groups) becomes a node of its graph instead of running; a stream that
+// waits on an event recorded in the capture joins it; cudaGraphLaunch queues the nodes on a
+// stream in capture order, an NCCL node taking its communicators' turns at each launch, so a
+// replayed allreduce posts its MPI operation then, in issue order. A synchronize of a capturing
+// stream, a query of an event recorded in a capture, and, in global and thread-local mode, a
+// potentially unsafe call (allocations, frees, synchronizations, event queries: global mode from
+// any thread) fail and invalidate the capture; so does work on the legacy default stream while a
+// blocking stream captures (cudaErrorStreamCaptureImplicit). Per-thread capture modes
+// (cudaThreadExchangeStreamCaptureMode) and child graphs are not modelled.
 #pragma once
 
 #include <mpi.h>
@@ -70,6 +89,7 @@ namespace standin {
 struct stream_state;
 struct event_state;
 struct nccl_state;
+struct graph_state;
 }  // namespace standin
 
 using stream_t = standin::stream_state*;
@@ -81,6 +101,26 @@ inline constexpr error_t invalid_device{101};
 inline constexpr error_t invalid_handle{400};
 inline constexpr error_t not_ready{600};
 inline constexpr error_t illegal_address{700};
+inline constexpr error_t capture_unsupported{900};
+inline constexpr error_t capture_invalidated{901};
+inline constexpr error_t capture_unmatched{903};
+inline constexpr error_t capture_unjoined{904};
+inline constexpr error_t capture_isolation{905};
+inline constexpr error_t capture_implicit{906};
+inline constexpr error_t captured_event{907};
+inline constexpr error_t capture_wrong_thread{908};
+
+// CUDA graphs: a captured stream records its work into a graph, which launches replay.
+using graph_t = standin::graph_state*;
+using graph_exec_t = standin::graph_state*;
+enum capture_mode_t : int {};
+inline constexpr capture_mode_t capture_global{0};
+inline constexpr capture_mode_t capture_thread_local{1};
+inline constexpr capture_mode_t capture_relaxed{2};
+enum capture_status_t : int {};
+inline constexpr capture_status_t capture_none{0};
+inline constexpr capture_status_t capture_active{1};
+inline constexpr capture_status_t capture_was_invalidated{2};
 
 using nccl_comm_t = standin::nccl_state*;
 struct nccl_id_t {
@@ -90,8 +130,10 @@ enum nccl_result_t : int {};
 inline constexpr nccl_result_t nccl_success{0};
 inline constexpr nccl_result_t nccl_unhandled_cuda_error{1};
 inline constexpr nccl_result_t nccl_system_error{2};
+inline constexpr nccl_result_t nccl_internal_error{3};
 inline constexpr nccl_result_t nccl_invalid_argument{4};
 inline constexpr nccl_result_t nccl_invalid_usage{5};
+inline constexpr nccl_result_t nccl_remote_error{6};
 inline constexpr nccl_result_t nccl_in_progress{7};
 
 namespace standin {
@@ -110,17 +152,52 @@ struct task {
   clock::time_point not_before;
 };
 
+struct engine;
+struct capture_state;
+
 struct stream_state {
   int device = 0;
   bool blocking = true;  // ordered with its device's legacy default stream
   std::deque<task> queue;
   std::uint64_t enqueued = 0, completed = 0;
   bool closing = false;
+  std::shared_ptr<capture_state> capture;  // while capturing: its work goes into this graph
 };
 
 struct event_state {
   int device = 0;
   mark at;  // empty: never recorded, reads as reached
+  // Recorded in a capture: a point in its graph (the nodes before it), not in a queue.
+  std::shared_ptr<capture_state> captured;
+  std::vector<std::size_t> tip;
+};
+
+// One node of a graph: queues its work on a stream when the graph is launched (under the
+// engine's mutex); `after`: the nodes it depends on, all earlier in capture order.
+struct graph_node {
+  std::function<void(engine&, const std::shared_ptr<stream_state>&)> launch;
+  std::vector<std::size_t> after;
+};
+
+// One capture sequence, cudaStreamBeginCapture to cudaStreamEndCapture: its streams (the origin,
+// and those that joined by waiting on an event recorded in it), its nodes so far in issue order,
+// and per stream the nodes that stream's next work follows.
+struct capture_state {
+  capture_mode_t mode = capture_global;
+  std::thread::id thread;  // that began it
+  int device = 0;
+  std::shared_ptr<stream_state> origin;
+  std::vector<std::shared_ptr<stream_state>> streams;
+  std::map<const stream_state*, std::vector<std::size_t>> tips;
+  std::vector<graph_node> nodes;
+  bool invalidated = false, ended = false;
+};
+
+// A captured graph, or an instantiated one: its nodes, replayed in capture order on the stream
+// it is launched into (one order that keeps every dependency of the graph).
+struct graph_state {
+  std::vector<graph_node> nodes;
+  int device = 0;
 };
 
 struct allocation {
@@ -153,6 +230,7 @@ struct engine {
   std::multimap<std::size_t, std::byte*> released;
   std::atomic<std::uint64_t> calls{0};
   std::chrono::microseconds latency{200};
+  std::vector<std::shared_ptr<capture_state>> captures;  // active capture sequences
 
   static engine& instance() {
     static engine* e = [] {
@@ -201,8 +279,14 @@ struct engine {
   }
 
   // Queues `run` on `s` after `after`, with the legacy default stream's ordering; returns the
-  // mark of its completion.
+  // mark of its completion. On a capturing stream `run` becomes a node of its graph instead (an
+  // empty mark: nothing is queued).
   mark enqueue_locked(const std::shared_ptr<stream_state>& s, std::function<void()> run, std::vector<mark> after = {}) {
+    if (s->capture) {
+      if (run)
+        capture_locked({s.get()}, [run](engine& e, const std::shared_ptr<stream_state>& on) { e.enqueue_locked(on, run); });
+      return {};
+    }
     task t{std::move(run), std::move(after), when()};
     const auto& own_legacy = legacy[static_cast<std::size_t>(s->device)];
     if (s == own_legacy) {
@@ -216,6 +300,60 @@ struct engine {
     ++s->enqueued;
     progress.notify_all();
     return {s, s->enqueued};
+  }
+
+  // A node of the capture `streams` are in (one capture): after their work so far, and before
+  // their next.
+  void capture_locked(const std::vector<stream_state*>& streams, std::function<void(engine&, const std::shared_ptr<stream_state>&)> launch) {
+    auto& c = *streams.front()->capture;
+    std::vector<std::size_t> after;
+    for (const auto* s : streams)
+      for (const std::size_t n : c.tips[s])
+        if (std::find(after.begin(), after.end(), n) == after.end()) after.push_back(n);
+    c.nodes.push_back({std::move(launch), std::move(after)});
+    for (const auto* s : streams) c.tips[s] = {c.nodes.size() - 1};
+  }
+
+  // Work queued on `s` while streams capture, by CUDA's rules: on the legacy default stream
+  // while a blocking stream of its device captures, it would depend on the capture implicitly
+  // (cudaErrorStreamCaptureImplicit, and the capture is invalidated); on a stream whose capture
+  // was invalidated, cudaErrorStreamCaptureInvalidated.
+  error_t queue_rules_locked(const std::shared_ptr<stream_state>& s) {
+    if (s->capture) return s->capture->invalidated ? capture_invalidated : success;
+    if (captures.empty() || s != legacy[static_cast<std::size_t>(s->device)]) return success;
+    bool implicit = false;
+    for (auto& c : captures)
+      for (const auto& member : c->streams)
+        if (member->blocking && member->device == s->device) implicit = c->invalidated = true;
+    return implicit ? capture_implicit : success;
+  }
+
+  // A potentially unsafe call (an allocation, a free, a synchronization, an event query) while
+  // streams capture: prohibited on a thread that began a capture in global or thread-local mode,
+  // and on every thread while a capture in global mode is under way (cudaStreamCaptureMode);
+  // the call fails with cudaErrorStreamCaptureUnsupported and invalidates those captures.
+  error_t unsafe_call_locked() {
+    if (captures.empty()) return success;
+    const auto me = std::this_thread::get_id();
+    bool refused = false;
+    for (auto& c : captures)
+      if (c->mode == capture_global || (c->mode == capture_thread_local && c->thread == me)) refused = c->invalidated = true;
+    return refused ? capture_unsupported : success;
+  }
+
+  // A call that conflicts with capture whatever the mode: refused, and the capture invalidated.
+  error_t conflicts_locked(capture_state& c, error_t why) {
+    if (!c.ended) c.invalidated = true;
+    return why;
+  }
+
+  // Ends capture sequence `c`: its streams execute again.
+  void end_capture_locked(const std::shared_ptr<capture_state>& c) {
+    for (auto& s : c->streams) s->capture.reset();
+    c->streams.clear();
+    c->origin.reset();
+    c->ended = true;
+    captures.erase(std::find(captures.begin(), captures.end(), c));
   }
 
   void wait_locked(std::unique_lock<std::mutex>& lock, const mark& m) {
@@ -308,6 +446,7 @@ inline error_t allocate(void** p, std::size_t bytes, bool pinned) {
   {
     std::lock_guard<std::mutex> lock(e.mutex);
     if (const error_t rc = e.use_context_locked()) return rc;
+    if (const error_t rc = e.unsafe_call_locked()) return rc;
   }
   const std::size_t wanted = std::max<std::size_t>(bytes, 1);
   std::byte* m = nullptr;
@@ -338,6 +477,7 @@ inline error_t release(void* p, bool pinned) {
   auto& e = the();
   std::unique_lock<std::mutex> lock(e.mutex);
   if (const error_t rc = e.use_context_locked()) return rc;
+  if (const error_t rc = e.unsafe_call_locked()) return rc;
   auto it = e.memory.find(static_cast<const std::byte*>(p));
   if (it == e.memory.end() || it->second.pinned != pinned) return invalid_value;
   e.synchronize_all_locked(lock);  // cudaFree and cudaFreeHost wait for the device
@@ -397,7 +537,15 @@ inline const error_text& text_of(error_t e) {
                                          {101, "cudaErrorInvalidDevice", "invalid device ordinal"},
                                          {400, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
                                          {600, "cudaErrorNotReady", "device not ready"},
-                                         {700, "cudaErrorIllegalAddress", "an illegal memory access was encountered"}};
+                                         {700, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+                                         {900, "cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"},
+                                         {901, "cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"},
+                                         {903, "cudaErrorStreamCaptureUnmatched", "capture was not initiated in this stream"},
+                                         {904, "cudaErrorStreamCaptureUnjoined", "capturing stream has unjoined work"},
+                                         {905, "cudaErrorStreamCaptureIsolation", "dependency created on uncaptured work in another stream"},
+                                         {906, "cudaErrorStreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking stream"},
+                                         {907, "cudaErrorCapturedEvent", "operation not permitted on an event last recorded in a capturing stream"},
+                                         {908, "cudaErrorStreamCaptureWrongThread", "attempt to terminate a thread-local capture sequence from another thread"}};
   static constexpr error_text unknown{-1, "cudaErrorUnknown", "unknown error"};
   for (const auto& k : known)
     if (k.code == static_cast<int>(e)) return k;
@@ -415,6 +563,7 @@ inline error_t device_synchronize() {
   auto& e = standin::the();
   std::unique_lock<std::mutex> lock(e.mutex);
   if (const error_t rc = e.use_context_locked()) return rc;
+  if (const error_t rc = e.unsafe_call_locked()) return rc;
   e.synchronize_all_locked(lock, standin::current_device());
   return static_cast<error_t>(e.sticky.load());
 }
@@ -438,8 +587,12 @@ inline error_t copy_async(void* dst, const void* src, std::size_t bytes, stream_
   if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);  // another device's stream is allowed for a copy
   if (!stream) return invalid_handle;
+  if (const error_t rc = e.queue_rules_locked(stream)) return rc;
   if (bytes == 0) return success;
   const bool pageable_src = !e.find_locked(src), pageable_dst = !e.find_locked(dst);
+  // CUDA stages pageable memory at the call: a graph could not replay that (the stand-in refuses
+  // it rather than replay a copy of what the host held at capture).
+  if (stream->capture && (pageable_src || pageable_dst)) return e.conflicts_locked(*stream->capture, capture_unsupported);
   if (pageable_src) {
     auto staged = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(src),
                                                           static_cast<const std::byte*>(src) + bytes);
@@ -457,8 +610,10 @@ inline error_t copy_sync(void* dst, const void* src, std::size_t bytes) {
   auto& e = standin::the();
   std::unique_lock<std::mutex> lock(e.mutex);
   if (const error_t rc = e.use_context_locked()) return rc;
-  if (bytes == 0) return success;
   const auto legacy = e.resolve_locked(nullptr);
+  if (const error_t rc = e.queue_rules_locked(legacy)) return rc;
+  if (const error_t rc = e.unsafe_call_locked()) return rc;
+  if (bytes == 0) return success;
   const bool pageable_src = !e.find_locked(src), device_dst = e.find_locked(dst) != nullptr;
   if (pageable_src && device_dst) {
     e.wait_locked(lock, e.enqueue_locked(legacy, {}));  // "a stream sync is performed before"
@@ -477,6 +632,7 @@ inline error_t fill(void* dst, int value, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(e.mutex);
   if (const error_t rc = e.use_context_locked()) return rc;
   if (!e.find_locked(dst)) return invalid_value;
+  if (const error_t rc = e.queue_rules_locked(e.resolve_locked(nullptr))) return rc;
   if (bytes) e.enqueue_locked(e.resolve_locked(nullptr), [dst, value, bytes] { std::memset(dst, value, bytes); });
   return success;
 }
@@ -505,9 +661,33 @@ inline error_t stream_synchronize(stream_t s) {
   if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);
   if (!stream) return invalid_handle;
+  if (stream->capture) return e.conflicts_locked(*stream->capture, capture_unsupported);
+  if (const error_t rc = e.queue_rules_locked(stream)) return rc;
+  if (const error_t rc = e.unsafe_call_locked()) return rc;
   e.wait_locked(lock, e.enqueue_locked(stream, {}));
   return static_cast<error_t>(e.sticky.load());
 }
+namespace standin {
+// A wait on an event recorded in a capture: the stream joins that capture (a fork), its next
+// work after the event's point in the graph. A stream in another capture cannot depend on it.
+inline error_t wait_in_capture_locked(engine& e, const std::shared_ptr<stream_state>& s, const event_state& ev) {
+  const auto& c = ev.captured;
+  if (c->ended) return captured_event;
+  if (s->capture && s->capture != c) {
+    e.conflicts_locked(*s->capture, capture_isolation);
+    return e.conflicts_locked(*c, capture_isolation);
+  }
+  if (!s->capture) {
+    s->capture = c;
+    c->streams.push_back(s);
+  }
+  auto& tip = c->tips[s.get()];
+  for (const std::size_t n : ev.tip)
+    if (std::find(tip.begin(), tip.end(), n) == tip.end()) tip.push_back(n);
+  return success;
+}
+}  // namespace standin
+
 // Across devices too: the way devices wait for each other.
 inline error_t stream_wait(stream_t s, event_t ev) {
   auto& e = standin::the();
@@ -515,6 +695,10 @@ inline error_t stream_wait(stream_t s, event_t ev) {
   if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);
   if (!stream || !ev) return invalid_handle;
+  if (const error_t rc = e.queue_rules_locked(stream)) return rc;
+  if (ev->captured) return standin::wait_in_capture_locked(e, stream, *ev);
+  // A capture depends only on work captured in it (in-stream order aside).
+  if (stream->capture) return e.conflicts_locked(*stream->capture, capture_isolation);
   if (ev->at.stream) e.enqueue_locked(stream, {}, {ev->at});
   return success;
 }
@@ -541,6 +725,15 @@ inline error_t event_record(event_t ev, stream_t s) {
   if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);
   if (!stream || !ev || ev->device != stream->device) return invalid_handle;
+  if (const error_t rc = e.queue_rules_locked(stream)) return rc;
+  if (stream->capture) {  // a point in the graph, which a stream that waits for it joins
+    ev->captured = stream->capture;
+    ev->tip = stream->capture->tips[stream.get()];
+    ev->at = {};
+    return success;
+  }
+  ev->captured.reset();
+  ev->tip.clear();
   ev->at = e.enqueue_locked(stream, {});  // a marker, so the legacy stream's ordering applies to it too
   return success;
 }
@@ -550,6 +743,8 @@ inline error_t event_query(event_t ev) {
   std::lock_guard<std::mutex> lock(e.mutex);
   if (const error_t rc = e.use_context_locked()) return rc;
   if (!ev) return invalid_handle;
+  if (ev->captured) return e.conflicts_locked(*ev->captured, captured_event);  // it marks a graph, not a queue
+  if (const error_t rc = e.unsafe_call_locked()) return rc;
   if (!standin::engine::reached(ev->at)) return not_ready;
   return static_cast<error_t>(e.sticky.load());
 }
@@ -558,8 +753,101 @@ inline error_t event_synchronize(event_t ev) {
   std::unique_lock<std::mutex> lock(e.mutex);
   if (const error_t rc = e.use_context_locked()) return rc;
   if (!ev) return invalid_handle;
+  if (ev->captured) return e.conflicts_locked(*ev->captured, captured_event);
+  if (const error_t rc = e.unsafe_call_locked()) return rc;
   e.wait_locked(lock, ev->at);
   return static_cast<error_t>(e.sticky.load());
+}
+
+// CUDA graphs by stream capture. Capture cannot begin on the legacy default stream, and must end
+// on the stream where it began, from the same thread unless it is relaxed.
+inline error_t stream_begin_capture(stream_t s, capture_mode_t mode) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
+  auto stream = e.resolve_locked(s);
+  if (!s || !stream || stream == e.legacy[static_cast<std::size_t>(stream->device)] || stream->capture) return invalid_value;
+  auto c = std::make_shared<standin::capture_state>();
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->device = stream->device;
+  c->origin = stream;
+  c->streams.push_back(stream);
+  c->tips[stream.get()] = {};
+  stream->capture = c;
+  e.captures.push_back(std::move(c));
+  return success;
+}
+// Every node must lead to the origin's last work: a stream that forked and never joined back is
+// cudaErrorStreamCaptureUnjoined. An invalidated capture ends with no graph.
+inline error_t stream_end_capture(stream_t s, graph_t* graph) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  *graph = nullptr;
+  auto stream = e.resolve_locked(s);
+  if (!stream || !stream->capture || stream->capture->origin != stream) return capture_unmatched;
+  auto c = stream->capture;
+  if (c->mode != capture_relaxed && c->thread != std::this_thread::get_id()) return capture_wrong_thread;
+  e.end_capture_locked(c);
+  if (c->invalidated) return capture_invalidated;
+  std::vector<char> joined(c->nodes.size(), 0);
+  std::vector<std::size_t> todo = c->tips[stream.get()];
+  while (!todo.empty()) {
+    const std::size_t n = todo.back();
+    todo.pop_back();
+    if (joined[n]) continue;
+    joined[n] = 1;
+    todo.insert(todo.end(), c->nodes[n].after.begin(), c->nodes[n].after.end());
+  }
+  if (std::find(joined.begin(), joined.end(), 0) != joined.end()) return capture_unjoined;
+  *graph = new standin::graph_state{std::move(c->nodes), c->device};
+  return success;
+}
+// On the legacy default stream while a blocking stream of the device captures: an implicit
+// dependency (cudaErrorStreamCaptureImplicit), which does not invalidate the capture here.
+inline error_t stream_is_capturing(stream_t s, capture_status_t* status) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
+  auto stream = e.resolve_locked(s);
+  if (!stream) return invalid_handle;
+  *status = capture_none;
+  if (stream == e.legacy[static_cast<std::size_t>(stream->device)]) {
+    for (const auto& c : e.captures)
+      for (const auto& member : c->streams)
+        if (member->blocking && member->device == stream->device) return capture_implicit;
+    return success;
+  }
+  if (stream->capture) *status = stream->capture->invalidated ? capture_was_invalidated : capture_active;
+  return success;
+}
+inline error_t graph_instantiate(graph_exec_t* exec, graph_t graph) {
+  standin::the();
+  if (!graph) return invalid_value;
+  *exec = new standin::graph_state(*graph);
+  return success;
+}
+// Queues the graph's nodes on `s`, in capture order, as one launch.
+inline error_t graph_launch(graph_exec_t exec, stream_t s) {
+  auto& e = standin::the();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
+  auto stream = e.resolve_locked(s);
+  if (!stream || !exec || stream->device != exec->device) return invalid_handle;
+  if (const error_t rc = e.queue_rules_locked(stream)) return rc;
+  if (stream->capture) return e.conflicts_locked(*stream->capture, capture_unsupported);  // child graphs: not modelled
+  for (const auto& node : exec->nodes) node.launch(e, stream);
+  return success;
+}
+inline error_t graph_destroy(graph_t graph) {
+  standin::the();
+  delete graph;
+  return success;
+}
+inline error_t graph_exec_destroy(graph_exec_t exec) {
+  standin::the();
+  delete exec;
+  return success;
 }
 
 // Kernels: the host reference loops, run when the stream gets there.
@@ -573,6 +861,7 @@ error_t launch_kernel(stream_t s, bool runs, std::initializer_list<const void*> 
   if (const error_t rc = e.use_context_locked()) return rc;
   auto stream = e.resolve_locked(s);
   if (!stream || stream->device != current_device()) return invalid_handle;
+  if (const error_t rc = e.queue_rules_locked(stream)) return rc;
   if (!runs) return success;
   bool faults = false;
   for (const void* p : touches) faults = faults || e.faults_locked(*stream, p);
@@ -596,15 +885,100 @@ error_t divide(T* buf, std::size_t n, int ranks, stream_t s) {
 // NCCL over MPI.
 namespace standin {
 
+// A nonblocking init or split under way (config.blocking = 0, as flexcomm makes them): NCCL says
+// ncclInProgress on the communicators concerned until every rank has joined, so a missing rank
+// leaves them in progress instead of blocking the caller. Phase 1 is nonblocking MPI (MPI_Comm_idup
+// for an init; an MPI_Iallgather of colors and keys for a split); phase 2, once every rank joined
+// it, makes the split's communicators among ranks that are all there (as the MPI backend's
+// split_of does). What MPI writes lives here, leaked rather than freed when the job is given up
+// (an abort) before MPI is done with it.
+struct setup_job {
+  std::mutex mutex;
+  std::vector<MPI_Request> requests;
+  MPI_Comm* slots = new MPI_Comm[3]{MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+  std::vector<int>* keys = nullptr;  // a split's: this rank's (color, key), then every rank's
+  std::function<nccl_result_t(setup_job&)> finish;  // phase 2
+  nccl_result_t result = nccl_in_progress;
+
+  // In progress until every rank has joined phase 1; then what phase 2 gave.
+  nccl_result_t poll() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (result != nccl_in_progress) return result;
+    int done = 0;
+    if (MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+      return result = nccl_system_error;
+    if (!done) return nccl_in_progress;
+    return result = finish ? finish(*this) : nccl_success;
+  }
+  setup_job() = default;
+  setup_job(const setup_job&) = delete;
+  setup_job& operator=(const setup_job&) = delete;
+  ~setup_job() {
+    if (result == nccl_in_progress) return;  // MPI may still write into slots and keys
+    delete[] slots;
+    delete keys;
+  }
+};
+
 // One NCCL communicator: `ops` carries its operations, `control` its splits (a collective of the
 // calling thread, which must not interleave with operations a stream posts on `ops`).
 struct nccl_state {
   MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL, connect = MPI_COMM_NULL;
-  int rank = 0, size = 1;
+  int rank = 0, size = 1;  // a split's: once its setup is done
   int device = 0;  // the device current when it was made, as NCCL's cudaDev
   std::uint64_t issued = 0, posted = 0;  // under the engine's mutex
   std::atomic<bool> aborted{false};
   std::atomic<int> active{0};  // operations handed to MPI and not yet complete
+  std::atomic<int> async_error{0};  // what NCCL found (injected by a test: inject_async_error)
+  std::atomic<bool> finalizing{false};
+
+  // Phase 2 of a setup: the communicator's own MPI communicators.
+  void connect_ranks(MPI_Comm o, MPI_Comm c, MPI_Comm k) {
+    ops = o;
+    control = c;
+    connect = k;
+    MPI_Comm_rank(ops, &rank);
+    MPI_Comm_size(ops, &size);
+  }
+  void set_job(std::shared_ptr<setup_job> j) {
+    std::lock_guard<std::mutex> lock(job_mutex);
+    job = std::move(j);
+  }
+  std::shared_ptr<setup_job> current_job() {
+    std::lock_guard<std::mutex> lock(job_mutex);
+    return job;
+  }
+
+  // ncclCommEnsureReady: an asynchronous error stays the answer of every call; a setup not
+  // done refuses ("Attempt to use communicator before the previous operation returned ncclSuccess").
+  nccl_result_t ready() {
+    if (const int e = async_error.load()) return static_cast<nccl_result_t>(e);
+    if (auto j = current_job()) {
+      const nccl_result_t r = j->poll();
+      if (r != nccl_success) return r == nccl_in_progress ? nccl_invalid_argument : r;
+    }
+    return nccl_success;
+  }
+
+  // ncclCommGetAsyncError: an error found; a poisoned context (its kernels fail); a setup, a
+  // finalize or the first collective's handshake still under way.
+  nccl_result_t status() {
+    if (const int e = async_error.load()) return static_cast<nccl_result_t>(e);
+    if (engine::instance().sticky.load()) return nccl_unhandled_cuda_error;
+    if (auto j = current_job()) {
+      const nccl_result_t r = j->poll();
+      if (r != nccl_success) return r;
+    }
+    if (finalizing.load() && !quiet()) return nccl_in_progress;
+    return connecting() ? nccl_in_progress : nccl_success;
+  }
+
+  // Every operation issued has been handed to MPI and completed there.
+  bool quiet() {
+    auto& e = engine::instance();
+    std::lock_guard<std::mutex> lock(e.mutex);
+    return issued == posted && active.load() == 0;
+  }
 
   // NCCL connects a communicator's ranks lazily, at its first collective (NCCL_RUNTIME_CONNECT):
   // on a nonblocking communicator that call returns ncclInProgress and the communicator stays in
@@ -641,9 +1015,10 @@ struct nccl_state {
   }
 
  private:
-  std::mutex handshake_mutex;
+  std::mutex handshake_mutex, job_mutex;
   MPI_Request handshake = MPI_REQUEST_NULL;
   bool handshake_started = false;
+  std::shared_ptr<setup_job> job;  // the last init or split this communicator took part in
 };
 
 inline std::mutex& nccl_registry_mutex() {
@@ -659,17 +1034,11 @@ inline std::shared_ptr<nccl_state> find(nccl_comm_t c) {
   auto it = nccl_registry().find(c);
   return it == nccl_registry().end() ? nullptr : it->second;
 }
-inline nccl_comm_t adopt(MPI_Comm ops, MPI_Comm control, int device) {
-  auto state = std::make_shared<nccl_state>();
-  state->ops = ops;
-  state->control = control;
-  state->device = device;
-  MPI_Comm_dup(ops, &state->connect);
-  MPI_Comm_rank(ops, &state->rank);
-  MPI_Comm_size(ops, &state->size);
+inline nccl_comm_t adopt(std::shared_ptr<nccl_state> state) {
   std::lock_guard<std::mutex> lock(nccl_registry_mutex());
-  nccl_registry().emplace(state.get(), state);
-  return state.get();
+  nccl_comm_t handle = state.get();
+  nccl_registry().emplace(handle, std::move(state));
+  return handle;
 }
 
 inline std::string& last_nccl_error() {
@@ -741,9 +1110,12 @@ inline void run_group(const std::vector<call>& calls,
     });
   }
   std::vector<MPI_Request> requests;
-  bool aborted = false;
-  for (const auto& [comm, seq] : turns) aborted = aborted || comm->aborted.load();
-  if (!aborted)
+  bool aborted = false, failed = false;
+  for (const auto& [comm, seq] : turns) {
+    aborted = aborted || comm->aborted.load();
+    failed = failed || comm->async_error.load() != 0;
+  }
+  if (!aborted && !failed)
     for (const auto& c : calls) c.post(c.comm->ops, requests);
   {
     std::lock_guard<std::mutex> lock(e.mutex);
@@ -754,11 +1126,16 @@ inline void run_group(const std::vector<call>& calls,
     e.progress.notify_all();
   }
   if (aborted) return;
+  // A communicator with an asynchronous error holds its kernels (stuck on a peer that is gone)
+  // until it is aborted: the group never completes.
+  const auto stuck = [&] {
+    return std::any_of(turns.begin(), turns.end(), [](const auto& t) { return t.first->async_error.load() != 0; });
+  };
   for (;;) {
     int done = 0;
     if (!requests.empty()) MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     else done = 1;
-    if (done) break;
+    if (done && !stuck()) break;
     for (const auto& [comm, seq] : turns)
       if (comm->aborted.load()) return;  // what MPI still holds is left to it, as a killed kernel's is
     std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -768,15 +1145,42 @@ inline void run_group(const std::vector<call>& calls,
     if (c.after) c.after();
 }
 
-inline nccl_result_t launch(std::vector<call> calls) {
-  if (calls.empty()) return nccl_success;
-  auto& e = engine::instance();
-  std::lock_guard<std::mutex> lock(e.mutex);
-  std::vector<std::pair<std::shared_ptr<nccl_state>, std::uint64_t>> turns;
+using turn_list = std::vector<std::pair<std::shared_ptr<nccl_state>, std::uint64_t>>;
+
+// Each communicator of a group takes its next turn: groups run in the order they were issued
+// (or, captured in a graph, launched). Under the engine's mutex.
+inline turn_list take_turns_locked(const std::vector<call>& calls) {
+  turn_list turns;
   for (const auto& c : calls) {
     const bool seen = std::any_of(turns.begin(), turns.end(), [&](const auto& t) { return t.first == c.comm; });
     if (!seen) turns.emplace_back(c.comm, c.comm->issued++);
   }
+  return turns;
+}
+
+// A group issued into a capturing stream is one node of its graph: at each launch of the graph
+// it takes its communicators' turns and runs as one task on the launch stream, as NCCL's
+// captured kernels replay (NCCL supports capture since 2.9). Its streams must be in that capture.
+inline nccl_result_t capture_group_locked(engine& e, std::vector<call> calls) {
+  std::vector<stream_state*> streams;
+  for (const auto& c : calls) {
+    if (c.stream->capture != calls.front().stream->capture)
+      return nccl_fail(nccl_invalid_usage, "a group over a capturing stream and a stream outside its capture");
+    if (std::find(streams.begin(), streams.end(), c.stream.get()) == streams.end()) streams.push_back(c.stream.get());
+  }
+  e.capture_locked(streams, [calls = std::move(calls)](engine& en, const std::shared_ptr<stream_state>& on) {
+    en.enqueue_locked(on, [calls, turns = take_turns_locked(calls)] { run_group(calls, turns); });
+  });
+  return nccl_success;
+}
+
+inline nccl_result_t launch(std::vector<call> calls) {
+  if (calls.empty()) return nccl_success;
+  auto& e = engine::instance();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (std::any_of(calls.begin(), calls.end(), [](const call& c) { return c.stream->capture != nullptr; }))
+    return capture_group_locked(e, std::move(calls));
+  const turn_list turns = take_turns_locked(calls);
   // The group's other streams: their work so far comes first, and their later work waits for it.
   const auto first = calls.front().stream;
   std::vector<mark> joined;
@@ -800,11 +1204,15 @@ inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::initializer_list<con
   auto comm = find(c);
   if (!comm) return nccl_fail(nccl_invalid_argument, "invalid communicator");
   if (comm->aborted.load()) return nccl_fail(nccl_invalid_usage, "communicator was aborted");
+  if (const nccl_result_t ready = comm->ready(); ready != nccl_success)
+    return nccl_fail(ready, ready == nccl_invalid_argument
+                                ? "Attempt to use communicator before the previous operation returned ncclSuccess"
+                                : "an asynchronous error was found on the communicator");
   std::shared_ptr<stream_state> stream;
   {
     auto& e = engine::instance();
     std::lock_guard<std::mutex> lock(e.mutex);
-    if (e.sticky.load()) return nccl_fail(nccl_unhandled_cuda_error, "Cuda failure 'an illegal memory access was encountered'");
+    if (e.sticky.load()) return nccl_fail(nccl_unhandled_cuda_error, "Cuda failure 700 'an illegal memory access was encountered'");
     e.contexts[static_cast<std::size_t>(comm->device)] = 1;  // NCCL works on its communicator's device
     stream = e.resolve_locked(s);
     // NCCL checks each buffer's device against the communicator's (argcheck), and its kernels
@@ -818,6 +1226,9 @@ inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::initializer_list<con
     if (stream && stream->device != comm->device)
       return nccl_fail(nccl_unhandled_cuda_error, cat("Cuda failure 'invalid resource handle': a stream of device ",
                                                       stream->device, " for NCCL device ", comm->device));
+    if (stream)
+      if (const error_t rc = e.queue_rules_locked(stream))
+        return nccl_fail(nccl_unhandled_cuda_error, cat("Cuda failure '", text_of(rc).text, "'"));
   }
   if (!stream) return nccl_fail(nccl_invalid_argument, "invalid stream");
   const bool connecting = what == kind::collective && comm->connect_for_collective();
@@ -857,38 +1268,89 @@ inline nccl_result_t nccl_get_unique_id(nccl_id_t* id) {
   return nccl_success;
 }
 // Collective over `over`, whose ranks are the communicator's (the CUDA build's NCCL finds them by
-// the unique id instead).
+// the unique id instead). Nonblocking, as flexcomm's config asks: ncclInProgress, and the
+// communicator in progress until every rank has joined (a missing rank leaves it there).
 inline nccl_result_t nccl_comm_init(nccl_comm_t* comm, int ranks, const nccl_id_t&, int rank, MPI_Comm over) {
   {
     auto& e = standin::the();
     std::lock_guard<std::mutex> lock(e.mutex);
     if (e.use_context_locked()) return standin::nccl_fail(nccl_unhandled_cuda_error, "the CUDA context is poisoned");
   }
-  MPI_Comm ops = MPI_COMM_NULL, control = MPI_COMM_NULL;
   int size = 0, me = -1;
   MPI_Comm_size(over, &size);
   MPI_Comm_rank(over, &me);
   if (size != ranks || me != rank)
     return standin::nccl_fail(nccl_invalid_argument, "ranks differ from the MPI communicator's");
-  if (MPI_Comm_dup(over, &ops) != MPI_SUCCESS || MPI_Comm_dup(over, &control) != MPI_SUCCESS)
-    return standin::nccl_fail(nccl_system_error, "MPI_Comm_dup failed");
-  *comm = standin::adopt(ops, control, standin::current_device());
+  auto job = std::make_shared<standin::setup_job>();
+  job->requests.assign(3, MPI_REQUEST_NULL);
+  for (std::size_t i = 0; i < 3; ++i)
+    if (MPI_Comm_idup(over, &job->slots[i], &job->requests[i]) != MPI_SUCCESS)
+      return standin::nccl_fail(nccl_system_error, "MPI_Comm_idup failed");
+  auto state = std::make_shared<standin::nccl_state>();
+  state->device = standin::current_device();
+  state->rank = rank;
+  state->size = ranks;
+  job->finish = [weak = std::weak_ptr<standin::nccl_state>(state)](standin::setup_job& j) {
+    if (auto s = weak.lock()) s->connect_ranks(j.slots[0], j.slots[1], j.slots[2]);
+    return nccl_success;
+  };
+  state->set_job(std::move(job));
+  *comm = standin::adopt(std::move(state));
+  return nccl_in_progress;
+}
+namespace standin {
+// Phase 2 of a split, once every rank's color and key are known: the new communicator among the
+// ranks of this color, ordered by key (MPI_Comm_split's order), made by those ranks alone.
+inline nccl_result_t split_among(MPI_Comm parent, const std::vector<int>& keys, int n, nccl_state& child) {
+  std::vector<int> ranks;
+  for (int r = 0; r < n; ++r)
+    if (keys[2 + 2 * static_cast<std::size_t>(r)] == keys[0]) ranks.push_back(r);
+  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
+    return keys[3 + 2 * static_cast<std::size_t>(a)] < keys[3 + 2 * static_cast<std::size_t>(b)];
+  });
+  MPI_Group all = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_Comm_group(parent, &all);
+  MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Comm control = MPI_COMM_NULL, ops = MPI_COMM_NULL, connect = MPI_COMM_NULL;
+  const int rc = MPI_Comm_create_group(parent, group, 0, &control);
+  MPI_Group_free(&group);
+  MPI_Group_free(&all);
+  if (rc != MPI_SUCCESS || MPI_Comm_dup(control, &ops) != MPI_SUCCESS || MPI_Comm_dup(control, &connect) != MPI_SUCCESS)
+    return nccl_fail(nccl_system_error, "MPI could not make the split's communicator");
+  child.connect_ranks(ops, control, connect);
   return nccl_success;
 }
+}  // namespace standin
+// Nonblocking, as the init: the parent (and the new communicator) stay in progress until every
+// rank of the parent has joined. A negative color takes part and gets no communicator.
 inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_comm_t* out) {
   standin::the();
   auto parent = standin::find(comm);
   if (!parent) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
-  MPI_Comm control = MPI_COMM_NULL, ops = MPI_COMM_NULL;
-  if (MPI_Comm_split(parent->control, color < 0 ? MPI_UNDEFINED : color, key, &control) != MPI_SUCCESS)
-    return standin::nccl_fail(nccl_system_error, "MPI_Comm_split failed");
-  if (control == MPI_COMM_NULL) {
-    *out = nullptr;
-    return nccl_success;
+  if (const nccl_result_t ready = parent->ready(); ready != nccl_success)
+    return standin::nccl_fail(ready, "the parent communicator is not ready");
+  const int n = parent->size;
+  auto job = std::make_shared<standin::setup_job>();
+  job->keys = new std::vector<int>(2 + 2 * static_cast<std::size_t>(n));
+  (*job->keys)[0] = color < 0 ? MPI_UNDEFINED : color;
+  (*job->keys)[1] = key;
+  job->requests.assign(1, MPI_REQUEST_NULL);
+  if (MPI_Iallgather(job->keys->data(), 2, MPI_INT, job->keys->data() + 2, 2, MPI_INT, parent->control,
+                     &job->requests[0]) != MPI_SUCCESS)
+    return standin::nccl_fail(nccl_system_error, "MPI_Iallgather failed");
+  std::shared_ptr<standin::nccl_state> child;
+  if (color >= 0) {
+    child = std::make_shared<standin::nccl_state>();
+    child->device = parent->device;
+    child->set_job(job);
   }
-  MPI_Comm_dup(control, &ops);
-  *out = standin::adopt(ops, control, parent->device);
-  return nccl_success;
+  job->finish = [control = parent->control, n, weak = std::weak_ptr<standin::nccl_state>(child)](standin::setup_job& j) {
+    auto c = weak.lock();
+    return c ? standin::split_among(control, *j.keys, n, *c) : nccl_success;
+  };
+  parent->set_job(std::move(job));
+  *out = child ? standin::adopt(std::move(child)) : nullptr;
+  return nccl_in_progress;
 }
 inline nccl_result_t nccl_comm_count(nccl_comm_t comm, int* size) {
   return standin::with_comm(comm, [&](standin::nccl_state& c) { *size = c.size; });
@@ -897,12 +1359,18 @@ inline nccl_result_t nccl_comm_user_rank(nccl_comm_t comm, int* rank) {
   return standin::with_comm(comm, [&](standin::nccl_state& c) { *rank = c.rank; });
 }
 inline nccl_result_t nccl_comm_get_async_error(nccl_comm_t comm, nccl_result_t* state) {
-  return standin::with_comm(comm, [&](standin::nccl_state& c) {
-    *state = c.connecting() ? nccl_in_progress : nccl_success;
-  });
+  return standin::with_comm(comm, [&](standin::nccl_state& c) { *state = c.status(); });
 }
+// Nonblocking: in progress until every operation issued on the communicator has completed (one
+// that waits for a peer that is gone never does); an asynchronous error is the answer instead.
 inline nccl_result_t nccl_comm_finalize(nccl_comm_t comm) {
-  return standin::with_comm(comm, [](standin::nccl_state&) {});
+  standin::the();
+  auto c = standin::find(comm);
+  if (!c) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
+  if (const nccl_result_t ready = c->ready(); ready != nccl_success)
+    return standin::nccl_fail(ready, "ncclCommFinalize on a communicator that is not ready");
+  if (c->finalizing.exchange(true)) return standin::nccl_fail(nccl_invalid_argument, "finalized twice");
+  return nccl_in_progress;
 }
 inline nccl_result_t nccl_comm_destroy(nccl_comm_t comm) {
   standin::the();
@@ -1028,17 +1496,58 @@ inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, 
     standin::post_checked(MPI_Irecv(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
   }, {}, standin::kind::point_to_point);
 }
+// NCCL's texts (ncclGetErrorString) and the names of its codes.
 inline const char* nccl_error_string(nccl_result_t r) {
   switch (static_cast<int>(r)) {
     case 0: return "no error";
     case 1: return "unhandled cuda error";
     case 2: return "unhandled system error";
+    case 3: return "internal error";
     case 4: return "invalid argument";
     case 5: return "invalid usage";
+    case 6: return "remote process exited or there was a network error";
     case 7: return "NCCL operation in progress";
   }
   return "unknown result code";
 }
+inline const char* nccl_error_name(nccl_result_t r) {
+  static const char* const names[] = {"ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError",
+                                      "ncclInternalError",   "ncclInvalidArgument",    "ncclInvalidUsage",
+                                      "ncclRemoteError",     "ncclInProgress"};
+  const int i = static_cast<int>(r);
+  return i >= 0 && i < 8 ? names[i] : "ncclResult?";
+}
 inline const char* nccl_last_error() { return standin::last_nccl_error().c_str(); }
+
+// Test hooks: faults a GPU node shows that the stand-in does not make by itself
+// (tests/fault/device_fault.cpp injects them). The library under include/ never calls these.
+namespace standin {
+// NCCL found `code` on `comm`: its proxy saw a peer's connection drop (ncclRemoteError), or a
+// socket or memory call failed (ncclSystemError). From now on ncclCommGetAsyncError reports it,
+// every call on the communicator returns it (ncclCommEnsureReady), and its operations not yet
+// complete never finish, as kernels stuck on a peer that is gone, until the communicator is
+// aborted.
+inline nccl_result_t inject_async_error(nccl_comm_t comm, nccl_result_t code) {
+  auto c = find(comm);
+  if (!c) return nccl_fail(nccl_invalid_argument, "invalid communicator");
+  c->async_error.store(static_cast<int>(code));
+  auto& e = engine::instance();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  e.progress.notify_all();
+  return nccl_success;
+}
+// A kernel on stream `s` reads an address it may not (cudaErrorIllegalAddress): the calling
+// thread waits for it, as cudaStreamSynchronize would, and gets the error. Sticky: the context is
+// poisoned and every later call fails with it, NCCL's kernels too (ncclUnhandledCudaError).
+inline error_t inject_kernel_fault(stream_t s) {
+  auto& e = the();
+  std::unique_lock<std::mutex> lock(e.mutex);
+  if (const error_t rc = e.use_context_locked()) return rc;
+  auto stream = e.resolve_locked(s);
+  if (!stream) return invalid_handle;
+  e.wait_locked(lock, e.enqueue_locked(stream, [&e] { e.sticky.store(static_cast<int>(illegal_address)); }));
+  return static_cast<error_t>(e.sticky.load());
+}
+}  // namespace standin
 
 }  // namespace flexcomm::device

@@ -3,8 +3,11 @@
 // and the host backend beside them, which also says which ranks share a host.
 #pragma once
 
+#include <string>
+
 #include "../../core/hosts.hpp"
 #include "../contract.hpp"
+#include "capture.hpp"
 #include "device_buffer.hpp"
 #include "local_work.hpp"
 
@@ -19,6 +22,11 @@ struct device_backend : device_work {
   // An adapter's own scratch space, in device memory like every buffer of the backend.
   template <class T>
   using buffer = device_buffer<T>;
+
+  // CUDA graphs (contract.hpp): a stream may be capturing; whether a graph can replay the
+  // backend's operations is its own to say (nccl can; staged, which goes through the host, not).
+  static constexpr bool graph_capturable = false;
+  static bool capturing(device::stream_t s, const std::string& what) { return cuda::capturing(s, what); }
 
   // Collective over `comm`: which of its ranks share a host, asked of its twin on the host backend.
   template <class Communicator>

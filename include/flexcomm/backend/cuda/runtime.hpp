@@ -14,7 +14,7 @@
 //
 // The interface, in both:
 //   types      stream_t, event_t, error_t (success, not_ready), nccl_comm_t, nccl_id_t,
-//              nccl_result_t (nccl_success, nccl_in_progress)
+//              nccl_result_t (nccl_success, nccl_in_progress, nccl_unhandled_cuda_error)
 //   device     get_device, set_device, device_count, has_context (the device's primary context is
 //              open in this process), last_error, error_name, error_string, pci_bus_id,
 //              device_synchronize
@@ -23,13 +23,20 @@
 //   streams    stream_create(non_blocking), stream_destroy, stream_synchronize, stream_wait
 //   events     event_create (no timing), event_destroy, event_record, event_query, event_synchronize
 //   kernels    combine<T>(op, inout, in, n, stream), divide<T>(buf, n, ranks, stream)
+//   graphs     graph_t, graph_exec_t, capture_mode_t (capture_global, capture_thread_local,
+//              capture_relaxed), capture_status_t (capture_none, capture_active,
+//              capture_was_invalidated), stream_begin_capture, stream_end_capture,
+//              stream_is_capturing, graph_instantiate, graph_launch, graph_destroy,
+//              graph_exec_destroy, and the capture errors (capture_unsupported, capture_invalidated,
+//              capture_unmatched, capture_unjoined, capture_isolation, capture_implicit,
+//              captured_event, capture_wrong_thread)
 //   NCCL       nccl_get_unique_id, nccl_comm_init (nonblocking; `over` is the MPI communicator
 //              whose ranks take part), nccl_comm_split, nccl_comm_count, nccl_comm_user_rank,
 //              nccl_comm_get_async_error, nccl_comm_finalize, nccl_comm_destroy, nccl_comm_abort,
 //              nccl_group_start, nccl_group_end, nccl_allreduce, nccl_broadcast, nccl_reduce,
 //              nccl_allgather, nccl_reduce_scatter, nccl_send, nccl_recv (element types as
 //              flexcomm dtypes, reductions as flexcomm ops with avg = ncclAvg),
-//              nccl_error_string, nccl_last_error
+//              nccl_error_string, nccl_error_name (ncclRemoteError, ...), nccl_last_error
 //   counting   calls(): how many of these calls this process made (the stand-in counts; the
 //              CUDA build returns 0), for tests of the per-operation cost
 #pragma once

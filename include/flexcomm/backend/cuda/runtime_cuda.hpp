@@ -88,6 +88,34 @@ inline error_t event_record(event_t e, stream_t s) { return cudaEventRecord(e, s
 inline error_t event_query(event_t e) { return cudaEventQuery(e); }
 inline error_t event_synchronize(event_t e) { return cudaEventSynchronize(e); }
 
+// CUDA graphs by stream capture (the interface in runtime.hpp).
+using graph_t = cudaGraph_t;
+using graph_exec_t = cudaGraphExec_t;
+using capture_mode_t = cudaStreamCaptureMode;
+inline constexpr capture_mode_t capture_global = cudaStreamCaptureModeGlobal;
+inline constexpr capture_mode_t capture_thread_local = cudaStreamCaptureModeThreadLocal;
+inline constexpr capture_mode_t capture_relaxed = cudaStreamCaptureModeRelaxed;
+using capture_status_t = cudaStreamCaptureStatus;
+inline constexpr capture_status_t capture_none = cudaStreamCaptureStatusNone;
+inline constexpr capture_status_t capture_active = cudaStreamCaptureStatusActive;
+inline constexpr capture_status_t capture_was_invalidated = cudaStreamCaptureStatusInvalidated;
+inline constexpr error_t capture_unsupported = cudaErrorStreamCaptureUnsupported;
+inline constexpr error_t capture_invalidated = cudaErrorStreamCaptureInvalidated;
+inline constexpr error_t capture_unmatched = cudaErrorStreamCaptureUnmatched;
+inline constexpr error_t capture_unjoined = cudaErrorStreamCaptureUnjoined;
+inline constexpr error_t capture_isolation = cudaErrorStreamCaptureIsolation;
+inline constexpr error_t capture_implicit = cudaErrorStreamCaptureImplicit;
+inline constexpr error_t captured_event = cudaErrorCapturedEvent;
+inline constexpr error_t capture_wrong_thread = cudaErrorStreamCaptureWrongThread;
+
+inline error_t stream_begin_capture(stream_t s, capture_mode_t mode) { return cudaStreamBeginCapture(s, mode); }
+inline error_t stream_end_capture(stream_t s, graph_t* graph) { return cudaStreamEndCapture(s, graph); }
+inline error_t stream_is_capturing(stream_t s, capture_status_t* status) { return cudaStreamIsCapturing(s, status); }
+inline error_t graph_instantiate(graph_exec_t* exec, graph_t graph) { return cudaGraphInstantiate(exec, graph, 0); }
+inline error_t graph_launch(graph_exec_t exec, stream_t s) { return cudaGraphLaunch(exec, s); }
+inline error_t graph_destroy(graph_t graph) { return cudaGraphDestroy(graph); }
+inline error_t graph_exec_destroy(graph_exec_t exec) { return cudaGraphExecDestroy(exec); }
+
 template <class T>
 error_t combine(op o, T* inout, const T* in, std::size_t n, stream_t s) {
   return cuda::kernels::combine(o, inout, in, n, s);
@@ -103,6 +131,7 @@ using nccl_id_t = ncclUniqueId;
 using nccl_result_t = ncclResult_t;
 inline constexpr nccl_result_t nccl_success = ncclSuccess;
 inline constexpr nccl_result_t nccl_in_progress = ncclInProgress;
+inline constexpr nccl_result_t nccl_unhandled_cuda_error = ncclUnhandledCudaError;
 
 namespace detail {
 inline ncclDataType_t nccl_type(dtype t) {
@@ -180,6 +209,20 @@ inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, 
   return ncclRecv(buf, count, detail::nccl_type(t), peer, comm, s);
 }
 inline const char* nccl_error_string(nccl_result_t r) { return ncclGetErrorString(r); }
+// The code's name, as errors print it beside NCCL's text (NCCL has no call for it).
+inline const char* nccl_error_name(nccl_result_t r) {
+  switch (r) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    default: return "ncclResult?";
+  }
+}
 inline const char* nccl_last_error() { return ncclGetLastError(nullptr); }
 
 }  // namespace flexcomm::device

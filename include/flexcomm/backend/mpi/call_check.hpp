@@ -87,6 +87,12 @@ class operation_record {
     if (state_ && seq_) state_->recorder().finish(std::exchange(seq_, 0), op_state::timed_out);
     if (check_) static_cast<void>(check_.release());
   }
+  // The library call failed and the backend cancelled the communicator's work (NCCL's abort):
+  // no peer's matching is off, so the check is left to MPI as above, and nothing is poisoned.
+  void failed_in_library() noexcept {
+    if (state_ && seq_) state_->recorder().finish(std::exchange(seq_, 0), op_state::failed);
+    if (check_) static_cast<void>(check_.release());
+  }
   std::unique_ptr<mpi_signature_check> take_check() noexcept { return std::move(check_); }
   const std::shared_ptr<mpi_comm_state>& state() const noexcept { return state_; }
 

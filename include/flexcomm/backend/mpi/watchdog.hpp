@@ -9,6 +9,9 @@
 //    listens for the peers' states on the communicator it waited on, for a grace period. Peers
 //    that are waiting too time out at about the same time and answer; a rank that stalls outside
 //    flexcomm, or died, never does, and one that answers with a lower sequence number is behind.
+//  - failure: a rank whose side of a communicator failed by itself (a device backend's: NCCL's
+//    asynchronous error, a poisoned CUDA context) sends its cause to every peer; their long waits
+//    poll for it, so that they end naming that rank at once rather than timing out.
 //  - consistency (FLEXCOMM_CHECK): beside every collective, a nonblocking MIN allreduce of
 //    (signature, -signature) on the side channel, i.e. the minimum and maximum of each field; when
 //    they differ, the ranks swap signatures point-to-point so that each names who disagrees.
@@ -40,15 +43,18 @@
 
 namespace flexcomm::detail {
 
-// Operation names as numbers on the wire; the order is fixed.
-inline const char* const mpi_op_names[] = {"isend", "irecv", "ibcast", "iallreduce", "ireduce",
-                                           "igatherv", "iallgather", "iallgatherv", "ireduce_scatter"};
+// Operation names as numbers on the wire; the order is fixed (new names go at the end). The
+// last two are the NCCL backend's setup collectives, recorded so that a timeout there names ranks.
+inline const char* const mpi_op_names[] = {"isend",      "irecv",           "ibcast",     "iallreduce",
+                                           "ireduce",    "igatherv",        "iallgather", "iallgatherv",
+                                           "ireduce_scatter", "ncclCommInitRank", "ncclCommSplit"};
+inline constexpr int mpi_op_codes = sizeof mpi_op_names / sizeof *mpi_op_names;
 inline int mpi_op_code(const char* op) {
-  for (int i = 0; i < 9; ++i)
+  for (int i = 0; i < mpi_op_codes; ++i)
     if (std::strcmp(mpi_op_names[i], op) == 0) return i;
   return -1;
 }
-inline const char* mpi_op_name(long long code) { return code >= 0 && code < 9 ? mpi_op_names[code] : "?"; }
+inline const char* mpi_op_name(long long code) { return code >= 0 && code < mpi_op_codes ? mpi_op_names[code] : "?"; }
 
 // What a collective looks like to one rank; every rank of the communicator must agree on it.
 struct mpi_signature {
@@ -78,6 +84,8 @@ class mpi_comm_state final : public watched {
   static constexpr int announce_tag = 1;
   static constexpr int signature_tag = 2;
   static constexpr int announce_fields = 8;
+  static constexpr int failure_tag = 3;
+  static constexpr int failure_bytes = 1024;
 
   mpi_comm_state(MPI_Comm comm, std::string name) : name_(std::move(name)) {
     MPI_Comm_rank(comm, &rank_);
@@ -160,7 +168,50 @@ class mpi_comm_state final : public watched {
     }
   }
 
+  // This rank's side of the communicator failed by itself (a device backend's: an asynchronous
+  // NCCL error, a poisoned CUDA context), and the backend cancelled its operations: the peers are
+  // told at once, on the side channel, so that their waits end naming this rank and its cause
+  // rather than timing out. Once; never blocks.
+  void report_failure(const std::string& cause) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (reported_ || side_ == MPI_COMM_NULL || size_ < 2) return;
+    reported_ = true;
+    auto* text = new char[failure_bytes]();  // may outlive this communicator: see announce()
+    cause.copy(text, failure_bytes - 1);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      MPI_Request req;
+      if (MPI_Isend(text, failure_bytes, MPI_CHAR, p, failure_tag, side_, &req) == MPI_SUCCESS) MPI_Request_free(&req);
+    }
+  }
+
+  // A peer's report_failure, once one came: "rank R (world W) failed: <its cause>"; "" until then.
+  // The flag is one atomic load; polling for the report is poll_failures(), from long waits.
+  bool peer_failed() const noexcept { return peer_failed_.load(std::memory_order_acquire); }
+  std::string peer_failure() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peer_causes_.empty() ? std::string() : cat("rank ", who(peer_causes_.begin()->first), " failed: ",
+                                                      peer_causes_.begin()->second);
+  }
+  // Receives the peers' failure reports that have come (matched probes: safe from any thread).
+  void poll_failures() {
+    if (side_ == MPI_COMM_NULL || size_ < 2) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Message message;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, failure_tag, side_, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+      std::vector<char> text(failure_bytes, '\0');
+      if (MPI_Mrecv(text.data(), failure_bytes, MPI_CHAR, &message, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+      text.back() = '\0';
+      std::lock_guard<std::mutex> lock(mutex_);
+      peer_causes_.emplace(status.MPI_SOURCE, text.data());
+      peer_failed_.store(true, std::memory_order_release);
+    }
+  }
+
   void answer_queries() override {
+    poll_failures();
     if (announced_.load(std::memory_order_acquire) || side_ == MPI_COMM_NULL || size_ < 2) return;
     int flag = 0;
     // Probe only: the peer's message stays queued for this rank's own diagnose().
@@ -179,9 +230,16 @@ class mpi_comm_state final : public watched {
     const auto answered = gather(announce_tag, nullptr, answers, grace);
     std::vector<std::string> missing;
     std::string peers;
+    poll_failures();
+    const auto causes = failed_peers();
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       const auto& a = answers[static_cast<std::size_t>(p)];
+      if (const auto failed = causes.find(p); !answered[static_cast<std::size_t>(p)] && failed != causes.end()) {
+        missing.push_back(who(p));
+        peers += cat("\n    rank ", who(p), ": its side of the communicator failed: ", failed->second);
+        continue;
+      }
       if (!answered[static_cast<std::size_t>(p)]) {
         missing.push_back(who(p));
         peers += cat("\n    rank ", who(p), ": no answer within ", grace.count(),
@@ -250,6 +308,11 @@ class mpi_comm_state final : public watched {
   }
 
  private:
+  std::map<int, std::string> failed_peers() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peer_causes_;
+  }
+
   // Sends `out` (when given) to every peer on the side channel with `tag`, and receives one
   // message from each, for up to `grace`. Buffers are leaked on purpose where a receive could not
   // be cancelled: MPI may still write into them.
@@ -313,6 +376,9 @@ class mpi_comm_state final : public watched {
   std::string poison_reason_;
   std::atomic<bool> announced_{false};
   std::string diagnosis_;
+  bool reported_ = false;                   // under mutex_
+  std::map<int, std::string> peer_causes_;  // under mutex_: peers' failure reports, by rank
+  std::atomic<bool> peer_failed_{false};
 };
 
 // The consistency check riding beside one collective: MIN over (signature, -signature) gives the

@@ -61,8 +61,9 @@ class nccl_communicator {
     check_cuda(device::get_device(&state->device), what, ": cudaGetDevice");
     cuda::engine_on_device(state->device);
     device::nccl_comm_t handle = nullptr;
+    const setup_record record(comm.watch_state(), "ncclCommInitRank");
     check_nccl(device::nccl_comm_init(&handle, comm.size(), id, comm.rank(), comm.native()), what);
-    adopt(*state, handle, what);
+    adopt(*state, handle, what, record);
     state->stream = cuda::stream_handle::create(what);
     control_ = comm.dup(cat(name, " control"));
     state->watch = watch_over(control_, name);
@@ -104,8 +105,14 @@ class nccl_communicator {
     // as long as the parent.
     st.split_slots.push_back(std::make_unique<device::nccl_comm_t>(nullptr));
     device::nccl_comm_t* slot = st.split_slots.back().get();
+    const setup_record record(st.watch, "ncclCommSplit");
     check_nccl(device::nccl_comm_split(st.comm, color, key, slot), what);
-    st.settle_locked(what);
+    if (!detail::nccl_settle(st.comm, what, st.timeout())) {
+      // Every rank of the parent takes part: the parent and the half-made child are given up.
+      if (*slot) device::nccl_comm_abort(*slot);
+      st.abort_locked(cat(what, ": did not finish"));
+      record.timed_out(what, st.timeout(), "the parent and the new communicator aborted with ncclCommAbort");
+    }
     nccl_communicator out;
     out.control_ = control_.split(color, key, cat(name, " control"));
     out.name_ = std::move(name);
@@ -116,7 +123,7 @@ class nccl_communicator {
     auto state = std::make_shared<detail::nccl_state>();
     state->name = out.name_;
     state->device = st.device;
-    adopt(*state, *slot, what);
+    adopt(*state, *slot, what, record);
     state->stream = cuda::stream_handle::create(what);
     state->watch = watch_over(out.control_, out.name_);
     out.state_ = std::move(state);
@@ -160,13 +167,42 @@ class nccl_communicator {
     return watch;
   }
 
+  // An init or a split, recorded in the flight recorder of the MPI communicator over the same
+  // ranks, so that one that times out names the ranks that did not arrive, asked on its side
+  // channel as a timed-out wait asks (the ranks that came time out as well and answer).
+  class setup_record {
+   public:
+    setup_record(std::shared_ptr<detail::mpi_comm_state> watch, const char* name) : watch_(std::move(watch)) {
+      if (watch_) seq_ = watch_->recorder().enqueue(op_record::posting(name, 0, dtype::u8, "", -1, -1));
+    }
+    setup_record(const setup_record&) = delete;
+    setup_record& operator=(const setup_record&) = delete;
+    ~setup_record() {
+      if (watch_) watch_->recorder().finish(seq_, std::uncaught_exceptions() ? op_state::failed : op_state::completed);
+    }
+    [[noreturn]] void timed_out(const std::string& what, std::chrono::milliseconds limit, const char* done) const {
+      std::string report;
+      if (watch_) {
+        watch_->recorder().finish(seq_, op_state::timed_out);
+        watch_->announce();
+        report = cat("\n", watch_->diagnose(seq_, watchdog::grace(limit)));
+      }
+      fail(what, cat("did not finish within ", limit.count(), " ms (FLEXCOMM_TIMEOUT); ", done,
+                     ". Every rank of the communicator must create it, in the same order; two ranks on one GPU "
+                     "need distinct NCCL_HOSTID", report));
+    }
+
+   private:
+    std::shared_ptr<detail::mpi_comm_state> watch_;
+    std::uint64_t seq_ = 0;
+  };
+
   // Waits for a nonblocking init or split to settle; on timeout aborts the half-made communicator.
-  static void adopt(detail::nccl_state& state, device::nccl_comm_t handle, const std::string& what) {
+  static void adopt(detail::nccl_state& state, device::nccl_comm_t handle, const std::string& what,
+                    const setup_record& record) {
     if (!detail::nccl_settle(handle, what, default_timeout())) {
       device::nccl_comm_abort(handle);
-      fail(what, cat("did not finish within ", default_timeout().count(),
-                     " ms (FLEXCOMM_TIMEOUT); aborted with ncclCommAbort. Every rank of the communicator must "
-                     "create it, in the same order; two ranks on one GPU need distinct NCCL_HOSTID"));
+      record.timed_out(what, default_timeout(), "aborted with ncclCommAbort");
     }
     state.comm = handle;
     check_nccl(device::nccl_comm_count(handle, &state.size), what, ": ncclCommCount");

@@ -6,6 +6,7 @@
 #include "../cuda/runtime.hpp"
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,7 +53,30 @@ class nccl_op_start : public operation_record {
   nccl_op_start(const nccl_communicator& comm, device::stream_t, const char* name, std::size_t count, dtype type,
                 const char* redop, int peer, int tag, const std::string& extra)
       : operation_record(usable_watch(comm, name), "nccl", comm.name(), name, count, type, redop, peer, tag, extra,
-                         0) {}
+                         0),
+        state_(comm.shared_state()),
+        unwinding_(std::uncaught_exceptions()) {}
+  nccl_op_start(const nccl_op_start&) = delete;
+  nccl_op_start& operator=(const nccl_op_start&) = delete;
+
+  // Unwinding from the NCCL call itself, after the call's consistency check went out: where the
+  // cause is the communicator's (an asynchronous error the enqueue returned, as NCCL's
+  // ncclCommEnsureReady does, or a CUDA context poisoned by a kernel that faulted), it is this
+  // rank's failure as a wait would find it: the communicator aborted, the peers told, and the
+  // check left to MPI, so the control communicator stays usable and the job need not end.
+  // Otherwise (an argument NCCL refused) the record poisons the control communicator as before.
+  ~nccl_op_start() {
+    if (!sequence() || !state_ || std::uncaught_exceptions() <= unwinding_) return;
+    try {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      if (!state_->failure_locked(what()).empty()) failed_in_library();
+    } catch (...) {  // the error being thrown says what happened
+    }
+  }
+
+ private:
+  std::shared_ptr<nccl_state> state_;
+  int unwinding_;
 };
 
 // NCCL connects a communicator's ranks at its first collective, so on a nonblocking communicator
@@ -135,6 +159,9 @@ nccl_request nccl_point_to_point(const nccl_communicator& comm, nccl_op_start& s
 struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, nccl_request, device::stream_t> {
   // NCCL pairs a send with the peer's receive in the order both were issued, whatever the tags.
   static constexpr bool tag_matched_p2p = false;
+  // NCCL's kernels can be captured into a CUDA graph (since NCCL 2.9): an operation issued into
+  // a capturing stream is enqueued there, and its request ends with release_captured().
+  static constexpr bool graph_capturable = true;
 
  private:
   friend struct operations<nccl, nccl_communicator, nccl_request, device::stream_t>;

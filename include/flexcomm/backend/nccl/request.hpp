@@ -68,23 +68,37 @@ class nccl_request : public basic_request<nccl_request> {
         }
       }
     }
-    if (launch_->done.done(what_)) {
+    if (reached()) {
       if (check_.pending()) return false;
       end(op_state::completed);
       return true;
     }
-    device::nccl_result_t async = device::nccl_success;
-    {
-      std::lock_guard<std::mutex> lock(st.mutex);
-      if (st.comm) check_nccl(device::nccl_comm_get_async_error(st.comm, &async), what_, ": ncclCommGetAsyncError");
-      if (async != device::nccl_success && async != device::nccl_in_progress) {
-        const auto place = st.where();
-        st.abort_locked(cat(what_, ": ", device::nccl_error_string(async)));
-        end(op_state::failed);
-        fail(what_, cat("asynchronous NCCL error: ", device::nccl_error_string(async), "; ", place, " aborted"));
-      }
-    }
+    std::lock_guard<std::mutex> lock(st.mutex);
+    if (const auto cause = st.failure_locked(what_); !cause.empty()) failed(cause);
     return false;
+  }
+
+  // For an operation issued into a stream that was capturing into a CUDA graph: it runs at each
+  // replay of the graph, and its event marks a point in the graph, so test() and wait() (an event
+  // query) would break the capture. Settles the host side now, once: the consistency check that
+  // went out with it (MPI on the control communicator, under the timeout), then its entry in the
+  // flight recorder. The request is empty afterwards.
+  void release_captured() {
+    if (!pending()) return;
+    auto& st = *state_;
+    if (check_.pending() && st.watch) {
+      const auto limit = st.timeout();
+      const auto test_check = [&] {
+        check_.test(*st.watch, launch_->sequence, what_, watchdog::grace(limit), [&] {
+          std::lock_guard<std::mutex> lock(st.mutex);
+          st.abort_locked(cat(what_, ": the ranks disagreed on the call"));
+          end(op_state::failed);
+        });
+        return !check_.pending();
+      };
+      if (!wait_answering(default_wait(), limit, test_check, [&] { answer_queries(); })) timed_out(limit);
+    }
+    end(op_state::completed);
   }
 
   // Marks this request as collective `kind` on `comm` in the trace, from now to completion.
@@ -105,6 +119,39 @@ class nccl_request : public basic_request<nccl_request> {
 
   // A pending operation failed in the destructor: the job ends (backend/request.hpp).
   static void end_job() noexcept { abort_mpi_job(3); }
+
+  // A request on an aborted communicator is left, not waited for: ncclCommAbort ended its kernels,
+  // and what aborted it was reported where it happened (another request of an unwinding step).
+  bool abandon() noexcept {
+    if (!launch_) return false;  // ended by the failure being reported
+    try {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      if (!state_->aborted) return false;
+      end(op_state::abandoned);
+      check_.abandon();
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  // Whether the completion event was reached. A poisoned CUDA context (a kernel that faulted) is
+  // this rank's failure: the communicator aborted, the peers told (nccl_state::fail_locked).
+  bool reached() {
+    try {
+      return launch_->done.done(what_);
+    } catch (const error& e) {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      failed(state_->fail_locked(what_, e.cause()));
+    }
+  }
+
+  // Called with the state's mutex held: the operation ends failed, its check left to MPI.
+  [[noreturn]] void failed(const std::string& cause) {
+    end(op_state::failed);
+    check_.abandon();
+    fail(what_, cause);
+  }
 
   [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
     auto& st = *state_;

@@ -100,22 +100,28 @@ struct nccl_state {
   nccl_state(const nccl_state&) = delete;
   nccl_state& operator=(const nccl_state&) = delete;
 
+  // Finalize flushes outstanding work (ncclCommFinalize, then ncclCommDestroy). Work that waits
+  // for a peer that is gone never flushes: past the timeout the communicator is aborted, which
+  // ends its kernels, and the rank says so; a destructor cannot throw.
   ~nccl_state() {
     if (!comm) return;
-    // Finalize flushes outstanding work; if that does not settle in time, abort rather than hang.
+    const auto what = cat("nccl communicator '", name, "' (rank ", rank, " of ", size, "): ncclCommFinalize");
     try {
       device_guard guard(device, name);
-      const device::nccl_result_t rc = device::nccl_comm_finalize(comm);
-      if ((rc != device::nccl_success && rc != device::nccl_in_progress) ||
-          !nccl_settle(comm, cat(name, ": ncclCommFinalize"), timeout())) {
-        device::nccl_comm_abort(comm);
+      check_nccl(device::nccl_comm_finalize(comm), what);
+      if (nccl_settle(comm, what, timeout())) {
+        device::nccl_comm_destroy(comm);
         return;
       }
-      device::nccl_comm_destroy(comm);
+      std::fprintf(stderr, "flexcomm: rank %d: %s: did not finish within %lld ms (FLEXCOMM_TIMEOUT): work on it "
+                   "waits for a rank that is gone; aborted with ncclCommAbort\n",
+                   process_rank(), what.c_str(), static_cast<long long>(timeout().count()));
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n(while destroying nccl communicator '%s'; aborting it)\n", e.what(), name.c_str());
-      device::nccl_comm_abort(comm);
+      std::fprintf(stderr, "%s\n(while destroying nccl communicator '%s'; aborted with ncclCommAbort)\n", e.what(),
+                   name.c_str());
     }
+    std::fflush(stderr);
+    device::nccl_comm_abort(comm);
   }
 
   std::chrono::milliseconds timeout() const { return watch ? watch->timeout() : default_timeout(); }
@@ -146,6 +152,32 @@ struct nccl_state {
       device::nccl_comm_abort(comm);
       comm = nullptr;
     }
+  }
+
+  // Called with the mutex held, while an operation is not complete: NCCL's asynchronous error on
+  // this communicator (this rank's own failure), or a peer's report of its own. "" when neither;
+  // otherwise the cause, and the communicator aborted.
+  std::string failure_locked(const std::string& what) {
+    device::nccl_result_t async = device::nccl_success;
+    if (comm) check_nccl(device::nccl_comm_get_async_error(comm, &async), what, ": ncclCommGetAsyncError");
+    if (async != device::nccl_success && async != device::nccl_in_progress)
+      return fail_locked(what, cat("asynchronous NCCL error ", device::nccl_error_name(async), ": ",
+                                   device::nccl_error_string(async), cuda_cause(async)));
+    if (!watch || !watch->peer_failed()) return {};
+    const auto place = where();
+    const auto peer = watch->peer_failure();
+    abort_locked(cat("the communicator of ", peer));
+    return cat("the communicator of ", peer, "; ", place, " aborted with ncclCommAbort");
+  }
+
+  // Called with the mutex held: this rank's side failed by itself (`cause`). The communicator is
+  // aborted, which ends its kernels, and the peers are told at once, so that their operations,
+  // which wait for this rank, end naming it instead of timing out. Returns the error's cause.
+  std::string fail_locked(const std::string& what, const std::string& cause) {
+    const auto place = where();
+    abort_locked(cat(what, ": ", cause));
+    if (watch) watch->report_failure(cat(what, ": ", cause));
+    return cat(cause, "; ", place, " aborted with ncclCommAbort");
   }
 
   // Called with the mutex held, after an NCCL call that returned `rc`: a nonblocking

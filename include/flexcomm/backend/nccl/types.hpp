@@ -10,6 +10,16 @@
 
 namespace flexcomm {
 
+// An unhandled CUDA error in NCCL is most often the context poisoned by a kernel that faulted
+// (sticky: every later call fails with it): the CUDA runtime's own error names it. Failure path only
+// (cudaGetLastError would clear an error that is not sticky).
+inline std::string cuda_cause(device::nccl_result_t code) {
+  if (code != device::nccl_unhandled_cuda_error) return {};
+  const device::error_t cuda = device::last_error();
+  if (cuda == device::success) return {};
+  return cat("; CUDA: ", device::error_name(cuda), ": ", device::error_string(cuda));
+}
+
 // Turns an NCCL return code into a flexcomm::error; device::nccl_in_progress is not a failure (nonblocking
 // communicators return it while work is still being enqueued). The operation's name is one piece
 // or several, joined only on failure (see check_cuda).
@@ -17,7 +27,8 @@ template <class... Operation>
 void check_nccl(device::nccl_result_t code, const Operation&... operation) {
   if (code == device::nccl_success || code == device::nccl_in_progress) return;
   const char* last = device::nccl_last_error();
-  fail(cat(operation...), cat(device::nccl_error_string(code), last && *last ? cat(" (", last, ")") : std::string()));
+  fail(cat(operation...), cat(device::nccl_error_name(code), ": ", device::nccl_error_string(code),
+                              last && *last ? cat(" (", last, ")") : std::string(), cuda_cause(code)));
 }
 
 // check_nccl, giving the code back: ncclInProgress tells a nonblocking communicator's caller to

@@ -21,6 +21,7 @@
 #include "../../core/span.hpp"
 #include "../contract.hpp"
 #include "../cuda/device_backend.hpp"
+#include "../cuda/capture.hpp"
 #include "../cuda/device_buffer.hpp"
 #include "../cuda/error.hpp"
 #include "../cuda/local_work.hpp"
@@ -48,6 +49,12 @@ class staged_builder : public unchecked_calls {
     op_->what = describe_operation(Direct ? "cuda_aware_mpi" : "staged", name, comm.name(),
                                    mutable_comm(comm.transport()).next_sequence(), count, dtype_of<T>, extra);
     stream_ = s ? s : lane_.own.get();
+    // Its chunks go through MPI, called on the host when each copy lands: a graph replays kernels
+    // and copies only. A caller's capturing stream is refused before anything is posted.
+    if (s)
+      cuda::refuse_capture(s, op_->what,
+                           "its chunks travel by MPI, called from the host as each copy lands, which a replay of "
+                           "the graph never does; capture steps on nccl");
   }
 
   const std::string& what() const { return op_->what; }

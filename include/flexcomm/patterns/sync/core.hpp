@@ -29,6 +29,7 @@
 #include "options.hpp"
 #include "route_hierarchical.hpp"
 #include "route_shared_memory.hpp"
+#include "step_capture.hpp"
 #include "step_check.hpp"
 
 namespace flexcomm::detail {
@@ -67,6 +68,7 @@ class sync_core {
   void ready(int index, span<T> grad) {
     static_assert(is_element_v<T>, "ready(): gradients must be float, double, int32, int64, uint8, half or bfloat16");
     static_assert(!std::is_const_v<T>, "ready(): the average is written back into the gradient");
+    if (sequence_.handed == 0) begin_step("ready");
     const dtype type = dtype_of<T>;
     step_hash_.add(static_cast<std::uint64_t>(index)).add(static_cast<std::uint64_t>(type)).add(grad.size());
     sequence_.add(index, grad.size());
@@ -115,6 +117,7 @@ class sync_core {
   // member's ranks (order, sizes) are a flexcomm::error on every rank (the gradients then hold
   // what the buckets reduced, or what was handed over: nothing to step with).
   void finish() {
+    if (sequence_.handed == 0) begin_step("finish");
     trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
     signature_check<typename control_channel<B>::backend> step_check;
@@ -160,19 +163,25 @@ class sync_core {
       }
       verdict = step_check.verdict(misuse_, sequence_);
     }
-    std::exception_ptr failure;
-    for (auto& f : flights_) {
-      try {
-        f.wait();
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-      f.reset();
-    }
+    const std::exception_ptr failure = end_flights();
     if (!failure && verdict.empty()) copy_out();
     end_step();
     if (failure) std::rethrow_exception(failure);
     if (!verdict.empty()) fail(cat(who_, ": finish"), verdict);
+  }
+
+  // The trainer's stream (device backends): buckets are copied and reduced on it, after the
+  // kernels that made the gradients and before those that read the averages, with no host wait,
+  // and a step captured on it into a CUDA graph replays whole (on nccl; step_capture.hpp says
+  // what is refused). Unnamed: the legacy default stream and the communicators' own streams.
+  // Between steps; every rank names one.
+  void on_stream(typename B::stream s) {
+    static_assert(!holds_host_memory<B>, "on_stream(): a host backend's operations run on no stream");
+    static_assert(Flat::algorithm == flat_algorithm::backend_allreduce,
+                  "on_stream(): overlapped_ring runs its segments on the progress engine's thread, on the "
+                  "communicators' own streams; synchronize the trainer's stream before ready() instead");
+    check(sequence_.handed == 0, cat(who_, ": on_stream"), "called mid-step; name the stream between steps");
+    capture_.use(s);
   }
 
   const bucket_plan& plan() const noexcept { return plan_; }
@@ -194,9 +203,35 @@ class sync_core {
   // on the shared-memory route, which lands each bucket where it finishes (route_shared_memory.hpp).
   using launcher = flight<B> (sync_core::*)(void* data, std::size_t count, std::size_t b);
 
+  // A captured step's buckets are left to the graph: none goes to the engine, which would poll it.
   template <class T>
   flight<B> through_flat(void* data, std::size_t count, std::size_t) {
-    return flat_.launch(comm_, static_cast<T*>(data), count, options_.op, launch_early_);
+    const bool on_engine = launch_early_ && !capture_.captured();
+    if constexpr (Flat::algorithm == flat_algorithm::backend_allreduce)
+      return flat_.launch(comm_, static_cast<T*>(data), count, options_.op, on_engine, capture_.on());
+    else
+      return flat_.launch(comm_, static_cast<T*>(data), count, options_.op, on_engine);
+  }
+  // Every bucket of the step ended: waited for, or, captured, left to the graph (its host side
+  // settles; the device is not asked). The first failure, if any.
+  std::exception_ptr end_flights() {
+    std::exception_ptr failure;
+    for (auto& f : flights_) {
+      try {
+        if (capture_.captured())
+          capture_.release(f);
+        else
+          f.wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      f.reset();
+    }
+    return failure;
+  }
+  // A step's first call: is it being captured into a CUDA graph, and can it be (step_capture.hpp)?
+  void begin_step(const char* call) {
+    capture_.begin(cat(who_, ": ", call), planning_);
   }
   template <class T>
   flight<B> through_shared_memory(void* data, std::size_t count, std::size_t b) {
@@ -331,7 +366,7 @@ class sync_core {
     }
     for (std::size_t i = spec.first; i < spec.last; ++i) {
       const auto& g = plan_.gradients()[i];
-      if (pointers_[i]) B::copy(fused + g.offset * width, pointers_[i], g.count * width);
+      if (pointers_[i]) B::copy(fused + g.offset * width, pointers_[i], g.count * width, capture_.on());
     }
     return fused;
   }
@@ -350,7 +385,7 @@ class sync_core {
     const std::byte* fused = staged_at_[b] ? staged_at_[b] : staging_[b].data();
     for (std::size_t i = spec.first; i < spec.last; ++i) {
       const auto& g = plan_.gradients()[i];
-      if (pointers_[i]) B::copy(pointers_[i], fused + g.offset * width, g.count * width);
+      if (pointers_[i]) B::copy(pointers_[i], fused + g.offset * width, g.count * width, capture_.on());
     }
   }
   void copy_out() {
@@ -373,15 +408,8 @@ class sync_core {
     misuse_.clear();
   }
 
-  void drain() noexcept {
-    for (auto& f : flights_) {
-      try {
-        f.wait();
-      } catch (...) {
-      }
-      f.reset();
-    }
-  }
+  // A captured step's buckets are released, not waited for: their events mark the graph.
+  void drain() noexcept { static_cast<void>(end_flights()); }
 
   typename B::communicator comm_;  // the buckets' traffic; the tiers and the segment are made on it
   sync_options options_;
@@ -410,6 +438,7 @@ class sync_core {
   std::vector<char> in_place_;
   std::deque<typename B::template buffer<std::byte>> owned_;  // gradient_memory() off the shared-memory route
   std::vector<flight<B>> flights_;
+  step_capture<B> capture_;  // the trainer's stream, and whether this step is captured
   std::size_t next_ = 0;  // the next bucket to launch: buckets launch in index order only
   fingerprint step_hash_;
   first_handed sequence_;

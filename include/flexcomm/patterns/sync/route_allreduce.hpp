@@ -27,12 +27,14 @@ class allreduce_route {
   static void check_options(const sync_options&, const std::string&) {}
   explicit allreduce_route(const sync_options&) {}
 
-  // One bucket on `comm`: driven by the progress engine when launched as it fills (`on_engine`),
-  // else waited on by the trainer in finish().
+  // One bucket on `comm`, on stream `s` (device backends; unnamed: the communicator's own):
+  // driven by the progress engine when launched as it fills (`on_engine`), else ended by the
+  // trainer in finish().
   template <class T>
-  flight<B> launch(const typename B::communicator& comm, T* data, std::size_t count, op o, bool on_engine) {
+  flight<B> launch(const typename B::communicator& comm, T* data, std::size_t count, op o, bool on_engine,
+                   typename B::stream s = {}) {
     flight<B> f;
-    auto request = B::iallreduce(comm, span<T>(data, count), o);
+    auto request = B::iallreduce(comm, span<T>(data, count), o, s);
     if (on_engine) {
       auto shared = std::make_shared<typename B::request>(std::move(request));
       f.task = progress_engine::instance().submit([shared] { return shared->test(); }, shared->what());

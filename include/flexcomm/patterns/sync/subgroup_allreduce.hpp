@@ -14,8 +14,9 @@ namespace flexcomm {
 // backward" that overlapped_ring is measured against). With sync_options.launch_when_full a bucket
 // is launched as soon as it fills, in bucket-index order, and the progress engine drives it.
 //
-// ready(index, grad), finish(), plan(), options(), hierarchical(), hosts(), shared_memory():
-// see detail::sync_core (core.hpp).
+// ready(index, grad), finish(), on_stream(s), plan(), options(), hierarchical(), hosts(),
+// shared_memory(): see detail::sync_core (core.hpp). On nccl, a trainer that names its stream
+// (on_stream) can capture whole steps into a CUDA graph after a first step uncaptured.
 template <class B>
 class subgroup_allreduce : public detail::sync_core<B, detail::allreduce_route<B>> {
  public:
