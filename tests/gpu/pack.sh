@@ -74,6 +74,7 @@ programs+=("$build/examples/cuda_trainer")
 shopt -s nullglob
 for f in "$build"/benchmarks/*device* "$build"/benchmarks/*kernels*; do
   case $f in *_standin) continue ;; esac
+  case " ${benches[*]} " in *" $f "*) continue ;; esac # device_kernels matches both patterns
   [ -f "$f" ] && [ -x "$f" ] && benches+=("$f")
 done
 shopt -u nullglob

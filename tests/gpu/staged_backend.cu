@@ -30,11 +30,14 @@ BOOST_AUTO_TEST_CASE(cuda_aware_mpi_is_refused_by_name_or_works) {
   fc::cuda_aware_mpi::communicator direct(world(), "direct");
   const int size = world().size();
   for (fc::op o : all_ops) {
-    test_buffer<double> x(data<double>(world().rank(), 1001));
+    test_buffer<std::int64_t> x(data<std::int64_t>(world().rank(), 1001));
+    test_buffer<double> d(data<double>(world().rank(), 1001));
     test_buffer<fc::half> h(data<fc::half>(world().rank(), 1001));
     fc::cuda_aware_mpi::iallreduce(direct, x.span(), o).wait();
-    fc::cuda_aware_mpi::iallreduce(direct, h.span(), o).wait();  // 16-bit floats are staged
-    BOOST_TEST(fc::testing::all_ranks(same(x.host(), expected<double>(o, size, 1001), 1001, o) &&
+    fc::cuda_aware_mpi::iallreduce(direct, d.span(), o).wait();  // floating types are staged
+    fc::cuda_aware_mpi::iallreduce(direct, h.span(), o).wait();
+    BOOST_TEST(fc::testing::all_ranks(same(x.host(), expected<std::int64_t>(o, size, 1001), 1001, o) &&
+                                      same(d.host(), expected<double>(o, size, 1001), 1001, o) &&
                                       same(h.host(), expected<fc::half>(o, size, 1001), 1001, o)),
                "op=" << fc::name_of(o));
   }

@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -143,6 +145,63 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(reducer_equals_mpi_allreduce_for_every_type_and_op
                "slot " << slot << " bytes (" << reducer.slot_bytes() << " used), small path up to " << small
                        << ": " << detail);
   }
+}
+
+// The NaN rule (core/reduce_rule.hpp) on every host path, in whatever order contributions meet:
+// NaNs of both signs with payloads, infinities, zeros of both signs and subnormals, placed
+// differently on each rank. The reducer and MPI (flexcomm's own MPI_Ops) give the host loops' bits,
+// and min and max the same bits when the ranks are combined in the opposite order.
+namespace {
+using floating_types = boost::mpl::list<float, double, fc::half, fc::bfloat16>;
+
+template <class T>
+T special(std::size_t k) {
+  if constexpr (sizeof(T) == 2) {
+    const bool h = std::is_same_v<T, fc::half>;
+    const std::uint16_t bits[] = {static_cast<std::uint16_t>(h ? 0xfe01u : 0xffc1u), 0x7fffu, static_cast<std::uint16_t>(h ? 0x7c00u : 0x7f80u),
+                                  static_cast<std::uint16_t>(h ? 0xfc00u : 0xff80u), 0x0000u, 0x8000u, 0x0001u,
+                                  static_cast<std::uint16_t>(h ? 0x3c00u : 0x3f80u), static_cast<std::uint16_t>(h ? 0xbc00u : 0xbf80u)};
+    T x;
+    x.bits = bits[k % 9];
+    return x;
+  } else {
+    using L = std::numeric_limits<T>;
+    const T values[] = {-L::quiet_NaN(), L::quiet_NaN(), L::infinity(), -L::infinity(), T(0), -T(0), L::denorm_min(), T(1), T(-1)};
+    return values[k % 9];
+  }
+}
+
+template <class T>
+std::vector<T> specials_of(int rank, std::size_t n) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = special<T>(i * 5 + static_cast<std::size_t>(rank) * 7 + i / 9);
+  return v;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(specials_reduce_to_the_same_bits_on_every_path, T, floating_types) {
+  const auto ranks = world_ranks_of(this_host());
+  const std::size_t n = 1001;
+  mpi::host_reducer reducer(this_host(), 1024, 256);
+  bool ok = true;
+  std::string detail;
+  for (fc::op o : {fc::op::sum, fc::op::prod, fc::op::min, fc::op::max}) {
+    auto want = specials_of<T>(ranks.front(), n), backwards = specials_of<T>(ranks.back(), n);
+    for (std::size_t r = 1; r < ranks.size(); ++r) {
+      fc::combine(o, want.data(), specials_of<T>(ranks[r], n).data(), n);
+      fc::combine(o, backwards.data(), specials_of<T>(ranks[ranks.size() - 1 - r], n).data(), n);
+    }
+    auto by_reducer = specials_of<T>(world().rank(), n), by_mpi = by_reducer;
+    reducer.allreduce(by_reducer.data(), n, o);
+    mpi::iallreduce(this_host(), fc::span<T>(by_mpi), o).wait();
+    const bool order_free = o == fc::op::sum || o == fc::op::prod || bits_equal(want.data(), backwards.data(), n * sizeof(T));
+    if (!bits_equal(by_reducer.data(), want.data(), n * sizeof(T)) || !bits_equal(by_mpi.data(), want.data(), n * sizeof(T)) ||
+        !order_free) {
+      ok = false;
+      detail += fc::cat(" ", fc::name_of(o));
+    }
+  }
+  BOOST_TEST(all_ranks(ok), "differs:" << detail);
 }
 
 // Tasks started back to back and polled by another thread (the progress engine), small and

@@ -11,15 +11,15 @@ namespace flexcomm {
 enum class dtype { f32, f64, i32, i64, u8, f16, bf16 };
 
 namespace detail {
-// IEEE 754 binary16's bits, as CUDA's __half holds them.
+// IEEE 754 binary16's bits, as CUDA's __half holds them, rounded to nearest even.
 struct binary16_format {
   static std::uint16_t from_float(float f) {
     std::uint32_t x;
     std::memcpy(&x, &f, 4);
     const std::uint32_t sign = (x >> 16) & 0x8000u;
     const std::uint32_t absx = x & 0x7fffffffu;
-    if (absx >= 0x7f800000u)  // inf or nan
-      return static_cast<std::uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
+    if (absx > 0x7f800000u) return 0x7fffu;  // any NaN: the canonical one, as __float2half_rn gives
+    if (absx == 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
     if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow
     if (absx < 0x38800000u) {  // subnormal or zero in half: round to nearest even
       if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);
@@ -61,12 +61,13 @@ struct binary16_format {
   }
 };
 
-// bfloat16's bits: the top half of a float, rounded to nearest even, as __nv_bfloat16 holds them.
+// bfloat16's bits: the top half of a float, rounded to nearest even, as __nv_bfloat16 holds them;
+// any NaN becomes the canonical 0x7fff, as __float2bfloat16_rn makes it.
 struct bfloat16_format {
   static std::uint16_t from_float(float f) {
     std::uint32_t x;
     std::memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
     x += 0x7fffu + ((x >> 16) & 1u);
     return static_cast<std::uint16_t>(x >> 16);
   }

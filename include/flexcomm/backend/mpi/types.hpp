@@ -53,19 +53,22 @@ inline MPI_Datatype mpi_type(dtype t) {
   return MPI_DATATYPE_NULL;
 }
 
-// MPI has no 16-bit floats: reductions on them use user-defined operators, made once and
-// freed when MPI_Finalize deletes MPI_COMM_SELF's attributes.
+// Floating reductions use flexcomm's own operators (core/reduce_rule.hpp: canonical NaN, min and
+// max that propagate NaN and order -0 below +0 whatever the operand order), so MPI's results equal
+// the device kernels' and the shared-memory path's bit for bit; MPI's built-in MPI_SUM, MPI_MIN on
+// floats keep the hardware's NaN bits and order-dependent ties. MPI has no 16-bit floats at all.
+// Made once and freed when MPI_Finalize deletes MPI_COMM_SELF's attributes.
 template <class T, op O>
 void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   combine(O, static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len));
 }
 
-struct mpi_f16_ops {
-  MPI_Op ops[2][4] = {};  // [half, bfloat16][sum, prod, min, max]
+struct mpi_float_ops {
+  MPI_Op ops[4][4] = {};  // [float, double, half, bfloat16][sum, prod, min, max]
 };
 
-inline int free_f16_ops(MPI_Comm, int, void* ops, void*) {
-  auto* table = static_cast<mpi_f16_ops*>(ops);
+inline int free_float_ops(MPI_Comm, int, void* ops, void*) {
+  auto* table = static_cast<mpi_float_ops*>(ops);
   for (auto& row : table->ops)
     for (auto& o : row)
       if (o != MPI_OP_NULL) MPI_Op_free(&o);
@@ -73,19 +76,23 @@ inline int free_f16_ops(MPI_Comm, int, void* ops, void*) {
   return MPI_SUCCESS;
 }
 
-inline mpi_f16_ops& f16_ops() {
-  static mpi_f16_ops* table = [] {
-    auto* t = new mpi_f16_ops;
-    MPI_Op_create(&mpi_user_reduce<half, op::sum>, 1, &t->ops[0][0]);
-    MPI_Op_create(&mpi_user_reduce<half, op::prod>, 1, &t->ops[0][1]);
-    MPI_Op_create(&mpi_user_reduce<half, op::min>, 1, &t->ops[0][2]);
-    MPI_Op_create(&mpi_user_reduce<half, op::max>, 1, &t->ops[0][3]);
-    MPI_Op_create(&mpi_user_reduce<bfloat16, op::sum>, 1, &t->ops[1][0]);
-    MPI_Op_create(&mpi_user_reduce<bfloat16, op::prod>, 1, &t->ops[1][1]);
-    MPI_Op_create(&mpi_user_reduce<bfloat16, op::min>, 1, &t->ops[1][2]);
-    MPI_Op_create(&mpi_user_reduce<bfloat16, op::max>, 1, &t->ops[1][3]);
+template <class T>
+void create_float_ops(MPI_Op* row) {
+  MPI_Op_create(&mpi_user_reduce<T, op::sum>, 1, &row[0]);
+  MPI_Op_create(&mpi_user_reduce<T, op::prod>, 1, &row[1]);
+  MPI_Op_create(&mpi_user_reduce<T, op::min>, 1, &row[2]);
+  MPI_Op_create(&mpi_user_reduce<T, op::max>, 1, &row[3]);
+}
+
+inline mpi_float_ops& float_ops() {
+  static mpi_float_ops* table = [] {
+    auto* t = new mpi_float_ops;
+    create_float_ops<float>(t->ops[0]);
+    create_float_ops<double>(t->ops[1]);
+    create_float_ops<half>(t->ops[2]);
+    create_float_ops<bfloat16>(t->ops[3]);
     int key = MPI_KEYVAL_INVALID;
-    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_f16_ops, &key, nullptr);
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_float_ops, &key, nullptr);
     MPI_Comm_set_attr(MPI_COMM_SELF, key, t);
     return t;
   }();
@@ -94,8 +101,14 @@ inline mpi_f16_ops& f16_ops() {
 
 inline MPI_Op mpi_op(op o, dtype t) {
   const int index = o == op::avg ? 0 : static_cast<int>(o);  // avg = sum, divided afterwards
-  if (t == dtype::f16 || t == dtype::bf16) return f16_ops().ops[t == dtype::f16 ? 0 : 1][index];
-  static const MPI_Op native[] = {MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
+  switch (t) {
+    case dtype::f32: return float_ops().ops[0][index];
+    case dtype::f64: return float_ops().ops[1][index];
+    case dtype::f16: return float_ops().ops[2][index];
+    case dtype::bf16: return float_ops().ops[3][index];
+    default: break;
+  }
+  static const MPI_Op native[] = {MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};  // integers wrap alike
   return native[index];
 }
 }  // namespace detail

@@ -19,6 +19,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>

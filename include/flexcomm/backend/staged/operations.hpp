@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "../../core/datatype.hpp"
@@ -183,9 +184,9 @@ bool copy_gathered_back(const T* into, T* device, std::size_t n, device::stream_
   return true;
 }
 
-// Reductions of 16-bit floats use flexcomm's host operators inside MPI: never direct.
+// Floating reductions use flexcomm's host operators inside MPI (mpi/types.hpp): never direct.
 template <bool Direct, class T>
-constexpr bool direct_reduction = Direct && !is_f16_like<T>;
+constexpr bool direct_reduction = Direct && std::is_integral_v<T>;
 
 // After a reduced chunk arrived: direct, MPI summed on the device and a kernel averages;
 // staged, MPI averaged on the host and the chunk is copied back. True when work was queued.
