@@ -23,6 +23,7 @@
 #include <flexcomm/backend/cuda/runtime.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "raw_nccl.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -194,24 +195,8 @@ int main(int argc, char** argv) {
   const bool cuda_aware = fc::mpi_is_cuda_aware();
   fc::cuda_aware_mpi::communicator dcomm;
   if (cuda_aware) dcomm = fc::cuda_aware_mpi::communicator(world, "bench cuda_aware_mpi");
-  // The baseline: a plain blocking NCCL communicator, made the way NCCL's examples make it.
-  dv::nccl_comm_t plain = nullptr;
-  {
-    std::vector<std::uint8_t> id_bytes(sizeof(dv::nccl_id_t));
-    if (rank == 0) {
-      dv::nccl_id_t id;
-      fc::check_nccl(dv::nccl_get_unique_id(&id), "ncclGetUniqueId");
-      std::memcpy(id_bytes.data(), &id, sizeof id);
-    }
-    fc::mpi::ibcast(world, fc::span<std::uint8_t>(id_bytes), 0).wait();
-    dv::nccl_id_t id;
-    std::memcpy(&id, id_bytes.data(), sizeof id);
-#if defined(FLEXCOMM_DEVICE_STANDIN)
-    fc::check_nccl(dv::nccl_comm_init(&plain, ranks, id, rank, world.native()), "ncclCommInitRank");
-#else
-    fc::check_nccl(ncclCommInitRank(&plain, ranks, id, rank), "ncclCommInitRank");
-#endif
-  }
+  // The baseline: a plain NCCL communicator of its own (raw_nccl.hpp).
+  const dv::nccl_comm_t plain = baseline::nccl_comm(world);
   // A raw NCCL call; the stand-in's communicator is nonblocking, and its first collective returns
   // ncclInProgress until every rank has issued one (as NCCL's does): polled, as NCCL requires.
   auto raw_nccl = [plain](dv::nccl_result_t rc) {

@@ -26,6 +26,7 @@
 #include <flexcomm/backend/cuda/runtime.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "raw_nccl.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -151,28 +152,8 @@ int main(int argc, char** argv) {
 
   fc::nccl::communicator comm(world, "bench");
   fc::staged::communicator scomm(world, "bench staged");
-  // The raw NCCL baseline: a blocking communicator of its own.
-  dv::nccl_comm_t plain = nullptr;
-  {
-    std::vector<std::uint8_t> id_bytes(sizeof(dv::nccl_id_t));
-    if (rank == 0) {
-      dv::nccl_id_t id;
-      fc::check_nccl(dv::nccl_get_unique_id(&id), "ncclGetUniqueId");
-      std::memcpy(id_bytes.data(), &id, sizeof id);
-    }
-    fc::mpi::ibcast(world, fc::span<std::uint8_t>(id_bytes), 0).wait();
-    dv::nccl_id_t id;
-    std::memcpy(&id, id_bytes.data(), sizeof id);
-#if defined(FLEXCOMM_DEVICE_STANDIN)
-    // The stand-in's init is nonblocking, as flexcomm's: ready once every rank has joined.
-    dv::nccl_result_t state = dv::nccl_in_progress;
-    fc::check_nccl(dv::nccl_comm_init(&plain, ranks, id, rank, world.native()), "ncclCommInitRank");
-    while (state == dv::nccl_in_progress) fc::check_nccl(dv::nccl_comm_get_async_error(plain, &state), "init");
-    fc::check_nccl(state, "ncclCommInitRank");
-#else
-    fc::check_nccl(ncclCommInitRank(&plain, ranks, id, rank), "ncclCommInitRank");
-#endif
-  }
+  // The baseline: a plain NCCL communicator of its own (raw_nccl.hpp).
+  const dv::nccl_comm_t plain = baseline::nccl_comm(world);
   dv::stream_t stream = nullptr;
   fc::check_cuda(dv::stream_create(&stream, true), "cudaStreamCreate");
   float *a = nullptr, *b = nullptr, *host = nullptr;

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "report.hpp"
+
 namespace fc = flexcomm;
 using fc::mpi;
 
@@ -26,14 +28,6 @@ namespace {
 constexpr std::int64_t fault_step = 3;
 constexpr std::int64_t steps = 6;
 constexpr std::size_t capacity = 256;
-
-void report(int rank, const std::string& text) {
-  std::istringstream lines(text);
-  std::string line, out;
-  while (std::getline(lines, line)) out += "[rank " + std::to_string(rank) + "] " + line + "\n";
-  std::fputs(out.c_str(), stderr);
-  std::fflush(stderr);
-}
 
 // The adaptive feed over "members=nx1", where every trainer makes steps: the last rank's loader,
 // from fault_step on, stalls (claim-stall) or ends the process (claim-dies) in the first piece it

@@ -27,6 +27,8 @@
 #include <string>
 #include <thread>
 
+#include "report.hpp"
+
 namespace fc = flexcomm;
 using fc::nccl;
 
@@ -35,14 +37,6 @@ namespace {
 constexpr std::size_t count = 1000;
 constexpr int fault_step = 3;
 constexpr int steps = 6;
-
-void report(int rank, const std::string& text) {
-  std::istringstream lines(text);
-  std::string line, out;
-  while (std::getline(lines, line)) out += "[rank " + std::to_string(rank) + "] " + line + "\n";
-  std::fputs(out.c_str(), stderr);
-  std::fflush(stderr);
-}
 
 // Outside flexcomm for 4x the timeout, as a rank under SIGSTOP: the others must not wait for it.
 void stall(int rank) {

@@ -20,6 +20,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "report.hpp"
+
 namespace fc = flexcomm;
 using fc::mpi;
 
@@ -43,14 +45,6 @@ struct guarded {
   std::size_t n;
   std::vector<T> data;
 };
-
-void report(int rank, const std::string& text) {
-  std::istringstream lines(text);
-  std::string line, out;
-  while (std::getline(lines, line)) out += "[rank " + std::to_string(rank) + "] " + line + "\n";
-  std::fputs(out.c_str(), stderr);
-  std::fflush(stderr);
-}
 
 }  // namespace
 
