@@ -228,6 +228,10 @@ struct engine {
   // memory then took for device memory: an allreduce issued on one rank only (CI's
   // standin_nccl_backend np4 timeout on Open MPI, 1 run in 26 here). Poisoned for ASan while they wait.
   std::multimap<std::size_t, std::byte*> released;
+  // Set once an aborted communicator left operations in MPI: MPI may still read and write their
+  // buffers (a real abort stops the kernels), so memory released after that is leaked, never
+  // poisoned or handed out again.
+  std::atomic<bool> mpi_holds_buffers{false};
   std::atomic<std::uint64_t> calls{0};
   std::chrono::microseconds latency{200};
   std::vector<std::shared_ptr<capture_state>> captures;  // active capture sequences
@@ -483,6 +487,7 @@ inline error_t release(void* p, bool pinned) {
   e.synchronize_all_locked(lock);  // cudaFree and cudaFreeHost wait for the device
   const allocation a = it->second;
   e.memory.erase(it);
+  if (e.mpi_holds_buffers.load()) return success;
   if (pinned) {
     ::operator delete(p, std::align_val_t{256});
   } else {
@@ -1137,7 +1142,10 @@ inline void run_group(const std::vector<call>& calls,
     else done = 1;
     if (done && !stuck()) break;
     for (const auto& [comm, seq] : turns)
-      if (comm->aborted.load()) return;  // what MPI still holds is left to it, as a killed kernel's is
+      if (comm->aborted.load()) {  // what MPI still holds is left to it, as a killed kernel's is
+        if (!done) e.mpi_holds_buffers.store(true);
+        return;
+      }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   for (const auto& [comm, seq] : turns) comm->active.fetch_sub(1);
