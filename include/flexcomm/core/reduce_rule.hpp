@@ -65,7 +65,7 @@ FLEXCOMM_HOST_DEVICE inline F floating(F a, F b) {
     const F apart = O == op::min ? (b < a ? b : a) : (a < b ? b : a);
     const F tie = from_bits<F>(O == op::min ? (bits_of(a) | bits_of(b)) : (bits_of(a) & bits_of(b)));
     const F r = a == b ? tie : apart;
-    return (a != a) | (b != b) ? from_bits<F>(float_bits<F>::canonical_nan) : r;
+    return ((a != a) | (b != b)) ? from_bits<F>(float_bits<F>::canonical_nan) : r;
   }
 }
 
