@@ -44,7 +44,7 @@ void a_missing_rank_times_out(bool connected) {
   std::string cause = "(no error)";
   {
     auto lonely = comm().dup("lonely");
-    lonely.set_timeout(std::chrono::milliseconds{3000});
+    lonely.set_timeout(std::chrono::milliseconds{1500});
     test_buffer<float> x(std::vector<float>(16, 1.f));
     if (connected) backend::iallreduce(lonely, x.span(), fc::op::sum).wait();
     if (world().rank() == 0) {
@@ -53,7 +53,7 @@ void a_missing_rank_times_out(bool connected) {
         ok = false;
       } catch (const fc::error& e) {
         cause = e.cause();
-        ok = cause.find("ncclCommAbort") != std::string::npos && cause.find("after 3000 ms") != std::string::npos &&
+        ok = cause.find("ncclCommAbort") != std::string::npos && cause.find("after 1500 ms") != std::string::npos &&
              cause.find("ranks that did not arrive: 1 (world 1)") != std::string::npos;
       }
       // Later operations on it are refused, not hung on.
