@@ -36,6 +36,7 @@
 #include "patterns/collect/many_to_one.hpp"
 #include "pipeline/ensemble_pipeline.hpp"
 #include "pipeline/presets.hpp"
+#include "pipeline/preset_layout.hpp"
 
 // CUDA parts: the host-side helpers wherever the build has CUDA; the device backends, whose
 // reduction kernels need nvcc, in translation units nvcc compiles (.cu). On the host stand-in of

@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
       {"bad-shm", "FLEXCOMM_SHM", "maybe"},
       {"bad-hosts", "FLEXCOMM_HOSTS", "2+x"},
       {"bad-layout", "FLEXCOMM_LAYOUT", "members="},
+      {"bad-preset", "FLEXCOMM_PRESET", "fast"},
       {"bad-stage-chunk", "FLEXCOMM_STAGE_CHUNK", "0"},
       {"bad-pinned-bytes", "FLEXCOMM_PINNED_BYTES", "1K"},
       {"bad-standin-latency", "FLEXCOMM_STANDIN_LATENCY", "-5"},

@@ -364,6 +364,9 @@ BAD_SETTINGS = {
     'bad-shm': ('FLEXCOMM_SHM', 'maybe', "FLEXCOMM_SHM: cannot parse 'maybe': expected auto, on or off"),
     'bad-hosts': ('FLEXCOMM_HOSTS', '2+x', "FLEXCOMM_HOSTS: cannot parse '2\\+x': 'x' is not a rank count"),
     'bad-layout': ('FLEXCOMM_LAYOUT', 'members=', "FLEXCOMM_LAYOUT: cannot parse 'members=': member size is empty"),
+    'bad-preset': ('FLEXCOMM_PRESET', 'fast',
+                   "FLEXCOMM_PRESET: unknown preset 'fast' (known: baseline, single_broadcast, multi_broadcast, "
+                   "all_shared, adaptive)"),
     'bad-stage-chunk': ('FLEXCOMM_STAGE_CHUNK', '0',
                         "FLEXCOMM_STAGE_CHUNK: cannot parse '0': expected a chunk size in bytes, 16 .. 2\\^34"),
     'bad-pinned-bytes': ('FLEXCOMM_PINNED_BYTES', '1K',

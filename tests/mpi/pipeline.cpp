@@ -2,6 +2,7 @@
 #include "mpi_fixture.hpp"
 #include "errors.hpp"
 
+#include <flexcomm/pipeline/preset_layout.hpp>
 #include <flexcomm/pipeline/presets.hpp>
 
 #include <cstdint>
@@ -351,6 +352,57 @@ BOOST_AUTO_TEST_CASE(with_producers_keeps_the_aggregator_on_its_trainer) {
   BOOST_TEST(single::layout_for(placed).per_host());
   BOOST_CHECK_NO_THROW(single::check_layout(placed, "single_broadcast"));
   BOOST_CHECK_THROW(fc::presets::baseline<>::check_layout(placed, "baseline"), fc::error);
+}
+
+// presets::choose keeps the user's layout: producers and an aggregator it names stay (or are
+// refused, naming the presets that take them), refusals quote the text, name the preset and say
+// what it added, and plain data parallel with no room for the preset's producers runs the
+// baseline, saying so. Pure layout logic: every rank computes the same.
+BOOST_AUTO_TEST_CASE(a_chosen_layout_is_the_users_and_says_what_the_preset_added) {
+  using fc::testing::contains;
+  using fc::testing::error_of;
+  // The case: 2 producers and aggregator 2 fit 5 ranks; kept where the preset takes them.
+  const char* two = "producers=2 members=2,1 aggregator=2";
+  for (const char* preset : {"multi_broadcast", "adaptive"}) {
+    const auto kept = fc::presets::choose(preset, two, 0, 5);
+    BOOST_TEST((kept.preset == preset && kept.layout.str() == two && kept.note.empty()));
+  }
+  BOOST_TEST(contains(error_of([&] { fc::presets::choose("single_broadcast", two, 0, 5); }),
+                      ": presets::choose: layout 'producers=2 members=2,1 aggregator=2' has 2 producers; preset "
+                      "single_broadcast takes 1 producer, and a layout's own producers are kept as written (presets "
+                      "that take these: multi_broadcast, adaptive)"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("baseline", "producers=per-host members=2", 0, 3); }),
+                      "puts a producer on each host; preset baseline takes no producers"));
+  // What the preset added, quoted with the user's own text.
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("single_broadcast", "members=2,1,1", 0, 3); }),
+                      "layout 'members=2,1,1' with preset single_broadcast (which adds producers=1 and aggregator=1, "
+                      "making 'producers=1 members=2,1,1 aggregator=1') needs 5 ranks, world has 3"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("single_broadcast", "members=2 aggregator=1", 0, 2); }),
+                      "layout 'members=2 aggregator=1' with preset single_broadcast (which adds producers=1 and "
+                      "aggregator=2 for 1, the same trainer, making 'producers=1 members=2 aggregator=2') needs 3 "
+                      "ranks, world has 2"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("baseline", "members=2,1", 0, 4); }),
+                      "layout 'members=2,1' with preset baseline needs 3 ranks, world has 4"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("fast", "", 0, 2); }),
+                      "unknown preset 'fast' (known: baseline, single_broadcast, multi_broadcast, all_shared, "
+                      "adaptive)"));
+  // Room for the producers: the preset runs as asked; none: the baseline, said once.
+  const auto roomy = fc::presets::choose("single_broadcast", "members=2", 0, 3);
+  BOOST_TEST((roomy.preset == "single_broadcast" && roomy.layout.str() == "producers=1 members=2 aggregator=1" &&
+              roomy.note.empty()));
+  const auto plain = fc::presets::choose("single_broadcast", "members=2", 0, 2);
+  BOOST_TEST((plain.preset == "baseline" && plain.layout.str() == "members=2"));
+  BOOST_TEST(plain.note ==
+             "preset single_broadcast asked for, baseline used: no room for single_broadcast's 1 producer beside "
+             "layout 'members=2' on 2 ranks, so every trainer loads its own batches (single_broadcast runs from 3 "
+             "ranks)");
+  // No layout: the members spread over the world, on the baseline where the producers find no room.
+  const int n = world().size();
+  const auto spread = fc::presets::choose("multi_broadcast", "", 0, n);
+  BOOST_TEST((spread.preset == (n >= 3 ? "multi_broadcast" : "baseline") &&
+              spread.layout.world_size() == n && spread.layout.producers() == (n >= 3 ? 2 : 0)));
+  BOOST_TEST(contains(error_of([&] { fc::presets::choose("baseline", "", n + 1, n); }),
+                      "fewer than the " + std::to_string(n + 1) + " members"));
 }
 
 BOOST_AUTO_TEST_CASE(run_happens_once) {

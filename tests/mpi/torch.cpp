@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -553,4 +554,77 @@ BOOST_AUTO_TEST_CASE(cuda_without_a_cuda_build_is_refused_saying_why) {
     fi::train_ensemble(world(), options, fi::dataset_of(data, 4), [](fi::trainer&) {}, [](const fi::evaluation&) {});
   });
   BOOST_TEST(all_ranks(contains(message, "unknown device_backend 'gloo'")));
+}
+
+// The preset is chosen at run time too: FLEXCOMM_PRESET where the options name none, the options'
+// own where they do (as `layout` wins over FLEXCOMM_LAYOUT), else single_broadcast. A run under
+// the setting: all_shared has no producers, so every rank trains the one member.
+BOOST_AUTO_TEST_CASE(the_preset_comes_from_the_setting_where_the_options_name_none) {
+  const int n = world().size();
+  fi::ensemble_options named{"baseline", 0};
+  named.end_job_on_error = false;
+  fi::ensemble_options open = named;
+  open.preset.clear();
+  setenv("FLEXCOMM_PRESET", "all_shared", 1);
+  const auto from_setting = fi::ensemble_choice(n, open), from_code = fi::ensemble_choice(n, named);
+  counting data;
+  int trained = 0;
+  bool ok = true;
+  fi::train_ensemble(
+      world(), open, fi::dataset_of(data, 4), [&](fi::trainer& ctx) {
+        ok = ctx.members() == 1 && ctx.member_size() == n;
+        auto loader = ctx.loader();
+        for (auto& batch : *loader) (void)batch;
+        trained = 1;
+      },
+      [](const fi::evaluation&) {});
+  unsetenv("FLEXCOMM_PRESET");
+  const auto by_default = fi::ensemble_choice(n, open);
+  fc::mpi::iallreduce(world(), fc::span<int>(&trained, 1), fc::op::sum).wait();
+  BOOST_TEST(all_ranks(ok && trained == n));
+  BOOST_TEST((from_setting.preset == "all_shared" && from_code.preset == "baseline"));
+  BOOST_TEST(by_default.preset == (n >= 2 ? "single_broadcast" : "baseline"));  // 1 rank: no room for its producer
+}
+
+// Plain data parallel: one member of every rank ("members=N", no producer, no aggregator) under
+// single_broadcast, whose producer finds no room, trains on the baseline's feed, each rank a
+// replica whose gradients are the member's mean. A layout the world cannot hold is refused
+// quoting it, naming the preset and what the preset added.
+BOOST_AUTO_TEST_CASE(plain_data_parallel_runs_under_a_preset_with_producers) {
+  const int n = world().size();
+  fi::ensemble_options options{"single_broadcast", 0};
+  options.layout = "members=" + std::to_string(n);
+  options.end_job_on_error = false;
+  counting data;
+  int trained = 0;
+  bool ok = true;
+  fi::train_ensemble(
+      world(), options, fi::dataset_of(data, 4), [&](fi::trainer& ctx) {
+        torch::manual_seed(3);
+        torch::nn::Linear model(6, 1);
+        ctx.average_gradients(*model);
+        auto loader = ctx.loader();
+        for (auto& batch : *loader) {
+          model->zero_grad();
+          model->forward(batch.data.view({-1, 6})).sum().backward();
+          auto grad = model->bias.grad().clone(), high = grad.clone(), low = -grad;
+          fc::mpi::iallreduce(ctx.comm(), fc::span<float>(high.data_ptr<float>(), 1), fc::op::max).wait();
+          fc::mpi::iallreduce(ctx.comm(), fc::span<float>(low.data_ptr<float>(), 1), fc::op::max).wait();
+          ok = ok && (high + low).item<float>() == 0;  // the same mean on every replica
+        }
+        ok = ok && ctx.members() == 1 && ctx.member_size() == n;
+        trained = 1;
+      },
+      [](const fi::evaluation&) {});
+  fc::mpi::iallreduce(world(), fc::span<int>(&trained, 1), fc::op::sum).wait();
+  BOOST_TEST(all_ranks(ok && trained == n));
+  options.layout = "members=" + std::to_string(n + 1);
+  const auto message = error_of([&] {
+    fi::train_ensemble(world(), options, fi::dataset_of(data, 4), [](fi::trainer&) {}, [](const fi::evaluation&) {});
+  });
+  const auto m = std::to_string(n + 1);
+  BOOST_TEST(all_ranks(contains(message, "interop::train_ensemble: layout 'members=" + m + "' with preset "
+                                         "single_broadcast (which adds producers=1 and aggregator=1, making "
+                                         "'producers=1 members=" + m + " aggregator=1') needs " +
+                                         std::to_string(n + 2) + " ranks, world has " + std::to_string(n))));
 }

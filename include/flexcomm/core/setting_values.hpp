@@ -96,6 +96,20 @@ inline int parse_standin_devices(const char* text) {
   return static_cast<int>(devices);
 }
 
+// The presets' names (pipeline/presets.hpp: presets::names), kept here so that FLEXCOMM_PRESET
+// is checked at start with the others, below the pipeline layer.
+inline constexpr const char* preset_names[] = {"baseline", "single_broadcast", "multi_broadcast", "all_shared",
+                                               "adaptive"};
+// FLEXCOMM_PRESET (and any preset name): one of preset_names; otherwise an error listing them.
+inline void check_preset_name(std::string_view name) {
+  std::string known;
+  for (const char* n : preset_names) {
+    if (name == n) return;
+    known += cat(known.empty() ? "" : ", ", n);
+  }
+  fail("presets", cat("unknown preset '", name, "' (known: ", known, ")"));
+}
+
 namespace detail {
 // Whether this program carries the device backends (a CUDA build's translation units, or the
 // device stand-in's): the settings that only they read apply.
@@ -137,6 +151,7 @@ inline std::vector<std::string> check_settings() {
   check_setting("FLEXCOMM_SHM", [](const char*) { shared_memory_from_env(); });
   check_setting("FLEXCOMM_HOSTS", [](const char* t) { host_map::parse(t); });
   check_setting("FLEXCOMM_LAYOUT", [](const char* t) { ensemble_layout::parse(t); });
+  check_setting("FLEXCOMM_PRESET", [](const char* t) { check_preset_name(t); });
   check_setting("FLEXCOMM_STAGE_CHUNK", [](const char* t) { parse_stage_chunk(t); });
   check_setting("FLEXCOMM_PINNED_BYTES", [](const char* t) {
     const char* chunk = setting("FLEXCOMM_STAGE_CHUNK");

@@ -30,6 +30,7 @@ inline constexpr setting_doc known_settings[] = {
     {"FLEXCOMM_SHM", "shared memory within a host (Sync adapters, hierarchical stages, one_to_many, all_shared): auto, on or off (default auto)"},
     {"FLEXCOMM_HOSTS", "a host map to pretend, e.g. 2+1+2 (tests on one machine)"},
     {"FLEXCOMM_LAYOUT", "the ensemble layout of examples and benchmarks"},
+    {"FLEXCOMM_PRESET", "the preset train_ensemble runs where its options name none (default single_broadcast)"},
     {"FLEXCOMM_STAGE_CHUNK", "the staged backend's chunk size in bytes"},
     {"FLEXCOMM_PINNED_BYTES", "the staged backend's pinned host memory for chunks, in bytes; at least one chunk (default 64 chunks: 64 MiB)"},
     {"FLEXCOMM_DEVICE", "the GPU of a rank, by cuda::use_local_device: local (node-local rank modulo the devices, the default) or a device index"},

@@ -55,6 +55,7 @@
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/settings.hpp"
+#include "../pipeline/preset_layout.hpp"
 #include "../pipeline/presets.hpp"
 #include "torch.hpp"
 // A module on a GPU (torch.hpp sets FLEXCOMM_TORCH_CUDA, where nvcc compiles): each rank's
@@ -301,11 +302,14 @@ class trainer {
 };
 
 struct ensemble_options {
-  std::string preset = "single_broadcast";  // presets::names
-  int members = 0;                          // 0: the layout's; without one, 1 (one model, data-parallel)
-  std::string sync = "allreduce";           // or "ring" (overlapped_ring); the baseline's is allreduce
+  // A name of presets::names; empty: FLEXCOMM_PRESET, else single_broadcast. Named here, it wins
+  // over the setting, as `layout` wins over FLEXCOMM_LAYOUT: the settings fill what code leaves open.
+  std::string preset{};
+  int members = 0;                 // 0: the layout's; without one, 1 (one model, data-parallel)
+  std::string sync = "allreduce";  // or "ring" (overlapped_ring); the baseline's is allreduce
   // "producers=1 members=2,1,1 aggregator=1" (ensemble_layout::parse); empty: FLEXCOMM_LAYOUT,
-  // else the members spread over the ranks after the preset's producers.
+  // else the members spread over the ranks after the preset's producers (presets::choose: what
+  // the preset adds, and plain data parallel on the baseline where the world has no room for it).
   std::string layout{};
   // Stdout of a member's ranks but its first goes to /dev/null while the trainer function runs:
   // its prints come once per member (trainer::reports() says which rank prints).
@@ -320,31 +324,17 @@ struct ensemble_options {
   std::string device_backend = "nccl";
 };
 
-// The layout train_ensemble runs on: o.layout, else FLEXCOMM_LAYOUT (either must have o.members
-// members when o.members is given), else o.members (or 1) members spread over the ranks after the
-// preset's producers, the first members taking one rank more where they do not divide, the first
-// trainer aggregating. Then the preset's producers (Preset::layout_for).
-template <class Preset>
-ensemble_layout ensemble_layout_for(int world_size, const ensemble_options& o) {
-  const char* what = "interop::train_ensemble";
-  check(o.members >= 0, what, cat("an ensemble of ", o.members, " members"));
-  const char* variable = setting("FLEXCOMM_LAYOUT");
-  const std::string text = !o.layout.empty() ? o.layout : variable ? variable : "";
-  if (!text.empty()) {
-    auto layout = ensemble_layout::parse(text);
-    check(o.members == 0 || layout.members() == o.members, what,
-          cat("layout '", text, "' has ", layout.members(), " members; the trainer asks for ", o.members));
-    return Preset::layout_for(layout);
-  }
-  const int members = o.members > 0 ? o.members : 1;
-  const int producers = Preset::min_producers, trainers = world_size - producers;
-  check(trainers >= members, what,
-        cat(world_size, " ranks, less ", Preset::name, "'s producers (", producers, "), leave ", trainers,
-            " to train, fewer than the ", members, " members (start ", producers + members,
-            " ranks or more, or give a layout)"));
-  std::vector<int> sizes;
-  for (int m = 0; m < members; ++m) sizes.push_back(trainers / members + (m < trainers % members ? 1 : 0));
-  return ensemble_layout(producers, sizes, producers);
+// The preset and layout train_ensemble runs (presets::choose, which says what the preset adds
+// and when the baseline runs instead): preset o.preset, else FLEXCOMM_PRESET, else
+// single_broadcast; layout o.layout, else FLEXCOMM_LAYOUT (either must have o.members members
+// when o.members is given), else o.members (or 1) members spread over the ranks after the
+// preset's producers.
+inline presets::choice ensemble_choice(int world_size, const ensemble_options& o) {
+  const char* preset = setting("FLEXCOMM_PRESET");
+  const char* layout = setting("FLEXCOMM_LAYOUT");
+  return presets::choose(!o.preset.empty() ? o.preset : preset ? preset : "single_broadcast",
+                         !o.layout.empty() ? o.layout : layout ? layout : "", o.members, world_size,
+                         "interop::train_ensemble");
 }
 
 // What the report gets after each epoch's test, on the aggregator.
@@ -470,6 +460,17 @@ inline void use_local_device(const mpi::communicator& world, const ensemble_layo
 #endif
 }
 
+// ensemble_choice, its note (the baseline runs instead of the preset asked for) said once, by
+// rank 0, on stderr.
+inline presets::choice ensemble_choice_said(const mpi::communicator& world, const ensemble_options& o) {
+  auto chosen = ensemble_choice(world.size(), o);
+  if (world.rank() == 0 && !chosen.note.empty()) {
+    std::fprintf(stderr, "flexcomm: rank 0: interop::train_ensemble: %s\n", chosen.note.c_str());
+    std::fflush(stderr);
+  }
+  return chosen;
+}
+
 // One epoch's evaluation from its two rounds (outputs, then targets), checked: the members
 // evaluated the same samples in the same order.
 inline evaluation evaluation_of(int epoch, gathered<float>& outputs, gathered<float>& targets) {
@@ -521,9 +522,10 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
           "the evaluation set is empty; the members' outputs on it are what the aggregator gets");
     const std::int64_t samples = evaluation.size(0);
     detail::check_device_backend(o.device_backend);
-    presets::visit(o.preset, o.sync, [&](auto preset) {
+    const auto chosen = detail::ensemble_choice_said(world, o);
+    presets::visit(chosen.preset, o.sync, [&](auto preset) {
       using Preset = decltype(preset);
-      const auto layout = ensemble_layout_for<Preset>(world.size(), o);
+      const auto& layout = chosen.layout;
       typename Preset::pipeline pipe(world, layout, Preset::configure({}));
       detail::use_local_device(world, layout);
       pipe.run(
@@ -577,9 +579,10 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
                            const std::function<void(const evaluation&)>& report) {
   detail::ending_job_on_error(world, o.end_job_on_error, [&] {
     detail::check_device_backend(o.device_backend);
-    presets::visit(o.preset, o.sync, [&](auto preset) {
+    const auto chosen = detail::ensemble_choice_said(world, o);
+    presets::visit(chosen.preset, o.sync, [&](auto preset) {
       using Preset = decltype(preset);
-      const auto layout = ensemble_layout_for<Preset>(world.size(), o);
+      const auto& layout = chosen.layout;
       typename Preset::pipeline pipe(world, layout, Preset::configure({}));
       detail::use_local_device(world, layout);
       std::optional<detail::quiet_stdout> quiet;  // while this rank's trainer function runs

@@ -26,6 +26,7 @@
 #include "../backend/mpi.hpp"
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
+#include "../core/setting_values.hpp"
 #include "../patterns/feed/adaptive.hpp"
 #include "../patterns/feed/all_shared.hpp"
 #include "../patterns/feed/local_feed.hpp"
@@ -103,11 +104,13 @@ struct preset {
               : max_producers == std::numeric_limits<int>::max() ? cat(min_producers, " or more")
                                                                  : cat(min_producers, "..", max_producers)));
   }
-  // The layout this preset runs on, from one that gives the members (and the aggregator).
+  // The layout this preset runs on, from one that gives the members (and the aggregator): one
+  // without producers gets the preset's fewest (with_producers keeps the aggregator's trainer);
+  // producers it has are kept, never rewritten, so that a count this preset does not take is
+  // refused as the user wrote it (check_layout).
   static ensemble_layout layout_for(const ensemble_layout& layout) {
-    if (layout.per_host() && max_producers > 0) return layout;
-    const int p = layout.per_host() ? 0 : layout.producers();
-    return with_producers(layout, p < min_producers ? min_producers : p > max_producers ? max_producers : p);
+    if (layout.per_host() || layout.producers() > 0 || min_producers == 0) return layout;
+    return with_producers(layout, min_producers);
   }
 };
 
@@ -137,8 +140,9 @@ struct all_shared : preset<detail::all_shared_name, flexcomm::all_shared, Sync, 
 template <template <class> class Sync = subgroup_allreduce, class B = mpi, class HostB = host_backend_t<B>>
 struct adaptive : preset<detail::adaptive_name, flexcomm::adaptive, Sync, B, HostB, 0, many, true> {};
 
-// Names a trainer passes on the command line.
-inline constexpr const char* names[] = {"baseline", "single_broadcast", "multi_broadcast", "all_shared", "adaptive"};
+// Names a trainer passes on the command line (core/setting_values.hpp holds them, for
+// FLEXCOMM_PRESET's check at start).
+inline constexpr const auto& names = preset_names;
 inline constexpr const char* sync_names[] = {"allreduce", "ring"};
 
 namespace detail {
@@ -170,8 +174,8 @@ decltype(auto) visit(std::string_view name, std::string_view sync, F&& f) {
   if (name == "multi_broadcast") return detail::with_sync<multi_broadcast, B>(ring, f);
   if (name == "all_shared") return detail::with_sync<all_shared, B>(ring, f);
   if (name == "adaptive") return detail::with_sync<adaptive, B>(ring, f);
-  fail("presets",
-       cat("unknown preset '", name, "' (known: baseline, single_broadcast, multi_broadcast, all_shared, adaptive)"));
+  check_preset_name(name);  // an unknown name: the error lists the known ones
+  fail("presets", cat("preset '", name, "' is in presets::names but visit() has no case for it"));
 }
 
 }  // namespace presets
