@@ -131,7 +131,7 @@ class epoch_iterator {
 template <class TypedFeed>
 class epoch {
  public:
-  explicit epoch(TypedFeed& feed) : next_{[&feed] { return feed.next(); }, {}} {}
+  explicit epoch(TypedFeed& feed) : next_{[&feed] { return feed.next(); }, {}, {}} {}
   detail::epoch_iterator begin() { return detail::epoch_iterator(&next_); }
   detail::epoch_iterator end() { return {}; }
 
@@ -506,11 +506,11 @@ inline void detail::epoch_iterator::advance() {
 }
 
 inline detail::batch_source detail::source_on(next_batch next, const torch::Device& device) {
-  if (device.is_cpu()) return {std::move(next), {}};
+  if (device.is_cpu()) return {std::move(next), {}, {}};
   check_place(gradient_place::either, device, "interop::data_loader");  // a CUDA device, and the interop has CUDA
 #if FLEXCOMM_TORCH_CUDA
   auto batches = std::make_shared<device_batches>(std::move(next), device);
-  return {[batches] { return batches->next(); }, [batches](const typed_batch&) { return batches->example(); }};
+  return {[batches] { return batches->next(); }, [batches](const typed_batch&) { return batches->example(); }, {}};
 #else
   return {};
 #endif
