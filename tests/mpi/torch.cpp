@@ -12,8 +12,10 @@
 
 #include <algorithm>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -399,7 +401,7 @@ BOOST_AUTO_TEST_CASE(an_ensemble_trains_and_gathers_under_every_preset) {
           torch::manual_seed(static_cast<std::uint64_t>(ctx.member()));
           torch::nn::Linear model(6, 2);
           ctx.average_gradients(*model);
-          ok = ok && contains(error_of([&] { ctx.average_gradients(*model); }), "called twice");
+          ok = ok && contains(error_of([&] { ctx.average_gradients(*model); }), "averaged already");
           auto loader = ctx.loader();
           std::int64_t seen = 0;
           for (int epoch = 0; epoch < 2; ++epoch) {
@@ -515,6 +517,152 @@ BOOST_AUTO_TEST_CASE(replicas_seeded_apart_train_as_one_and_each_epoch_is_report
     fc::mpi::iallreduce(world(), fc::span<int>(&reports, 1), fc::op::sum).wait();
     ok = ok && reports == 2 && (reported.empty() || reported == std::vector<int>{1, 2});
     BOOST_TEST_INFO("preset " << preset);
+    BOOST_TEST(all_ranks(ok));
+  }
+}
+
+namespace {
+// The largest difference over the member's ranks of any element of the tensors (0: equal).
+double member_spread(const fc::mpi::communicator& comm, const std::vector<torch::Tensor>& tensors) {
+  double apart = 0;
+  for (const auto& t : tensors) {
+    auto high = t.detach().to(torch::kFloat64).contiguous().clone(), low = -high;
+    fc::mpi::iallreduce(comm, fc::span<double>(high.data_ptr<double>(), high.numel()), fc::op::max).wait();
+    fc::mpi::iallreduce(comm, fc::span<double>(low.data_ptr<double>(), low.numel()), fc::op::max).wait();
+    if (t.numel() > 0) apart = std::max(apart, (high + low).abs().max().item<double>());
+  }
+  return apart;
+}
+
+// Members of at most two ranks, each rank at least one sample of every batch of 4 (the last: 3).
+fi::ensemble_options small_members(int n) {
+  fi::ensemble_options options{"baseline", n >= 3 ? 2 : 1};
+  options.end_job_on_error = false;
+  return options;
+}
+}  // namespace
+
+// Two modules, two optimizers (one backward through both, then one through the second alone):
+// the second module, attached as a parameter list, has a Sync of its own; the replicas, seeded
+// apart, end equal. A frozen parameter takes no part (the Sync counts it out), keeps its value
+// and gets no gradient; a module all frozen is replicated, with nothing to average; attaching a
+// parameter twice, or a module after the first batch, is refused naming average_gradients.
+BOOST_AUTO_TEST_CASE(two_modules_with_two_optimizers_train_as_one_per_member) {
+  counting data;
+  bool ok = true;
+  fi::train_ensemble(
+      world(), small_members(world().size()), fi::dataset_of(data, 4, 2),
+      [&](fi::trainer& ctx) {
+        torch::manual_seed(static_cast<std::uint64_t>(200 + world().rank()));
+        torch::nn::Linear first(6, 4), second(4, 2), still(2, 2);
+        second->bias.set_requires_grad(false);
+        for (auto& p : still->parameters()) p.set_requires_grad(false);
+        ok = ok && ctx.average_gradients(*first).parameters() == 2;
+        ok = ok && ctx.average_gradients(second->parameters()).parameters() == 1;
+        ok = ok && ctx.average_gradients(*still).parameters() == 0;
+        ok = ok && contains(error_of([&] { ctx.average_gradients({first->weight}); }), "averaged already");
+        const auto frozen = second->bias.detach().clone();
+        const auto all = [&] {
+          auto p = first->parameters();
+          for (auto& t : second->parameters()) p.push_back(t);
+          for (auto& t : still->parameters()) p.push_back(t);
+          return p;
+        };
+        const double start = member_spread(ctx.comm(), all());  // collectives on every rank, whatever ok is
+        ok = ok && start == 0;
+        torch::optim::SGD one(first->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
+        torch::optim::Adam two(std::vector<torch::Tensor>{second->weight}, torch::optim::AdamOptions(0.01));
+        auto loader = ctx.loader();
+        for (int epoch = 0; epoch < 2; ++epoch) {
+          for (auto& batch : *loader) {
+            const auto x = batch.data.view({-1, 6});
+            one.zero_grad();
+            two.zero_grad();
+            second->forward(torch::tanh(first->forward(x))).pow(2).mean().backward();
+            one.step();
+            two.step();
+            two.zero_grad();  // the second alone, on the first's outputs as they are
+            second->forward(first->forward(x).detach()).sum().backward();
+            two.step();
+          }
+        }
+        const double end = member_spread(ctx.comm(), all());
+        ok = ok && end == 0 && torch::equal(second->bias, frozen) &&
+             !second->bias.grad().defined();
+        const auto late = error_of([&] { ctx.average_gradients(*still); });
+        ok = ok && contains(late, "average_gradients") && contains(late, "after training started");
+      },
+      [](const fi::evaluation&) {});
+  BOOST_TEST(all_ranks(ok));
+}
+
+// A module of BatchNorm (running_mean, running_var, num_batches_tracked) and two buffers of its
+// own its forward adds to (float64 `total` += the rank's samples' sum, int64 `steps` += 1), each
+// rank of a member on its own share of every batch. buffers::broadcast (the default): every
+// replica ends with the member's first rank's (its sum), the running statistics equal;
+// buffers::average: the mean of the ranks' sums, the statistics equal, the count broadcast;
+// buffers::off: each its own, the statistics apart.
+namespace {
+struct normed : torch::nn::Module {
+  normed() {
+    norm = register_module("norm", torch::nn::BatchNorm1d(2));
+    out = register_module("out", torch::nn::Linear(6, 2));
+    total = register_buffer("total", torch::zeros({1}, torch::kFloat64));
+    steps = register_buffer("steps", torch::zeros({}, torch::kInt64));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {  // [samples, 2, 3]
+    {
+      torch::NoGradGuard plain;
+      total.add_(x.sum().to(torch::kFloat64));
+      steps.add_(1);
+    }
+    return out->forward(norm->forward(x).view({-1, 6}));
+  }
+  torch::nn::BatchNorm1d norm{nullptr};
+  torch::nn::Linear out{nullptr};
+  torch::Tensor total, steps;
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(buffers_are_broadcast_averaged_or_left_within_a_member) {
+  for (const auto how : {fi::buffers::broadcast, fi::buffers::average, fi::buffers::off}) {
+    counting data;
+    bool ok = true;
+    auto options = small_members(world().size());
+    if (how != fi::buffers::broadcast) options.buffers = how;
+    fi::train_ensemble(
+        world(), options, fi::dataset_of(data, 4, 2),
+        [&](fi::trainer& ctx) {
+          torch::manual_seed(static_cast<std::uint64_t>(300 + world().rank()));
+          auto model = std::make_shared<normed>();
+          ctx.average_gradients(*model);
+          torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+          auto loader = ctx.loader();
+          double mine = 0;
+          std::int64_t steps = 0;
+          for (int epoch = 0; epoch < 2; ++epoch) {
+            for (auto& batch : *loader) {
+              mine += batch.data.sum().item<double>();
+              ++steps;
+              optimizer.zero_grad();
+              model->forward(batch.data).pow(2).mean().backward();
+              optimizer.step();
+            }
+          }
+          double first = mine, sum = mine;
+          fc::mpi::ibcast(ctx.comm(), fc::span<double>(&first, 1), 0).wait();
+          fc::mpi::iallreduce(ctx.comm(), fc::span<double>(&sum, 1), fc::op::sum).wait();
+          const double want = how == fi::buffers::broadcast ? first
+                              : how == fi::buffers::average ? sum / ctx.member_size()
+                                                            : mine;
+          const double statistics = member_spread(ctx.comm(), model->norm->buffers());
+          const double parameters = member_spread(ctx.comm(), model->parameters());
+          ok = ok && std::abs(model->total.item<double>() - want) < 1e-9 * (1 + std::abs(want)) &&
+               model->steps.item<std::int64_t>() == steps && steps == 6 && parameters == 0 &&
+               (how == fi::buffers::off ? ctx.member_size() == 1 || statistics > 0 : statistics == 0);
+        },
+        [](const fi::evaluation&) {});
+    BOOST_TEST_INFO("buffers " << static_cast<int>(how));
     BOOST_TEST(all_ranks(ok));
   }
 }

@@ -81,6 +81,7 @@ using next_batch = std::function<std::optional<typed_batch>()>;
 struct batch_source {
   next_batch next;
   std::function<torch::data::Example<>(const typed_batch&)> tensors;
+  std::function<void()> epoch_over;  // where set, after each epoch's last step (the trainer's buffers)
 };
 // A source of batches on `device`: the host batches as they are, or copied to a CUDA device
 // (device_batches) where the interop has CUDA.
@@ -104,6 +105,7 @@ class epoch_iterator {
   epoch_iterator& operator++() {
     if (batch_ && batch_->last_in_epoch()) {
       batch_.reset();  // the next epoch's first batch stays in the feed
+      if (next_->epoch_over) next_->epoch_over();
       next_ = nullptr;
     } else {
       advance();
@@ -129,7 +131,7 @@ class epoch_iterator {
 template <class TypedFeed>
 class epoch {
  public:
-  explicit epoch(TypedFeed& feed) : next_{[&feed] { return feed.next(); }, {}} {}
+  explicit epoch(TypedFeed& feed) : next_{[&feed] { return feed.next(); }, {}, {}} {}
   detail::epoch_iterator begin() { return detail::epoch_iterator(&next_); }
   detail::epoch_iterator end() { return {}; }
 
@@ -144,11 +146,15 @@ class epoch {
 //     for (auto& batch : *loader) { batch.data; batch.target; }
 // Not tied to the feed's type: a trainer compiled once serves every preset. On a CUDA `device`
 // (where the interop has CUDA) each batch arrives in device memory (device_batches: copied while
-// the previous step runs, torch's current stream waiting for the copy on the GPU).
+// the previous step runs, torch's current stream waiting for the copy on the GPU). `epoch_over`,
+// where given, runs after each epoch's last step, before the loop ends.
 class data_loader {
  public:
-  explicit data_loader(std::function<std::optional<typed_batch>()> next, const torch::Device& device = torch::kCPU)
-      : next_(detail::source_on(std::move(next), device)) {}
+  explicit data_loader(std::function<std::optional<typed_batch>()> next, const torch::Device& device = torch::kCPU,
+                       std::function<void()> epoch_over = {})
+      : next_(detail::source_on(std::move(next), device)) {
+    next_.epoch_over = std::move(epoch_over);
+  }
   detail::epoch_iterator begin() { return detail::epoch_iterator(&next_); }
   detail::epoch_iterator end() { return {}; }
 
@@ -199,8 +205,9 @@ class gradients {
   virtual std::size_t parameters() const noexcept = 0;
 };
 
-// Attaches a Sync to a module's parameters: parameter i (in module.parameters() order; those that
-// do not require grad are skipped) is gradient i of the Sync. After finish(), every p.grad()
+// Attaches a Sync to a module's parameters, or to a list of parameters: parameter i (in
+// module.parameters() order, or the list's; those that do not require grad, frozen, are skipped:
+// no staging memory, no traffic) is gradient i of the Sync. After finish(), every p.grad()
 // holds the average over the member's ranks, ready for optimizer.step().
 //
 // Why hooks stage: a hook sees the gradient this backward contributes, before autograd adds it to
@@ -211,7 +218,9 @@ class gradients {
 template <class Sync>
 class gradient_sync final : public gradients {
  public:
-  gradient_sync(Sync& sync, torch::nn::Module& module, handover how = handover::during_backward);
+  gradient_sync(Sync& sync, torch::nn::Module& module, handover how = handover::during_backward)
+      : gradient_sync(sync, module.parameters(), how) {}
+  gradient_sync(Sync& sync, const std::vector<torch::Tensor>& parameters, handover how = handover::during_backward);
   gradient_sync(const gradient_sync&) = delete;
   gradient_sync& operator=(const gradient_sync&) = delete;
   // Removes the hooks: the parameters outlive this object in most trainers.
@@ -497,11 +506,11 @@ inline void detail::epoch_iterator::advance() {
 }
 
 inline detail::batch_source detail::source_on(next_batch next, const torch::Device& device) {
-  if (device.is_cpu()) return {std::move(next), {}};
+  if (device.is_cpu()) return {std::move(next), {}, {}};
   check_place(gradient_place::either, device, "interop::data_loader");  // a CUDA device, and the interop has CUDA
 #if FLEXCOMM_TORCH_CUDA
   auto batches = std::make_shared<device_batches>(std::move(next), device);
-  return {[batches] { return batches->next(); }, [batches](const typed_batch&) { return batches->example(); }};
+  return {[batches] { return batches->next(); }, [batches](const typed_batch&) { return batches->example(); }, {}};
 #else
   return {};
 #endif
@@ -525,10 +534,11 @@ inline void averages_ready(const torch::Tensor& grad) {
 }
 
 template <class Sync>
-gradient_sync<Sync>::gradient_sync(Sync& sync, torch::nn::Module& module, handover how) : sync_(sync), how_(how) {
-  for (auto& p : module.parameters())
-    if (p.requires_grad()) params_.push_back(p);
-  check(!params_.empty(), "interop::gradient_sync", "the module has no parameter that requires grad");
+gradient_sync<Sync>::gradient_sync(Sync& sync, const std::vector<torch::Tensor>& parameters, handover how)
+    : sync_(sync), how_(how) {
+  for (auto& p : parameters)
+    if (p.defined() && p.requires_grad()) params_.push_back(p);
+  check(!params_.empty(), "interop::gradient_sync", "no parameter of the module (or list) requires grad");
   // One device for all, and one the Sync takes: a CUDA module goes to a device Sync.
   for (std::size_t i = 0; i < params_.size(); ++i) {
     check(params_[i].device() == params_[0].device(), "interop::gradient_sync",

@@ -19,8 +19,10 @@
 //       fi::print_accuracies);                                   // each epoch, on the aggregator
 //
 // A member's ranks start from its first rank's parameters and buffers (average_gradients
-// broadcasts them, as DistributedDataParallel does), print once per member (quiet_replicas), and
-// an error ends the job on every rank with its flexcomm: rank N: message, exit status 1.
+// broadcasts them, as DistributedDataParallel does; any number of modules, each with its own
+// optimizer), keep its buffers at each step (ensemble_options::buffers), print once per member
+// (quiet_replicas), and an error ends the job on every rank with its flexcomm: rank N: message,
+// exit status 1.
 //
 // Batches and outputs travel over MPI in host memory (the presets' feed and collect). A CPU
 // module's gradients are averaged by the preset's Sync over MPI. A module on a CUDA device (a
@@ -47,6 +49,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -58,6 +61,7 @@
 #include "../pipeline/preset_layout.hpp"
 #include "../pipeline/presets.hpp"
 #include "torch.hpp"
+#include "torch_buffers.hpp"
 // A module on a GPU (torch.hpp sets FLEXCOMM_TORCH_CUDA, where nvcc compiles): each rank's
 // device, and the device Syncs.
 #if FLEXCOMM_TORCH_CUDA
@@ -69,12 +73,24 @@
 namespace flexcomm::interop {
 
 namespace detail {
-// The device of a module's parameters that require grad (the CPU when it has none).
-inline torch::Device device_of(torch::nn::Module& module) {
-  for (const auto& p : module.parameters())
+// The device of the parameters (those that require grad; the CPU when there are none).
+inline torch::Device device_of(const std::vector<torch::Tensor>& parameters) {
+  for (const auto& p : parameters)
     if (p.requires_grad()) return p.device();
   return torch::kCPU;
 }
+
+// What average_gradients returns for a module whose every parameter is frozen: nothing to average.
+class no_gradients final : public gradients {
+ public:
+  explicit no_gradients(handover how) : how_(how) {}
+  void finish() override {}
+  handover mode() const noexcept override { return how_; }
+  std::size_t parameters() const noexcept override { return 0; }
+
+ private:
+  handover how_;
+};
 
 template <class Sync>
 struct is_ring : std::false_type {};
@@ -91,13 +107,13 @@ inline void check_device_backend(const std::string& name) {
         cat("unknown device_backend '", name, "' (known: nccl, staged)"));
 }
 
-// A Sync of its own for a module, and the module's gradient_sync on it.
+// A Sync of its own for a module's parameters, and their gradient_sync on it.
 template <class Sync>
 class owning_gradients final : public gradients {
  public:
   owning_gradients(const typename Sync::backend::communicator& member, const sync_options& options,
-                   torch::nn::Module& module, handover how)
-      : sync_(member, options), grads_(sync_, module, how) {}
+                   const std::vector<torch::Tensor>& parameters, handover how)
+      : sync_(member, options), grads_(sync_, parameters, how) {}
   void finish() override { grads_.finish(); }
   handover mode() const noexcept override { return grads_.mode(); }
   std::size_t parameters() const noexcept override { return grads_.parameters(); }
@@ -112,8 +128,8 @@ class owning_gradients final : public gradients {
 // (overlapped_ring) on staged, NCCL matching messages in issue order; else subgroup_allreduce on
 // `backend`.
 inline std::unique_ptr<gradients> device_gradients(const mpi::communicator& member, const sync_options& options,
-                                                   bool ring, const std::string& backend, torch::nn::Module& module,
-                                                   handover how, int device) {
+                                                   bool ring, const std::string& backend,
+                                                   const std::vector<torch::Tensor>& module, handover how, int device) {
   check_device_backend(backend);
 #if FLEXCOMM_TORCH_CUDA
   const c10::cuda::CUDAGuard on(static_cast<c10::DeviceIndex>(device));  // the communicators' and buffers' device
@@ -136,21 +152,28 @@ inline std::unique_ptr<gradients> device_gradients(const mpi::communicator& memb
 #endif
 }
 
-// The module's gradients on the member's Sync where it takes the module's device; a CUDA module
-// of a Sync on a host backend (the presets' mpi) gets a device Sync of the same kind and options.
+// A module's gradients on the member's Sync where it takes the module's device, or (`own`: a
+// trainer's second module and later, each stepping apart, with its own optimizer) on a Sync of
+// the same kind and options of their own; a CUDA module of a Sync on a host backend (the
+// presets' mpi) gets a device Sync of the same kind and options.
 template <class Sync>
-std::unique_ptr<gradients> attach(Sync& sync, const mpi::communicator& member, torch::nn::Module& module, handover how,
-                                  const std::string& device_backend) {
+std::unique_ptr<gradients> attach(Sync& sync, const mpi::communicator& member, const std::vector<torch::Tensor>& module,
+                                  handover how, const std::string& device_backend, bool own) {
+  sync_options options;
+  if constexpr (has_options<Sync>::value) options = sync.options();
   if constexpr (gradient_place_of<Sync>::value == gradient_place::host) {
     const torch::Device device = device_of(module);
-    if (device.is_cuda()) {
-      sync_options options;
-      if constexpr (has_options<Sync>::value) options = sync.options();
+    if (device.is_cuda())
       return device_gradients(member, options, is_ring<Sync>::value, device_backend, module, how,
                               device.has_index() ? device.index() : 0);
-    }
   }
-  return std::make_unique<gradient_sync<Sync>>(sync, module, how);
+  if (!own) return std::make_unique<gradient_sync<Sync>>(sync, module, how);
+  if constexpr (std::is_constructible_v<Sync, const mpi::communicator&, const sync_options&>) {
+    return std::make_unique<owning_gradients<Sync>>(member, options, module, how);
+  } else {
+    fail("interop::trainer: average_gradients",
+         "this pipeline's Sync averages one module per trainer; attach a parent module holding them all");
+  }
 }
 }  // namespace detail
 
@@ -159,9 +182,11 @@ std::unique_ptr<gradients> attach(Sync& sync, const mpi::communicator& member, t
 class trainer {
  public:
   // `evaluates`: the runner takes evaluated()'s rounds (train_ensemble with a report);
-  // `device_backend`: what averages a CUDA module's gradients (ensemble_options::device_backend).
+  // `device_backend`: what averages a CUDA module's gradients (ensemble_options::device_backend);
+  // `keep`: how the modules' buffers stay equal within the member (ensemble_options::buffers).
   template <class Context>
-  explicit trainer(Context& ctx, bool evaluates = false, std::string device_backend = "nccl")
+  explicit trainer(Context& ctx, bool evaluates = false, std::string device_backend = "nccl",
+                   buffers keep = buffers::broadcast)
       : member_(ctx.member()),
         rank_in_member_(ctx.rank_in_member()),
         member_size_(ctx.member_size()),
@@ -169,8 +194,8 @@ class trainer {
         evaluates_(evaluates),
         comm_(&ctx.comm()),
         next_([&ctx] { return ctx.batches().next(); }),
-        attach_([&ctx, device_backend](torch::nn::Module& module, handover how) {
-          return detail::attach(ctx.sync(), ctx.comm(), module, how, device_backend);
+        attach_([&ctx, device_backend](const std::vector<torch::Tensor>& parameters, handover how, bool own) {
+          return detail::attach(ctx.sync(), ctx.comm(), parameters, how, device_backend, own);
         }),
         submit_([&ctx](const torch::Tensor& t) {
           if (t.defined()) {
@@ -178,7 +203,8 @@ class trainer {
           } else {
             ctx.collect().submit(span<const float>());
           }
-        }) {}
+        }),
+        buffers_(keep) {}
 
   int member() const noexcept { return member_; }
   int rank_in_member() const noexcept { return rank_in_member_; }
@@ -193,28 +219,29 @@ class trainer {
   // This trainer's share of every batch, as torch::data::make_data_loader gives a dataset: each
   // range-for over *loader walks the next epoch (fi::data_loader); one more than the dataset's
   // epochs is an error, and so is returning before the last (the epochs are stated once). On the
-  // device of the module average_gradients() attached (the CPU before one is): a CUDA module's
-  // batches arrive in device memory, copied while the previous step runs.
+  // device of the first module average_gradients() attached (the CPU before one is): a CUDA
+  // module's batches arrive in device memory, copied while the previous step runs.
   std::unique_ptr<data_loader> loader() { return loader(module_device_); }
   std::unique_ptr<data_loader> loader(const torch::Device& device) {
     loader_made_ = true;
-    return std::make_unique<data_loader>([this] { return next(); }, device);
+    return std::make_unique<data_loader>([this] { return next(); }, device, [this] { buffers_.step(); });
   }
 
   // Makes the member's replicas equal, broadcasting the module's parameters and buffers from the
   // member's first rank (as DistributedDataParallel does at construction: a trainer seeded by
-  // rank still trains one model per member), then attaches the member's Sync to its parameters
-  // (gradient_sync); by default each backward() leaves the member's average in every p.grad()
-  // (handover::within_backward), so the training loop does not change. Once per trainer (the
-  // Sync numbers one module's parameters); the hooks stay until the trainer function returns.
+  // rank still trains one model per member), then attaches a Sync to its parameters that require
+  // grad (gradient_sync; frozen ones cost nothing); by default each backward() leaves the
+  // member's average in every p.grad() (handover::within_backward), so the training loop does not
+  // change. The module's buffers stay equal within the member at each step (ensemble_options::
+  // buffers). Once per module or parameter list, any number of them, each call before the
+  // loader's first batch; the second and later get a Sync of their own, so each steps with its
+  // own backward() and optimizer. The hooks stay until the trainer function returns.
   gradients& average_gradients(torch::nn::Module& module, handover how = handover::within_backward) {
-    check(!attached_, "interop::trainer", "average_gradients() attaches one module per trainer; it was called twice");
-    const torch::Device device = detail::device_of(module);
-    agree_on_device(device);
-    replicate(module);
-    attached_ = attach_(module, how);
-    module_device_ = device;
-    return *attached_;
+    return attach(module.parameters(), module.buffers(), how);
+  }
+  // The same for parameters not held by one module (no buffers).
+  gradients& average_gradients(const std::vector<torch::Tensor>& parameters, handover how = handover::within_backward) {
+    return attach(parameters, {}, how);
   }
 
   // One batch of outputs on the evaluation set, and its targets (one per sample), in the test
@@ -245,7 +272,12 @@ class trainer {
 
  private:
   std::optional<typed_batch> next() {
-    if (epoch_starts_) end_round();
+    started_ = true;
+    if (epoch_starts_) {
+      end_round();
+    } else {
+      buffers_.step();  // the previous step's forward moved them (the epoch's end did, after its last)
+    }
     auto batch = next_();
     stream_over_ = !batch;
     epoch_starts_ = batch && batch->last_in_epoch();
@@ -262,42 +294,66 @@ class trainer {
     targets_.clear();
   }
 
-  // A member's ranks attach the module on one kind of device, or every one of them fails (the
-  // Syncs they would make differ: a hang otherwise).
-  void agree_on_device(const torch::Device& device) const {
-    if (member_size_ < 2) return;
-    int cuda[2] = {device.is_cuda() ? 1 : 0, device.is_cuda() ? -1 : 0};  // max, and -min
-    mpi::iallreduce(*comm_, span<int>(cuda, 2), op::max).wait();
-    check(cuda[0] == -cuda[1], "interop::trainer: average_gradients",
-          cat("the member's ranks hold the module on different kinds of device (this one on ", device.str(),
-              "); every rank of a member trains on the CPU, or every one on a GPU"));
+  gradients& attach(const std::vector<torch::Tensor>& parameters, const std::vector<torch::Tensor>& module_buffers,
+                    handover how) {
+    const char* what = "interop::trainer: average_gradients";
+    check(!started_, what,
+          "called after training started (the loader has handed out a batch): the member's Syncs and buffers are "
+          "set before the first step; call average_gradients() for every module or parameter list before it");
+    std::vector<torch::Tensor> trained, state = parameters;
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      check(parameters[i].defined(), what, cat("parameter ", i, " is undefined"));
+      if (!parameters[i].requires_grad()) continue;  // frozen: no Sync space, no traffic
+      check(averaged_.insert(parameters[i].unsafeGetTensorImpl()).second, what,
+            cat("parameter ", i, " is averaged already (an earlier average_gradients() call attached it); attach "
+                "each module or parameter once"));
+      trained.push_back(parameters[i]);
+    }
+    state.insert(state.end(), module_buffers.begin(), module_buffers.end());
+    const torch::Device device = detail::device_of(trained);
+    agree(device, state);
+    detail::broadcast_state<mpi>(*comm_, state, cat(what, " (the module's state)"));
+    buffers_.add(*comm_, module_buffers);
+    if (trained.empty()) {
+      attached_.push_back(std::make_unique<detail::no_gradients>(how));
+    } else {
+      attached_.push_back(attach_(trained, how, sync_taken_));
+      if (!sync_taken_) module_device_ = device;
+      sync_taken_ = true;  // the pipeline's Sync is the first module's
+    }
+    return *attached_.back();
   }
 
-  // CUDA tensors go through host memory: once, before training.
-  void replicate(torch::nn::Module& module) const {
+  // A member's ranks attach the module on one kind of device, and modules of one size, or every
+  // one of them fails (the Syncs they would make, or the broadcast, differ: a hang otherwise).
+  void agree(const torch::Device& device, const std::vector<torch::Tensor>& state) const {
     if (member_size_ < 2) return;
-    torch::NoGradGuard plain;
-    std::vector<torch::Tensor> state = module.parameters();
-    for (auto& b : module.buffers()) state.push_back(b);
-    for (auto& t : state) {
-      torch::Tensor dense = t.is_cuda() ? t.to(torch::kCPU).contiguous() : t.contiguous();
-      visit_scalar_type(dense, "interop::trainer: average_gradients", [&](auto element) {
-        using T = decltype(element);
-        mpi::ibcast(*comm_, elements<T>(dense, "interop::trainer: average_gradients (the module's state)"), 0).wait();
-      });
-      if (!dense.is_same(t)) t.copy_(dense);
-    }
+    std::int64_t bytes = 0;
+    for (const auto& t : state) bytes += t.numel() * t.element_size();
+    const std::int64_t cuda = device.is_cuda() ? 1 : 0, tensors = static_cast<std::int64_t>(state.size());
+    std::int64_t both[6] = {cuda, -cuda, tensors, -tensors, bytes, -bytes};  // max, and -min
+    mpi::iallreduce(*comm_, span<std::int64_t>(both, 6), op::max).wait();
+    const char* what = "interop::trainer: average_gradients";
+    check(both[0] == -both[1], what,
+          cat("the member's ranks hold the module on different kinds of device (this one on ", device.str(),
+              "); every rank of a member trains on the CPU, or every one on a GPU"));
+    check(both[2] == -both[3] && both[4] == -both[5], what,
+          cat("the member's ranks attach different modules (this one ", tensors, " parameters and buffers of ", bytes,
+              " bytes); every rank of a member attaches the same modules, in one order"));
   }
 
   int member_, rank_in_member_, member_size_, members_;
   bool evaluates_;
   const mpi::communicator* comm_;
   std::function<std::optional<typed_batch>()> next_;
-  std::function<std::unique_ptr<gradients>(torch::nn::Module&, handover)> attach_;
+  std::function<std::unique_ptr<gradients>(const std::vector<torch::Tensor>&, handover, bool own)> attach_;
   std::function<void(const torch::Tensor&)> submit_;
-  std::unique_ptr<gradients> attached_;
-  torch::Device module_device_{torch::kCPU};  // the attached module's
-  bool loader_made_ = false, stream_over_ = false, epoch_starts_ = true, pending_ = false;
+  detail::buffer_sync<mpi> buffers_;
+  std::vector<std::unique_ptr<gradients>> attached_;
+  std::unordered_set<const void*> averaged_;   // the parameters attached
+  torch::Device module_device_{torch::kCPU};  // the first attached module's
+  bool sync_taken_ = false;                  // the pipeline's Sync averages a module
+  bool started_ = false, loader_made_ = false, stream_over_ = false, epoch_starts_ = true, pending_ = false;
   std::vector<torch::Tensor> outputs_, targets_;
 };
 
@@ -322,6 +378,9 @@ struct ensemble_options {
   // run: ranks sharing a GPU, say). Sync "ring" runs on staged whatever this says (NCCL matches
   // messages in issue order, the ring needs tags).
   std::string device_backend = "nccl";
+  // A member's module buffers (BatchNorm's running statistics), at each step and each epoch's
+  // end: its first rank's broadcast (DistributedDataParallel's rule), averaged, or left alone.
+  interop::buffers buffers = interop::buffers::broadcast;
 };
 
 // The preset and layout train_ensemble runs (presets::choose, which says what the preset adds
@@ -533,7 +592,7 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
           [&](auto& ctx) {
             torch::Tensor out;
             {
-              trainer t(ctx, false, o.device_backend);
+              trainer t(ctx, false, o.device_backend, o.buffers);
               detail::quiet_stdout quiet(o.quiet_replicas && !t.reports());
               out = train(t, evaluation_slice(evaluation, ctx));
               t.finish();
@@ -602,7 +661,7 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
       pipe.run(
           std::move(data),
           [&](auto& ctx) {
-            trainer t(ctx, true, o.device_backend);
+            trainer t(ctx, true, o.device_backend, o.buffers);
             quiet.emplace(o.quiet_replicas && !t.reports());
             {
               detail::running current(t);
