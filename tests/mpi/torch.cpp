@@ -542,6 +542,93 @@ fi::ensemble_options small_members(int n) {
 }
 }  // namespace
 
+// A trainer that tests on each member's first rank alone (trainer::reports()), after the second
+// epoch only, with upstream's default test loader (a RandomSampler), its members seeded apart:
+// the report comes once, for epoch 2, every member's outputs on the test set in one shuffled
+// order (the shared test order), and the members' training draws stay their own.
+BOOST_AUTO_TEST_CASE(members_testing_on_their_first_rank_with_a_shuffled_loader_are_reported) {
+  counting data;
+  const auto options = small_members(world().size());
+  bool ok = true;
+  std::vector<int> reported;
+  fi::train_ensemble(
+      world(), options, fi::dataset_of(data, 4, 2),
+      [&](fi::trainer& ctx) {
+        torch::manual_seed(static_cast<std::uint64_t>(300 + world().rank()));
+        torch::nn::Linear model(6, 2);
+        ctx.average_gradients(*model);
+        torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+        auto tests = torch::data::make_data_loader(counting().map(torch::data::transforms::Stack<>()), 4);
+        auto loader = ctx.loader();
+        // Whether a draw is the same on the member's ranks (seeded apart): between epochs, the
+        // shared seed's; in an epoch, each rank's own.
+        const auto drawn_alike = [&] {
+          float lowest = torch::rand({1}).item<float>(), highest = lowest;
+          fc::mpi::iallreduce(ctx.comm(), fc::span<float>(&lowest, 1), fc::op::min).wait();
+          fc::mpi::iallreduce(ctx.comm(), fc::span<float>(&highest, 1), fc::op::max).wait();
+          return lowest == highest;
+        };
+        for (int epoch = 1; epoch <= 2; ++epoch) {
+          bool first = true;
+          for (auto& batch : *loader) {
+            if (epoch == 2 && first && ctx.member_size() > 1) ok = ok && !drawn_alike();
+            first = false;
+            optimizer.zero_grad();
+            model->forward(batch.data.view({-1, 6})).pow(2).mean().backward();
+            optimizer.step();
+          }
+          if (epoch == 1) ok = ok && drawn_alike();
+          if (epoch == 2 && ctx.reports()) {
+            torch::NoGradGuard no_grad;
+            for (auto& batch : *tests) fi::evaluated(model->forward(batch.data.view({-1, 6})), batch.target);
+          }
+        }
+      },
+      [&](const fi::evaluation& e) {
+        reported.push_back(e.epoch);
+        const auto samples = e.targets / 10;
+        ok = ok && static_cast<int>(e.members.size()) == options.members && e.members[0].size(0) == 11 &&
+             torch::equal(std::get<0>(samples.sort()), torch::arange(11)) && !torch::equal(samples, torch::arange(11));
+      });
+  int reports = static_cast<int>(reported.size());
+  fc::mpi::iallreduce(world(), fc::span<int>(&reports, 1), fc::op::sum).wait();
+  BOOST_TEST(all_ranks(ok && reports == 1 && (reported.empty() || reported == std::vector<int>{2})));
+}
+
+// A test before the first epoch has no epoch to be reported with: refused on every rank, saying
+// where evaluated() goes.
+BOOST_AUTO_TEST_CASE(evaluating_before_the_first_epoch_is_refused) {
+  counting data;
+  const auto message = error_of([&] {
+    fi::train_ensemble(
+        world(), small_members(world().size()), fi::dataset_of(data, 4),
+        [](fi::trainer&) { fi::evaluated(torch::zeros({2, 3}), torch::zeros({2})); }, [](const fi::evaluation&) {});
+  });
+  BOOST_TEST(all_ranks(contains(message, "before the first epoch's last step") &&
+                       contains(message, "after the loop over the loader")));
+}
+
+// The aggregator's view of an epoch boundary: nothing where no member evaluated, and a member
+// that evaluated nothing while another did named, with the rule.
+BOOST_AUTO_TEST_CASE(an_epoch_some_members_skipped_names_them) {
+  const auto round = [](std::vector<float> first, std::vector<float> second) {
+    fc::gathered<float> g;
+    g.rank_counts = {first.size(), second.size()};
+    g.member_counts = g.rank_counts;
+    g.member_sizes = {1, 1};
+    g.data = first;
+    g.data.insert(g.data.end(), second.begin(), second.end());
+    return g;
+  };
+  auto none = round({}, {});
+  auto none_too = round({}, {});
+  BOOST_TEST(!fi::detail::evaluation_of(3, none, none_too).has_value());
+  auto outputs = round({0.5F, 0.25F}, {}), targets = round({1, 0}, {});
+  const auto message = error_of([&] { fi::detail::evaluation_of(3, outputs, targets); });
+  BOOST_TEST(contains(message, "after epoch 3: member 1 evaluated nothing"));
+  BOOST_TEST(contains(message, "trainer::reports()"));
+}
+
 // Two modules, two optimizers (one backward through both, then one through the second alone):
 // the second module, attached as a parameter list, has a Sync of its own; the replicas, seeded
 // apart, end equal. A frozen parameter takes no part (the Sync counts it out), keeps its value

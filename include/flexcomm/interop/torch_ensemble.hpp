@@ -42,10 +42,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -100,6 +102,33 @@ template <class Sync, class = void>
 struct has_options : std::false_type {};
 template <class Sync>
 struct has_options<Sync, std::void_t<decltype(std::declval<const Sync&>().options())>> : std::true_type {};
+
+// While the members test between two epochs, torch's default CPU generator (which a test
+// loader's RandomSampler draws its order from) runs from a seed every member shares: each member
+// reads the test set in one order, as the report lines their outputs up sample by sample. The
+// member's own state comes back when the next epoch starts, so its training draws stay its own.
+class shared_test_order {
+ public:
+  static constexpr std::uint64_t seed = 0x7e57'0000;  // plus the epoch
+
+  void enter(int epoch) {
+    leave();
+    auto generator = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    saved_ = generator.get_state();
+    generator.set_current_seed(seed + static_cast<std::uint64_t>(epoch));
+  }
+  void leave() {
+    if (!saved_.defined()) return;
+    auto generator = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved_);
+    saved_ = torch::Tensor();
+  }
+
+ private:
+  torch::Tensor saved_;  // the member's state, while the shared seed runs
+};
 
 // The backends a CUDA module's gradients can be averaged on (ensemble_options::device_backend).
 inline void check_device_backend(const std::string& name) {
@@ -224,7 +253,7 @@ class trainer {
   std::unique_ptr<data_loader> loader() { return loader(module_device_); }
   std::unique_ptr<data_loader> loader(const torch::Device& device) {
     loader_made_ = true;
-    return std::make_unique<data_loader>([this] { return next(); }, device, [this] { buffers_.step(); });
+    return std::make_unique<data_loader>([this] { return next(); }, device, [this] { epoch_over(); });
   }
 
   // Makes the member's replicas equal, broadcasting the module's parameters and buffers from the
@@ -246,15 +275,19 @@ class trainer {
 
   // One batch of outputs on the evaluation set, and its targets (one per sample), in the test
   // after an epoch: the batches handed over between two epochs (and after the last) are that
-  // epoch's round, and the aggregator's report gets every member's. Every rank of every member
-  // evaluates at the same epochs, the samples in one order (a SequentialSampler); the member's
-  // first rank's outputs are the member's, its replicas' are dropped (the same model).
+  // epoch's, and the aggregator's report gets every member's. The
+  // member's first rank (reports()) evaluates, its replicas may too or not (theirs are dropped:
+  // the same model); every member at the same epochs, the same samples. Between epochs torch's
+  // default generator runs from a seed all members share (shared_test_order), so a test loader's
+  // RandomSampler gives each the samples in one order.
   void evaluated(const torch::Tensor& outputs, const torch::Tensor& targets) {
     const char* what = "interop::evaluated";
     check(evaluates_, what, "needs train_ensemble with a report(evaluation) to send the outputs to");
+    check(epochs_ > 0, what,
+          "called before the first epoch's last step: the report gets each epoch's test, after its training (call "
+          "evaluated() after the loop over the loader)");
     check(outputs.defined() && targets.defined() && outputs.dim() > 0 && outputs.size(0) == targets.numel(), what,
           "outputs and targets: one row of outputs per target, samples along dimension 0");
-    pending_ = true;
     if (!reports()) return;
     torch::NoGradGuard plain;
     outputs_.push_back(outputs.detach().to(torch::kCPU).to(torch::kFloat32).reshape({outputs.size(0), -1}));
@@ -263,11 +296,12 @@ class trainer {
 
   // The runner's, after the trainer function: the last round, and the stream's end.
   void finish() {
-    end_round();
+    test_order_.leave();
     if (loader_made_ && !stream_over_)
       check(!next_(), "interop::trainer",
             "the trainer function returned before the dataset's last epoch: its loop ran fewer epochs than "
             "dataset_of(data, batch, epochs) gives (state the epochs once)");
+    end_round();
   }
 
  private:
@@ -275,6 +309,7 @@ class trainer {
     started_ = true;
     if (epoch_starts_) {
       end_round();
+      test_order_.leave();
     } else {
       buffers_.step();  // the previous step's forward moved them (the epoch's end did, after its last)
     }
@@ -284,10 +319,18 @@ class trainer {
     return batch;
   }
 
-  // Two rounds: outputs, then targets (empty from replicas).
+  // After each epoch's last step: the buffers kept, and the test's sample order shared.
+  void epoch_over() {
+    buffers_.step();
+    if (evaluates_) test_order_.enter(++epochs_);
+  }
+
+  // Every epoch's end is two rounds on every trainer rank, whoever evaluated: outputs, then
+  // targets (empty from replicas, and where the trainer evaluated nothing), so a member that
+  // tests on its first rank alone stays in step with the collect.
   void end_round() {
-    if (!pending_) return;
-    pending_ = false;
+    if (!evaluates_ || epochs_ == rounds_) return;
+    rounds_ = epochs_;
     submit_(outputs_.empty() ? torch::Tensor() : torch::cat(outputs_));
     submit_(targets_.empty() ? torch::Tensor() : torch::cat(targets_));
     outputs_.clear();
@@ -353,7 +396,9 @@ class trainer {
   std::unordered_set<const void*> averaged_;   // the parameters attached
   torch::Device module_device_{torch::kCPU};  // the first attached module's
   bool sync_taken_ = false;                  // the pipeline's Sync averages a module
-  bool started_ = false, loader_made_ = false, stream_over_ = false, epoch_starts_ = true, pending_ = false;
+  bool started_ = false, loader_made_ = false, stream_over_ = false, epoch_starts_ = true;
+  int epochs_ = 0, rounds_ = 0;  // walked to their last step; of those, ended by their rounds
+  detail::shared_test_order test_order_;
   std::vector<torch::Tensor> outputs_, targets_;
 };
 
@@ -531,25 +576,35 @@ inline presets::choice ensemble_choice_said(const mpi::communicator& world, cons
 }
 
 // One epoch's evaluation from its two rounds (outputs, then targets), checked: the members
-// evaluated the same samples in the same order.
-inline evaluation evaluation_of(int epoch, gathered<float>& outputs, gathered<float>& targets) {
+// evaluated the same samples in the same order. None where no member evaluated at that epoch.
+inline std::optional<evaluation> evaluation_of(int epoch, gathered<float>& outputs, gathered<float>& targets) {
   const char* what = "interop::train_ensemble: evaluation";
+  const int members = static_cast<int>(targets.member_counts.size());
+  int evaluating = -1;  // a member that did
+  for (int m = 0; m < members && evaluating < 0; ++m)
+    if (!targets.member(m).empty()) evaluating = m;
+  if (evaluating < 0) return std::nullopt;
   evaluation e;
   e.epoch = epoch;
-  for (int m = 0; m < static_cast<int>(targets.member_counts.size()); ++m) {
+  for (int m = 0; m < members; ++m) {
     const auto t = targets.member(m);
     const auto o = outputs.member(m);
     const auto rows = static_cast<std::int64_t>(t.size());
+    check(rows > 0, what,
+          cat("after epoch ", epoch, ": member ", m, " evaluated nothing on its "
+              "first rank while member ", evaluating, " evaluated ", targets.member(evaluating).size(), " samples; "
+              "every member calls evaluated() at the same epochs, on its first rank (trainer::reports()) at least"));
     auto member_targets = copied<float>(span<const float>(t.data(), t.size()), {rows}).to(torch::kInt64);
-    check(rows > 0 && o.size() % t.size() == 0, what,
+    check(o.size() % t.size() == 0, what,
           cat("epoch ", epoch, ": member ", m, " evaluated ", rows, " targets and ", o.size(), " outputs (one row of "
               "outputs per target, from the member's first rank)"));
     if (m == 0) {
       e.targets = member_targets;
     } else {
       check(torch::equal(member_targets, e.targets), what,
-            cat("epoch ", epoch, ": member ", m, " evaluated other samples, or in another order, than member 0 (a "
-                "SequentialSampler gives every member the test set in one order)"));
+            cat("epoch ", epoch, ": member ", m, " evaluated other samples, or in another order, than member 0 (every "
+                "member tests the same samples; a test loader's order comes from a sampler that draws on torch's "
+                "default generator, or none: a generator of the trainer's own orders each member apart)"));
     }
     e.members.push_back(copied<float>(span<const float>(o.data(), o.size()),
                                       {rows, static_cast<std::int64_t>(o.size()) / rows}));
@@ -646,16 +701,17 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
       detail::use_local_device(world, layout);
       std::optional<detail::quiet_stdout> quiet;  // while this rank's trainer function runs
       std::optional<gathered<float>> outputs;      // the epoch's first round, until its targets come
-      int rounds = 0;
+      int rounds = 0;  // two per epoch
       pipe.template on_round<float>([&](auto, gathered<float>& round) {
         if (rounds++ % 2 == 0) {
           outputs = std::move(round);
           return;
         }
         const auto e = detail::evaluation_of(rounds / 2, *outputs, round);
+        if (!e) return;  // no member evaluated after this epoch
         const bool was_quiet = quiet && quiet->is_quiet();
         if (was_quiet) quiet->speak();  // the aggregator reports, whichever rank of its member it is
-        report(e);
+        report(*e);
         if (was_quiet) quiet->quiet();
       });
       pipe.run(
