@@ -2,7 +2,7 @@
 # CI run of the MNIST port at a small size: the original (one process), then mnist_ensemble.cpp
 # under every preset, 3 members (2,1,1) at the rank count each layout needs, checking that every
 # preset trained the same members (equal per-epoch accuracies: same seeds, same batches, same
-# averages); then a layout the rank count does not fit, which must end every rank with
+# averages; upstream's shuffled test loader) and printed once per member; then a layout the rank count does not fit, which must end every rank with
 # "flexcomm: rank N: ..." and exit status 1, not std::terminate.
 #   check_mnist.sh MPIEXEC ORIGINAL PORT [trainer arguments...]
 # The data: Debian's dataset-fashion-mnist ($FASHION_MNIST_DIR), gunzipped under MNIST's names.
@@ -39,6 +39,17 @@ for preset in baseline single_broadcast multi_broadcast all_shared adaptive; do
   [ "$(echo "$epochs" | grep -c .)" -ge 1 ] || { echo "$out"; echo "$preset: no report"; exit 1; }
   [ "$tests" -eq $(( 3 * $(echo "$epochs" | grep -c .) )) ] ||
     { echo "$out"; echo "$preset: $tests test lines, expected one per member and epoch"; exit 1; }
+  # Output once per member: its setup line once, each line it prints after "member m: ", and its
+  # progress counting the member's samples (member 0 trains on two ranks, each on half a batch).
+  lines=$(echo "$out" | tr '\r' '\n')
+  [ "$(echo "$lines" | grep -c 'Training on')" -eq 3 ] &&
+    [ "$(echo "$lines" | grep -E 'Training on|Test set|Train Epoch' | grep -cvE '^member [0-2]: ')" -eq 0 ] ||
+    { echo "$out"; echo "$preset: a member's lines are not once per member, each after 'member m: '"; exit 1; }
+  progress=$(echo "$lines" | grep -oE '^member 0: Train Epoch: [0-9]+ \[ *[0-9]+/ *[0-9]+\]' | tr -d ' ' |
+             sed -E 's/.*\[([0-9]+)\/([0-9]+)\]/\1 \2/' | sort -n | tail -1)
+  read -r seen total <<< "$progress"
+  [ -n "$total" ] && [ $(( 10 * seen )) -ge $(( 9 * total )) ] ||
+    { echo "$out"; echo "$preset: member 0's progress ends at '$progress', not at its samples"; exit 1; }
   if [ -z "$reference" ]; then
     reference=$epochs
   elif [ "$epochs" != "$reference" ]; then

@@ -125,7 +125,7 @@ void train(size_t epoch, Net& model, torch::Device device, DataLoader& data_load
     optimizer.step();
 
     if (batch_idx++ % kLogInterval == 0) {
-      std::printf("\rTrain Epoch: %ld [%5ld/%5ld] Loss: %.4f", epoch, batch_idx * batch.data.size(0), dataset_size,
+      std::printf("\rTrain Epoch: %ld [%5ld/%5ld] Loss: %.4f", epoch, batch_idx * kTrainBatchSize, dataset_size,
                   loss.template item<float>());
     }
   }
@@ -185,8 +185,7 @@ auto main(int argc, char** argv) -> int {
                           .map(torch::data::transforms::Normalize<>(0.1307, 0.3081))
                           .map(torch::data::transforms::Stack<>());
   const size_t test_dataset_size = test_dataset.size().value();
-  auto test_loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
-      std::move(test_dataset), kTestBatchSize);
+  auto test_loader = torch::data::make_data_loader(std::move(test_dataset), kTestBatchSize);
 
   torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.01).momentum(0.5));
 

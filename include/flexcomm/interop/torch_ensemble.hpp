@@ -21,8 +21,8 @@
 // A member's ranks start from its first rank's parameters and buffers (average_gradients
 // broadcasts them, as DistributedDataParallel does; any number of modules, each with its own
 // optimizer), keep its buffers at each step (ensemble_options::buffers), print once per member
-// (quiet_replicas), and an error ends the job on every rank with its flexcomm: rank N: message,
-// exit status 1.
+// (quiet_replicas; each line "member m: " first where there are several: member_prefix), and an
+// error ends the job on every rank with its flexcomm: rank N: message, exit status 1.
 //
 // Batches and outputs travel over MPI in host memory (the presets' feed and collect). A CPU
 // module's gradients are averaged by the preset's Sync over MPI. A module on a CUDA device (a
@@ -63,6 +63,7 @@
 #include "../pipeline/preset_layout.hpp"
 #include "../pipeline/presets.hpp"
 #include "torch.hpp"
+#include "member_output.hpp"
 #include "torch_buffers.hpp"
 // A module on a GPU (torch.hpp sets FLEXCOMM_TORCH_CUDA, where nvcc compiles): each rank's
 // device, and the device Syncs.
@@ -412,9 +413,12 @@ struct ensemble_options {
   // else the members spread over the ranks after the preset's producers (presets::choose: what
   // the preset adds, and plain data parallel on the baseline where the world has no room for it).
   std::string layout{};
-  // Stdout of a member's ranks but its first goes to /dev/null while the trainer function runs:
-  // its prints come once per member (trainer::reports() says which rank prints).
+  // Stdout of a member's ranks but its first, and of the producers, goes to /dev/null while
+  // train_ensemble runs: a member's prints come once (trainer::reports() says which rank prints).
   bool quiet_replicas = true;
+  // Where there are several members, each line a member's first rank prints starts with
+  // "member m: " (their progress and test lines share one terminal).
+  bool member_prefix = true;
   // An error ends the job on every rank that has it: its message (flexcomm: rank N: ...) on
   // stderr, then MPI_Abort(1), instead of std::terminate. false: it is thrown (tests).
   bool end_job_on_error = true;
@@ -470,40 +474,20 @@ inline void print_accuracies(const evaluation& e) {
 }
 
 namespace detail {
-// While quiet, this process's stdout goes to /dev/null (a replica's prints).
-class quiet_stdout {
- public:
-  explicit quiet_stdout(bool on) {
-    if (on) quiet();
-  }
-  quiet_stdout(const quiet_stdout&) = delete;
-  quiet_stdout& operator=(const quiet_stdout&) = delete;
-  ~quiet_stdout() { speak(); }
-  bool is_quiet() const noexcept { return saved_ >= 0; }
-  void quiet() {
-    if (saved_ >= 0) return;
-    flush();
-    const int null = ::open("/dev/null", O_WRONLY);
-    if (null < 0) return;  // the prints stay: not worth failing a run over
-    saved_ = ::dup(STDOUT_FILENO);
-    if (saved_ >= 0) ::dup2(null, STDOUT_FILENO);
-    ::close(null);
-  }
-  void speak() {
-    if (saved_ < 0) return;
-    flush();
-    ::dup2(saved_, STDOUT_FILENO);
-    ::close(saved_);
-    saved_ = -1;
-  }
+// How this trainer rank's stdout reads while its trainer function runs (member_output).
+inline output output_of(const ensemble_options& o, const trainer& t) {
+  if (!t.reports()) return o.quiet_replicas ? output::quiet : output::plain;
+  return o.member_prefix && t.members() > 1 ? output::prefixed : output::plain;
+}
+inline std::string prefix_of(const trainer& t) { return cat("member ", t.member(), ": "); }
 
- private:
-  static void flush() {
-    std::cout.flush();
-    std::fflush(stdout);
-  }
-  int saved_ = -1;
-};
+// The producers' stdout, quiet while they load (quiet_replicas), where this rank is one.
+template <class Pipeline>
+void quiet_producer(std::optional<member_output>& out, const Pipeline& pipe, const mpi::communicator& world,
+                    const ensemble_options& o) {
+  if (o.quiet_replicas && pipe.layout().role_of(world.rank()).kind == role::producer)
+    out.emplace(output::quiet, std::string());
+}
 
 // The trainer whose function runs on this thread, for evaluated() in a test() that has no ctx.
 inline trainer*& current_trainer() {
@@ -642,13 +626,15 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
       const auto& layout = chosen.layout;
       typename Preset::pipeline pipe(world, layout, Preset::configure({}));
       detail::use_local_device(world, layout);
+      std::optional<member_output> producing;
+      detail::quiet_producer(producing, pipe, world, o);
       pipe.run(
           std::move(data),
           [&](auto& ctx) {
             torch::Tensor out;
             {
               trainer t(ctx, false, o.device_backend, o.buffers);
-              detail::quiet_stdout quiet(o.quiet_replicas && !t.reports());
+              member_output printing(detail::output_of(o, t), detail::prefix_of(t));
               out = train(t, evaluation_slice(evaluation, ctx));
               t.finish();
             }
@@ -699,7 +685,8 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
       const auto& layout = chosen.layout;
       typename Preset::pipeline pipe(world, layout, Preset::configure({}));
       detail::use_local_device(world, layout);
-      std::optional<detail::quiet_stdout> quiet;  // while this rank's trainer function runs
+      std::optional<member_output> printing;  // the producer's, or the trainer function's
+      detail::quiet_producer(printing, pipe, world, o);
       std::optional<gathered<float>> outputs;      // the epoch's first round, until its targets come
       int rounds = 0;  // two per epoch
       pipe.template on_round<float>([&](auto, gathered<float>& round) {
@@ -709,22 +696,21 @@ inline void train_ensemble(const mpi::communicator& world, const ensemble_option
         }
         const auto e = detail::evaluation_of(rounds / 2, *outputs, round);
         if (!e) return;  // no member evaluated after this epoch
-        const bool was_quiet = quiet && quiet->is_quiet();
-        if (was_quiet) quiet->speak();  // the aggregator reports, whichever rank of its member it is
+        if (printing) printing->pause();  // the aggregator reports, whichever rank it is
         report(*e);
-        if (was_quiet) quiet->quiet();
+        if (printing) printing->resume();
       });
       pipe.run(
           std::move(data),
           [&](auto& ctx) {
             trainer t(ctx, true, o.device_backend, o.buffers);
-            quiet.emplace(o.quiet_replicas && !t.reports());
+            printing.emplace(detail::output_of(o, t), detail::prefix_of(t));
             {
               detail::running current(t);
               train(t);
             }
             t.finish();
-            quiet.reset();
+            printing.reset();
           },
           [](auto&) {});
     });
