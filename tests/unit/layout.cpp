@@ -82,6 +82,19 @@ BOOST_AUTO_TEST_CASE(validation_says_what_is_wrong) {
                       "one_to_many: this feed needs producer ranks"));
 }
 
+// What the text wrote, apart from what it means: "producers=0" is written, a layout built in
+// code writes nothing (a preset keeps what the user wrote: presets::choose).
+BOOST_AUTO_TEST_CASE(the_parse_records_which_items_the_text_wrote) {
+  const auto members_only = fc::ensemble_layout::parse("members=2,1");
+  BOOST_TEST((!members_only.wrote_producers() && !members_only.wrote_aggregator()));
+  const auto zero = fc::ensemble_layout::parse("\tproducers=0 members=2 aggregator=0");
+  BOOST_TEST((zero.wrote_producers() && zero.wrote_aggregator()));
+  const auto per_host = fc::ensemble_layout::parse("members=2 producers=per-host");
+  BOOST_TEST((per_host.wrote_producers() && !per_host.wrote_aggregator()));
+  const fc::ensemble_layout built(1, {2}, 1);
+  BOOST_TEST((!built.wrote_producers() && !built.wrote_aggregator()));
+}
+
 BOOST_AUTO_TEST_CASE(environment_variable_overrides_the_fallback) {
   ::setenv("FLEXCOMM_LAYOUT", "producers=2 members=3x1", 1);
   BOOST_TEST(fc::ensemble_layout::from_env("members=1").world_size() == 5);

@@ -99,6 +99,10 @@ class ensemble_layout {
 
   // One producer per host ("producers=per-host"), placed or not.
   bool per_host() const noexcept { return per_host_; }
+  // Whether the text parse() read wrote producers= (aggregator=): what the user chose, which a
+  // preset keeps (presets::choose). False for a layout built in code.
+  bool wrote_producers() const noexcept { return wrote_producers_; }
+  bool wrote_aggregator() const noexcept { return wrote_aggregator_; }
   // Whether every rank's role is known: always, except for a per-host layout before placed_on().
   bool is_placed() const noexcept { return !per_host_ || placement_ != nullptr; }
 
@@ -271,6 +275,7 @@ class ensemble_layout {
   bool per_host_ = false;
   std::vector<int> member_sizes_;
   int aggregator_;
+  bool wrote_producers_ = false, wrote_aggregator_ = false;  // parse()'s text did
   std::shared_ptr<const placement> placement_;  // per-host layouts, once placed
 };
 
@@ -420,8 +425,11 @@ inline ensemble_layout ensemble_layout::parse(std::string_view text) {
   check(static_cast<long long>(producers) +
                 std::accumulate(sizes.begin(), sizes.end(), 0LL) <= (1 << 20),
         "layout", cat("cannot parse '", text, "': too many ranks"));
-  if (per_host) return ensemble_layout(producers_per_host, std::move(sizes), aggregator);
-  return ensemble_layout(producers, std::move(sizes), aggregator);
+  auto layout = per_host ? ensemble_layout(producers_per_host, std::move(sizes), aggregator)
+                         : ensemble_layout(producers, std::move(sizes), aggregator);
+  layout.wrote_producers_ = seen_producers;
+  layout.wrote_aggregator_ = seen_aggregator;
+  return layout;
 }
 
 inline ensemble_layout ensemble_layout::from_env(std::string_view fallback) {

@@ -41,21 +41,6 @@ inline std::pair<int, int> producers_taken(std::string_view name) {
   });
 }
 
-// "1 producer", "no producers", "2 or more producers", "any number of producers".
-inline std::string producers_text(int low, int high) {
-  if (low == high) return low == 0 ? std::string("no producers") : cat(low, low == 1 ? " producer" : " producers");
-  if (high != many) return cat(low, "..", high, " producers");
-  return low == 0 ? std::string("any number of producers") : cat(low, " or more producers");
-}
-
-// Whether `text`, a layout that parses, writes item `key` ("producers", "aggregator").
-inline bool writes(std::string_view text, std::string_view key) {
-  for (std::size_t at = text.find(key); at != std::string_view::npos; at = text.find(key, at + 1))
-    if ((at == 0 || text[at - 1] == ' ' || text[at - 1] == '\t') && text.substr(at + key.size(), 1) == "=")
-      return true;
-  return false;
-}
-
 // What `to` has that the user's `from` did not: "producers=1 and aggregator=1", or "". An
 // aggregator the user wrote moves with its trainer: "producers=1 and aggregator=3 for 2".
 inline std::string added(const ensemble_layout& from, const ensemble_layout& to, bool aggregator_written) {
@@ -122,7 +107,7 @@ inline choice choose(std::string_view asked, std::string_view text, int members,
   const auto user = ensemble_layout::parse(text);
   check(members == 0 || user.members() == members, what,
         cat("layout '", text, "' has ", user.members(), " members; the trainer asks for ", members));
-  const bool names_producers = detail::writes(text, "producers"), names_aggregator = detail::writes(text, "aggregator");
+  const bool names_producers = user.wrote_producers(), names_aggregator = user.wrote_aggregator();
   if (!names_producers && !names_aggregator && taken.first > 0 && user.world_size() == world_size) {
     const int needs = taken.first + world_size;
     return {"baseline", user, detail::baseline_note(asked, taken.first, needs, cat("layout '", text, "'"), world_size)};

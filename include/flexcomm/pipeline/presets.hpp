@@ -51,6 +51,17 @@ inline ensemble_layout with_producers(const ensemble_layout& layout, int produce
 
 namespace presets {
 
+constexpr int many = std::numeric_limits<int>::max();  // producers: no most
+
+namespace detail {
+// "1 producer", "no producers", "2 or more producers", "any number of producers".
+inline std::string producers_text(int low, int high) {
+  if (low == high) return low == 0 ? std::string("no producers") : cat(low, low == 1 ? " producer" : " producers");
+  if (high != many) return cat(low, "..", high, " producers");
+  return low == 0 ? std::string("any number of producers") : cat(low, " or more producers");
+}
+}  // namespace detail
+
 // A preset: its pipeline type, its name, and the producer counts its layout may have. Its
 // pipeline refuses a layout with the wrong producers (a baseline given a producer would otherwise
 // train with that rank idle), naming the preset.
@@ -100,9 +111,7 @@ struct preset {
     const int p = layout.producers();
     check(p >= min_producers && p <= max_producers, cat("preset ", name),
           cat("layout '", layout.str(), "' has ", p, " producers; ", name, " takes ",
-              min_producers == max_producers ? cat(min_producers)
-              : max_producers == std::numeric_limits<int>::max() ? cat(min_producers, " or more")
-                                                                 : cat(min_producers, "..", max_producers)));
+              detail::producers_text(min_producers, max_producers)));
   }
   // The layout this preset runs on, from one that gives the members (and the aggregator): one
   // without producers gets the preset's fewest (with_producers keeps the aggregator's trainer);
@@ -113,8 +122,6 @@ struct preset {
     return with_producers(layout, min_producers);
   }
 };
-
-constexpr int many = std::numeric_limits<int>::max();
 
 namespace detail {
 struct baseline_name { static constexpr const char* value = "baseline"; };
