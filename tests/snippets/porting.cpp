@@ -62,7 +62,7 @@ void test(Net& model, DataLoader& loader, int epoch) {
 bool two_modules(const flexcomm::mpi::communicator& world) {
   auto train_set = Points(1024, 1).map(torch::data::transforms::Stack<>());
   fi::ensemble_options options;
-  options.buffers = fi::buffers::broadcast;  // the default: the BatchNorm statistics of the member's first rank
+  options.buffers = fi::buffers::broadcast;  // the default (DistributedDataParallel's rule); or average, or off
   fi::train_ensemble(world, options, fi::dataset_of(train_set, kBatch, kEpochs), [&](fi::trainer& ctx) {
     torch::manual_seed(1 + ctx.member());
     torch::nn::Sequential encoder(torch::nn::Linear(2, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU());
