@@ -350,3 +350,62 @@ BOOST_AUTO_TEST_CASE(an_ensemble_trains_on_the_gpu) {
       BOOST_TEST(all_ranks(ok && aggregators == 1));
     }
 }
+
+namespace {
+// The largest difference over the member's ranks of any element of the tensors (0: equal).
+double member_spread(const fc::mpi::communicator& comm, const std::vector<torch::Tensor>& tensors) {
+  double apart = 0;
+  for (const auto& t : tensors) {
+    auto high = t.detach().to(torch::kCPU, torch::kFloat64).contiguous().clone(), low = -high;
+    fc::mpi::iallreduce(comm, fc::span<double>(high.data_ptr<double>(), high.numel()), fc::op::max).wait();
+    fc::mpi::iallreduce(comm, fc::span<double>(low.data_ptr<double>(), low.numel()), fc::op::max).wait();
+    if (t.numel() > 0) apart = std::max(apart, (high + low).abs().max().item<double>());
+  }
+  return apart;
+}
+}  // namespace
+
+// Two CUDA modules with two optimizers, the first holding BatchNorm: each module gets a device
+// Sync of its own, the replicas (seeded apart) train as one, and the running statistics, kept
+// by the first rank's broadcast at each step, end equal on every rank of a member; on each
+// device backend.
+BOOST_AUTO_TEST_CASE(two_cuda_modules_with_batchnorm_train_as_one_per_member) {
+  for (const char* backend : {"nccl", "staged"}) {
+    counting data;
+    bool ok = true;
+    fi::ensemble_options options{"baseline", world().size() >= 3 ? 2 : 1};
+    options.device_backend = backend;
+    options.end_job_on_error = false;
+    fi::train_ensemble(
+        world(), options, fi::dataset_of(data, 4, 2),
+        [&](fi::trainer& ctx) {
+          torch::manual_seed(static_cast<std::uint64_t>(400 + world().rank()));
+          torch::nn::Sequential first(torch::nn::Linear(6, 4), torch::nn::BatchNorm1d(4));
+          torch::nn::Linear second(4, 2);
+          first->to(gpu());
+          second->to(gpu());
+          ok = ok && ctx.average_gradients(*first).parameters() == 4 &&
+               ctx.average_gradients(*second).parameters() == 2;
+          torch::optim::SGD first_step(first->parameters(), torch::optim::SGDOptions(0.1));
+          torch::optim::SGD second_step(second->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
+          auto loader = ctx.loader();
+          for (int epoch = 0; epoch < 2; ++epoch)
+            for (auto& batch : *loader) {
+              ok = ok && batch.data.is_cuda();
+              first_step.zero_grad();
+              second_step.zero_grad();
+              second->forward(first->forward(batch.data.view({-1, 6}))).pow(2).mean().backward();
+              first_step.step();
+              second_step.step();
+            }
+          auto state = first->parameters();
+          for (const auto& p : second->parameters()) state.push_back(p);
+          const double parameters = member_spread(ctx.comm(), state);
+          const double statistics = member_spread(ctx.comm(), first->buffers());
+          ok = ok && parameters == 0 && statistics == 0;
+        },
+        [](const fi::evaluation&) {});
+    BOOST_TEST_INFO("device backend " << backend);
+    BOOST_TEST(all_ranks(ok));
+  }
+}

@@ -595,6 +595,46 @@ BOOST_AUTO_TEST_CASE(members_testing_on_their_first_rank_with_a_shuffled_loader_
   BOOST_TEST(all_ranks(ok && reports == 1 && (reported.empty() || reported == std::vector<int>{2})));
 }
 
+// dataset_of's result shuffled (its shuffle and seed): each epoch visits every sample once per
+// member, in an order not the index order and not the previous epoch's, and every member gets
+// the same batches in the same order (the first sample of each step's batch, seen by the
+// member's first rank, agrees across members).
+BOOST_AUTO_TEST_CASE(a_shuffled_dataset_gives_every_member_one_order_per_epoch) {
+  counting samples;
+  auto data = fi::dataset_of(samples, 4, 2);
+  data.shuffle = true;
+  data.seed = 5;
+  bool ok = true;
+  std::vector<std::int64_t> firsts;  // per step: the batch's first sample, from the member's first rank
+  fi::train_ensemble(
+      world(), small_members(world().size()), data,
+      [&](fi::trainer& ctx) {
+        auto loader = ctx.loader();
+        std::vector<std::vector<std::int64_t>> orders(2);
+        for (auto& order : orders) {
+          std::vector<std::int64_t> seen(11, 0);
+          for (auto& batch : *loader) {
+            const auto t = (batch.target / 10).contiguous();
+            if (ctx.reports()) firsts.push_back(t[0].item<std::int64_t>());
+            for (std::int64_t i = 0; i < t.numel(); ++i) {
+              order.push_back(t[i].item<std::int64_t>());
+              ++seen[static_cast<std::size_t>(order.back())];
+            }
+          }
+          fc::mpi::iallreduce(ctx.comm(), fc::span<std::int64_t>(seen.data(), seen.size()), fc::op::sum).wait();
+          ok = ok && std::all_of(seen.begin(), seen.end(), [](std::int64_t c) { return c == 1; });
+        }
+        ok = ok && orders[0] != orders[1] && !std::is_sorted(orders[0].begin(), orders[0].end());
+        firsts.resize(6);
+        fc::mpi::ibcast(ctx.comm(), fc::span<std::int64_t>(firsts.data(), firsts.size()), 0).wait();
+      },
+      [](const fi::evaluation&) {});
+  auto low = firsts, high = firsts;
+  fc::mpi::iallreduce(world(), fc::span<std::int64_t>(low.data(), low.size()), fc::op::min).wait();
+  fc::mpi::iallreduce(world(), fc::span<std::int64_t>(high.data(), high.size()), fc::op::max).wait();
+  BOOST_TEST(all_ranks(ok && firsts.size() == 6 && low == high));
+}
+
 // A test before the first epoch has no epoch to be reported with: refused on every rank, saying
 // where evaluated() goes.
 BOOST_AUTO_TEST_CASE(evaluating_before_the_first_epoch_is_refused) {

@@ -70,7 +70,9 @@ torch::Tensor labels(const typed_batch& batch);
 // Stack's batch of one loses its batch dimension). The feed loads sample i on the ranks that
 // load and copies its tensors into its batch: `data` must outlive the run, and give the same
 // sample for i wherever it runs. In index order, the short last batch delivered, as torch::data's
-// SequentialSampler does. `epochs` is the stream's length: a data_loader refuses an epoch more.
+// SequentialSampler does; set the result's `shuffle` (and `seed`) for each epoch in a permutation
+// drawn from (seed, epoch), the same for every member, as a RandomSampler would shuffle. `epochs`
+// is the stream's length: a data_loader refuses an epoch more.
 template <class Dataset>
 dataset dataset_of(Dataset& data, std::int64_t batch, std::int64_t epochs = 1);
 
