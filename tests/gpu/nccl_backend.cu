@@ -77,6 +77,74 @@ BOOST_AUTO_TEST_CASE(a_missing_rank_after_the_first_collective_becomes_an_abort_
   a_missing_rank_times_out(true);
 }
 
+// Sends and receives run on the communicator's blocking child (issue 52): a ring both ways and
+// pairs give the right data, on a fresh duplicate (its first sends connect the pairs, blocking
+// the host until the peer posts its side) and again once connected.
+BOOST_AUTO_TEST_CASE(sends_and_receives_on_the_blocking_child_give_the_right_data) {
+  auto c = comm().dup("blocking sends");
+  const int n = c.size(), me = c.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  const int partner = (me ^ 1) < n ? me ^ 1 : -1;
+  BOOST_TEST(c.shared_state()->p2p != nullptr);
+  bool ok = true;
+  for (int round = 0; round < 2; ++round) {
+    test_buffer<int> mine(std::vector<int>(64, me * 100 + round)), left(std::vector<int>(64, -1)),
+        right(std::vector<int>(64, -1)), paired(std::vector<int>(32, -1));
+    std::vector<backend::request> pending;
+    pending.push_back(backend::irecv(c, left.span(), prev, 0));
+    pending.push_back(backend::irecv(c, right.span(), next, 0));
+    pending.push_back(backend::isend(c, mine.cspan(), next, 0));
+    pending.push_back(backend::isend(c, mine.cspan(), prev, 0));
+    for (auto& r : pending) r.wait();
+    pending.clear();
+    if (partner >= 0) {
+      pending.push_back(backend::isend(c, mine.cspan().subspan(0, 32), partner, 0));
+      pending.push_back(backend::irecv(c, paired.span(), partner, 0));
+      for (auto& r : pending) r.wait();
+    }
+    ok = ok && left.host() == std::vector<int>(64, prev * 100 + round) &&
+         right.host() == std::vector<int>(64, next * 100 + round) &&
+         (partner < 0 || paired.host() == std::vector<int>(32, partner * 100 + round));
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok));
+}
+
+// A peer that never posts its receive: on the blocking child the send's ncclGroupEnd waits for it
+// (connecting the pair); past the communicator's timeout the watcher aborts the child, and the
+// send becomes an error naming the rank that did not take part; the communicator is aborted, the
+// job goes on. Rank 1 keeps its duplicate alive until rank 0 is done with it.
+BOOST_AUTO_TEST_CASE(a_peer_that_never_posts_its_receive_is_a_named_error) {
+  if (world().size() < 2) return;
+  bool ok = true;
+  std::string cause = "(no error)";
+  test_buffer<float> x(std::vector<float>(16, 1.f));
+  {
+    auto lonely = comm().dup("lonely sends");
+    lonely.set_timeout(std::chrono::milliseconds{1500});
+    if (world().rank() == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        backend::isend(lonely, x.cspan(), 1, 0).wait();
+        ok = false;
+      } catch (const fc::error& e) {
+        cause = e.cause();
+        ok = cause.find("the receive of rank 1") != std::string::npos &&
+             cause.find("1500 ms (FLEXCOMM_TIMEOUT)") != std::string::npos &&
+             cause.find("aborted with ncclCommAbort") != std::string::npos;
+      }
+      ok = ok && std::chrono::steady_clock::now() - start < std::chrono::seconds{10};
+      BOOST_CHECK_EXCEPTION(backend::isend(lonely, x.cspan(), 1, 0), fc::error, [](const fc::error& e) {
+        return std::string(e.cause()).find("was aborted") != std::string::npos;
+      });
+      BOOST_TEST_MESSAGE("rank 0's error: " << cause);
+    }
+    BOOST_TEST(fc::testing::all_ranks(ok), "rank 0's error: " << cause);
+  }
+  BOOST_TEST(!fc::watchdog::instance().job_must_end());
+  test_buffer<int> one(std::vector<int>{1});
+  backend::iallreduce(comm(), one.span(), fc::op::sum).wait();
+  BOOST_TEST(fc::testing::all_ranks(one.host()[0] == world().size()));
+}
+
 // No tax over NCCL (issue 31, then 52): once the communicator has warmed up, a post allocates
 // nothing beyond the raw calls it makes, takes one lock (its communicator's), and makes only the
 // calls it needs: for a collective the device guard's cudaGetDevice, the NCCL call and the

@@ -31,7 +31,12 @@
 // ncclInProgress and stay in progress until every rank has joined (a missing rank leaves them
 // there), ncclCommFinalize stays in progress while work issued on the communicator is outstanding,
 // and ncclCommGetAsyncError reports an asynchronous error (ncclRemoteError, ncclSystemError) or a
-// poisoned context (ncclUnhandledCudaError). Two test hooks at the end (inject_async_error,
+// poisoned context (ncclUnhandledCudaError). A split may make its new communicator blocking
+// (config.blocking = 1, as flexcomm's point-to-point child is): its calls complete their enqueue
+// before they return, never ncclInProgress; the first send or receive between two ranks connects
+// them inside the call that launches it (ncclGroupEnd), which blocks the host until the peer posts
+// its side, or until the communicator is aborted from another thread (then an error); its
+// ncclCommFinalize blocks until its work is done. Two test hooks at the end (inject_async_error,
 // inject_kernel_fault) make the faults a GPU node shows; the library never calls them.
 //
 // CUDA graphs by stream capture, with the runtime's rules (cudaStreamBeginCapture,
@@ -936,6 +941,9 @@ struct nccl_state {
   std::atomic<int> active{0};  // operations handed to MPI and not yet complete
   std::atomic<int> async_error{0};  // what NCCL found (injected by a test: inject_async_error)
   std::atomic<bool> finalizing{false};
+  bool blocking = false;  // config.blocking = 1: set when made, before any call on it
+  // A blocking communicator's pairs connected so far, each way: peers sent to, received from.
+  std::vector<int> sends_to, receives_from;  // the calling thread's (flexcomm's lock)
 
   // Phase 2 of a setup: the communicator's own MPI communicators.
   void connect_ranks(MPI_Comm o, MPI_Comm c, MPI_Comm k) {
@@ -1090,6 +1098,8 @@ struct call {
   std::shared_ptr<stream_state> stream;
   std::function<void(MPI_Comm, std::vector<MPI_Request>&)> post;
   std::function<void()> after;
+  int peer = -1;  // a send's or receive's
+  bool sends = false;
 };
 
 struct group_state {
@@ -1155,6 +1165,56 @@ inline void run_group(const std::vector<call>& calls,
 
 using turn_list = std::vector<std::pair<std::shared_ptr<nccl_state>, std::uint64_t>>;
 
+// On a blocking communicator NCCL connects a pair at their first send or receive, in the call that
+// launches it: the sender and the receiver exchange a hello on `connect` (tag 1 from the sender,
+// 2 from the receiver), and the host waits until the peer's arrives. Aborted meanwhile (from
+// another thread), the call gives up: an error. Once per pair and direction.
+inline nccl_result_t connect_pairs(const std::vector<call>& calls) {
+  static const int hello = 1;
+  std::vector<std::pair<std::shared_ptr<nccl_state>, std::pair<int, bool>>> links;
+  for (const auto& c : calls) {
+    if (c.peer < 0 || !c.comm->blocking) continue;
+    const auto& done = c.sends ? c.comm->sends_to : c.comm->receives_from;
+    const auto link = std::make_pair(c.comm, std::make_pair(c.peer, c.sends));
+    if (std::find(done.begin(), done.end(), c.peer) == done.end() &&
+        std::find(links.begin(), links.end(), link) == links.end())
+      links.push_back(link);
+  }
+  if (links.empty()) return nccl_success;
+  std::vector<MPI_Request> sends(links.size(), MPI_REQUEST_NULL), receives(links.size(), MPI_REQUEST_NULL);
+  std::vector<int> got(links.size(), 0);
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    const auto& [comm, link] = links[i];
+    MPI_Isend(&hello, 1, MPI_INT, link.first, link.second ? 1 : 2, comm->connect, &sends[i]);
+    MPI_Irecv(&got[i], 1, MPI_INT, link.first, link.second ? 2 : 1, comm->connect, &receives[i]);
+  }
+  for (;;) {
+    int done = 0;
+    MPI_Testall(static_cast<int>(receives.size()), receives.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) break;
+    if (std::any_of(links.begin(), links.end(), [](const auto& l) { return l.first->aborted.load(); })) {
+      for (auto& r : receives)
+        if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+      MPI_Waitall(static_cast<int>(receives.size()), receives.data(), MPI_STATUSES_IGNORE);
+      for (auto& r : sends) MPI_Request_free(&r);  // from a static buffer: left to MPI
+      return nccl_fail(nccl_invalid_usage, "communicator aborted while connecting to a peer that did not take part");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE);
+  for (const auto& [comm, link] : links) (link.second ? comm->sends_to : comm->receives_from).push_back(link.first);
+  return nccl_success;
+}
+
+// A blocking communicator's first collective connects its ranks inside the call: the host waits.
+inline nccl_result_t connect_collective(nccl_state& comm) {
+  while (comm.connecting()) {
+    if (comm.aborted.load()) return nccl_fail(nccl_invalid_usage, "communicator aborted while connecting");
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return nccl_success;
+}
+
 // Each communicator of a group takes its next turn: groups run in the order they were issued
 // (or, captured in a graph, launched). Under the engine's mutex.
 inline turn_list take_turns_locked(const std::vector<call>& calls) {
@@ -1208,7 +1268,8 @@ enum class kind { collective, point_to_point };
 
 inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::initializer_list<const void*> buffers,
                             std::function<void(MPI_Comm, std::vector<MPI_Request>&)> post,
-                            std::function<void()> after = {}, kind what = kind::collective) {
+                            std::function<void()> after = {}, kind what = kind::collective, int peer = -1,
+                            bool sends = false) {
   auto comm = find(c);
   if (!comm) return nccl_fail(nccl_invalid_argument, "invalid communicator");
   if (comm->aborted.load()) return nccl_fail(nccl_invalid_usage, "communicator was aborted");
@@ -1239,8 +1300,12 @@ inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::initializer_list<con
         return nccl_fail(nccl_unhandled_cuda_error, cat("Cuda failure '", text_of(rc).text, "'"));
   }
   if (!stream) return nccl_fail(nccl_invalid_argument, "invalid stream");
-  const bool connecting = what == kind::collective && comm->connect_for_collective();
-  call one{std::move(comm), std::move(stream), std::move(post), std::move(after)};
+  bool connecting = what == kind::collective && comm->connect_for_collective();
+  if (connecting && comm->blocking) {
+    if (const nccl_result_t rc = connect_collective(*comm); rc != nccl_success) return rc;
+    connecting = false;
+  }
+  call one{std::move(comm), std::move(stream), std::move(post), std::move(after), peer, sends};
   auto& group = this_threads_group();
   if (group.depth > 0) {
     group.calls.push_back(std::move(one));
@@ -1249,6 +1314,7 @@ inline nccl_result_t submit(nccl_comm_t c, stream_t s, std::initializer_list<con
   }
   std::vector<call> alone;
   alone.push_back(std::move(one));
+  if (const nccl_result_t rc = connect_pairs(alone); rc != nccl_success) return rc;
   const nccl_result_t rc = launch(std::move(alone));
   return rc == nccl_success && connecting ? nccl_in_progress : rc;
 }
@@ -1330,8 +1396,10 @@ inline nccl_result_t split_among(MPI_Comm parent, const std::vector<int>& keys, 
 }
 }  // namespace standin
 // Nonblocking, as the init: the parent (and the new communicator) stay in progress until every
-// rank of the parent has joined. A negative color takes part and gets no communicator.
-inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_comm_t* out) {
+// rank of the parent has joined. A negative color takes part and gets no communicator. `blocking`:
+// the new communicator's (config.blocking = 1); the split itself follows its nonblocking parent,
+// as NCCL's does (the handle written when it settles).
+inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_comm_t* out, bool blocking = false) {
   standin::the();
   auto parent = standin::find(comm);
   if (!parent) return standin::nccl_fail(nccl_invalid_argument, "invalid communicator");
@@ -1350,6 +1418,7 @@ inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_
   if (color >= 0) {
     child = std::make_shared<standin::nccl_state>();
     child->device = parent->device;
+    child->blocking = blocking;
     child->set_job(job);
   }
   job->finish = [control = parent->control, n, weak = std::weak_ptr<standin::nccl_state>(child)](standin::setup_job& j) {
@@ -1371,6 +1440,7 @@ inline nccl_result_t nccl_comm_get_async_error(nccl_comm_t comm, nccl_result_t* 
 }
 // Nonblocking: in progress until every operation issued on the communicator has completed (one
 // that waits for a peer that is gone never does); an asynchronous error is the answer instead.
+// Blocking: the call waits for that, or for an abort from another thread (an error then).
 inline nccl_result_t nccl_comm_finalize(nccl_comm_t comm) {
   standin::the();
   auto c = standin::find(comm);
@@ -1378,7 +1448,13 @@ inline nccl_result_t nccl_comm_finalize(nccl_comm_t comm) {
   if (const nccl_result_t ready = c->ready(); ready != nccl_success)
     return standin::nccl_fail(ready, "ncclCommFinalize on a communicator that is not ready");
   if (c->finalizing.exchange(true)) return standin::nccl_fail(nccl_invalid_argument, "finalized twice");
-  return nccl_in_progress;
+  if (!c->blocking) return nccl_in_progress;
+  for (;;) {
+    if (c->aborted.load()) return standin::nccl_fail(nccl_invalid_usage, "communicator aborted while finalizing");
+    const nccl_result_t r = c->status();
+    if (r != nccl_in_progress) return r;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 inline nccl_result_t nccl_comm_destroy(nccl_comm_t comm) {
   standin::the();
@@ -1412,6 +1488,7 @@ inline nccl_result_t nccl_group_end() {
   std::vector<standin::call> calls;
   calls.swap(group.calls);
   const bool connecting = std::exchange(group.connecting, false);
+  if (const nccl_result_t rc = standin::connect_pairs(calls); rc != nccl_success) return rc;
   const nccl_result_t rc = standin::launch(std::move(calls));
   return rc == nccl_success && connecting ? nccl_in_progress : rc;
 }
@@ -1495,14 +1572,14 @@ inline nccl_result_t nccl_send(const void* buf, std::size_t count, dtype t, int 
   return standin::submit(comm, s, {buf}, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
     MPI_Request q = MPI_REQUEST_NULL;
     standin::post_checked(MPI_Isend(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
-  }, {}, standin::kind::point_to_point);
+  }, {}, standin::kind::point_to_point, peer, true);
 }
 inline nccl_result_t nccl_recv(void* buf, std::size_t count, dtype t, int peer, nccl_comm_t comm, stream_t s) {
   standin::the();
   return standin::submit(comm, s, {buf}, [=](MPI_Comm m, std::vector<MPI_Request>& r) {
     MPI_Request q = MPI_REQUEST_NULL;
     standin::post_checked(MPI_Irecv(buf, static_cast<int>(count), flexcomm::detail::mpi_type(t), peer, 0, m, &q), r, q);
-  }, {}, standin::kind::point_to_point);
+  }, {}, standin::kind::point_to_point, peer, false);
 }
 // NCCL's texts (ncclGetErrorString) and the names of its codes.
 inline const char* nccl_error_string(nccl_result_t r) {

@@ -31,7 +31,8 @@
 //              capture_unmatched, capture_unjoined, capture_isolation, capture_implicit,
 //              captured_event, capture_wrong_thread)
 //   NCCL       nccl_get_unique_id, nccl_comm_init (nonblocking; `over` is the MPI communicator
-//              whose ranks take part), nccl_comm_split, nccl_comm_count, nccl_comm_user_rank,
+//              whose ranks take part), nccl_comm_split (nonblocking, or blocking: the
+//              new communicator's calls return once done), nccl_comm_count, nccl_comm_user_rank,
 //              nccl_comm_get_async_error, nccl_comm_finalize, nccl_comm_destroy, nccl_comm_abort,
 //              nccl_group_start, nccl_group_end, nccl_allreduce, nccl_broadcast, nccl_reduce,
 //              nccl_allgather, nccl_reduce_scatter, nccl_send, nccl_recv (element types as

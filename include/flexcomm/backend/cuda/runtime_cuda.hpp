@@ -165,10 +165,11 @@ inline nccl_result_t nccl_comm_init(nccl_comm_t* comm, int ranks, const nccl_id_
   config.blocking = 0;
   return ncclCommInitRankConfig(comm, ranks, id, rank, &config);
 }
-// A negative color takes part and gets no communicator.
-inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_comm_t* out) {
+// A negative color takes part and gets no communicator. `blocking`: the new communicator's calls
+// return once done (config.blocking = 1), the split's too.
+inline nccl_result_t nccl_comm_split(nccl_comm_t comm, int color, int key, nccl_comm_t* out, bool blocking = false) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
+  config.blocking = blocking ? 1 : 0;
   return ncclCommSplit(comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, out, &config);
 }
 inline nccl_result_t nccl_comm_count(nccl_comm_t comm, int* size) { return ncclCommCount(comm, size); }

@@ -1,5 +1,5 @@
 // What an NCCL communicator and its requests share: the NCCL handle, its stream, the deferred
-// point-to-point operations, and the MPI backend's bookkeeping over the same ranks (flight
+// point-to-point operations (launched on a blocking child, under a watch), and the MPI backend's bookkeeping over the same ranks (flight
 // recorder, timeout, the watchdog's side channel), so that NCCL's timeouts name ranks as MPI's do.
 #pragma once
 
@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../core/error.hpp"
@@ -21,6 +22,7 @@
 #include "../cuda/error.hpp"
 #include "../mpi/batched_check.hpp"
 #include "../mpi/watchdog.hpp"
+#include "blocking_watch.hpp"
 #include "types.hpp"
 
 namespace flexcomm {
@@ -37,6 +39,11 @@ class nccl_group {
   device::nccl_result_t end() {
     open_ = false;
     return checked_nccl(device::nccl_group_end(), what_, ": ncclGroupEnd");
+  }
+  // The code as NCCL gave it, for a caller that must look at something else first.
+  device::nccl_result_t end_unchecked() {
+    open_ = false;
+    return device::nccl_group_end();
   }
   ~nccl_group() {
     if (open_) device::nccl_group_end();
@@ -88,6 +95,11 @@ struct nccl_p2p {
 // point-to-point operations and the bookkeeping for timeout reports.
 struct nccl_state {
   device::nccl_comm_t comm = nullptr;
+  // Sends and receives go on a blocking child of `comm` (communicator.hpp: open_point_to_point),
+  // where a grouped send and receive posts several times faster than on a nonblocking one
+  // (docs/cuda.md, issue 52); its watch aborts it when a call on it blocks past the timeout.
+  device::nccl_comm_t p2p = nullptr;
+  std::shared_ptr<blocking_watch> p2p_watch;
   cuda::stream_handle stream;
   std::string name;
   int rank = -1, size = 0, device = 0;
@@ -118,6 +130,7 @@ struct nccl_state {
   // for a peer that is gone never flushes: past the timeout the communicator is aborted, which
   // ends its kernels, and the rank says so; a destructor cannot throw.
   ~nccl_state() {
+    close_point_to_point();
     if (!comm) return;
     const auto what = cat("nccl communicator '", name, "' (rank ", rank, " of ", size, "): ncclCommFinalize");
     try {
@@ -192,10 +205,10 @@ struct nccl_state {
     abort_reason = reason;
     for (auto& p : deferred) release_locked(*p.launch, false);
     deferred.clear();
-    if (comm) {
+    if (comm || p2p) {
       device_guard guard(device, name);
-      device::nccl_comm_abort(comm);
-      comm = nullptr;
+      if (comm) device::nccl_comm_abort(std::exchange(comm, nullptr));
+      if (p2p) device::nccl_comm_abort(std::exchange(p2p, nullptr));
     }
   }
 
@@ -205,6 +218,8 @@ struct nccl_state {
   std::string failure_locked(const std::string& what) {
     device::nccl_result_t async = device::nccl_success;
     if (comm) check_nccl(device::nccl_comm_get_async_error(comm, &async), what, ": ncclCommGetAsyncError");
+    if (p2p && (async == device::nccl_success || async == device::nccl_in_progress))
+      check_nccl(device::nccl_comm_get_async_error(p2p, &async), what, ": ncclCommGetAsyncError");
     if (async != device::nccl_success && async != device::nccl_in_progress)
       return fail_locked(what, cat("asynchronous NCCL error ", device::nccl_error_name(async), ": ",
                                    device::nccl_error_string(async), cuda_cause(async)));
@@ -259,6 +274,9 @@ struct nccl_state {
  private:
   std::vector<nccl_p2p> flushing;
 
+  // On the blocking child, ncclGroupEnd connects a pair at its first send or receive and blocks
+  // the host until the peer takes part: armed, so that past the timeout the watcher aborts the
+  // child and the call returns.
   void launch_flushing_locked(const std::string& what) {
     device_guard guard(device, what);
     nccl_group group(what);
@@ -266,17 +284,62 @@ struct nccl_state {
       device::stream_t s = p.stream ? p.stream : stream.get();
       if (p.count == 0) continue;  // both sides know the count: an empty message is no message
       if (p.send)
-        check_nccl(device::nccl_send(p.buf, p.count, p.type, p.peer, comm, s), what, ": ncclSend to ", p.peer);
+        check_nccl(device::nccl_send(p.buf, p.count, p.type, p.peer, p2p, s), what, ": ncclSend to ", p.peer);
       else
-        check_nccl(device::nccl_recv(const_cast<void*>(p.buf), p.count, p.type, p.peer, comm, s),
+        check_nccl(device::nccl_recv(const_cast<void*>(p.buf), p.count, p.type, p.peer, p2p, s),
                    what, ": ncclRecv from ", p.peer);
     }
-    settle_locked(what, group.end());
+    p2p_watch->arm(timeout());
+    const device::nccl_result_t rc = group.end_unchecked();
+    if (p2p_watch->disarm()) point_to_point_timed_out_locked(what);
+    check_nccl(rc, what, ": ncclGroupEnd");
     for (const auto& p : flushing) {
       p.launch->done.record(p.stream ? p.stream : stream.get(), what);
       p.launch->launched = true;
       release_locked(*p.launch, true);
     }
+  }
+
+  // The watcher aborted the child (it is gone): the peers of the group did not take part. Asked
+  // over the side channel as a timed-out wait asks; the communicator is aborted, the job goes on.
+  [[noreturn]] void point_to_point_timed_out_locked(const std::string& what) {
+    p2p = nullptr;
+    std::string peers;
+    for (const auto& p : flushing)
+      peers += cat(peers.empty() ? "" : ", ", p.send ? "the receive of rank " : "the send of rank ", p.peer);
+    const auto limit = timeout();
+    std::string report;
+    if (watch) {
+      watch->announce();
+      report = cat("\n", watch->diagnose(flushing.front().launch->sequence, watchdog::grace(limit)));
+    }
+    const auto place = where();
+    abort_locked(cat(what, ": a peer did not take part within ", limit.count(), " ms"));
+    fail(what, cat("a peer did not take part: NCCL waited for ", peers, " (matching this rank's in one group) for ",
+                   limit.count(), " ms (FLEXCOMM_TIMEOUT) on the blocking point-to-point communicator; ", place,
+                   " aborted with ncclCommAbort (a rank did not post its side, or the ranks issued sends and ",
+                   "receives in different orders)", report));
+  }
+
+  // A blocking finalize waits for the sends and receives still in flight: armed, so that one whose
+  // peer is gone ends in an abort past the timeout, said on stderr (a destructor cannot throw).
+  void close_point_to_point() noexcept {
+    if (!p2p) return;
+    const device::nccl_comm_t child = std::exchange(p2p, nullptr);
+    try {
+      device_guard guard(device, name);
+      p2p_watch->arm(timeout());
+      const device::nccl_result_t rc = device::nccl_comm_finalize(child);
+      if (p2p_watch->disarm()) {
+        std::fprintf(stderr, "flexcomm: rank %d: nccl communicator '%s': sends or receives in flight did not finish "
+                     "within %lld ms (FLEXCOMM_TIMEOUT): a peer is gone; aborted with ncclCommAbort\n",
+                     process_rank(), name.c_str(), static_cast<long long>(timeout().count()));
+        return;
+      }
+      if (rc == device::nccl_success && device::nccl_comm_destroy(child) == device::nccl_success) return;
+    } catch (...) {
+    }
+    device::nccl_comm_abort(child);
   }
 };
 }  // namespace detail
