@@ -331,6 +331,18 @@ gpu_only_run "device_host_cost np1" 60 FLEXCOMM_TIMEOUT=60 -- "$mpx" -n 1 "$here
   -b 8 -e 64K -f 8 -n 200 -w 20 -J "$OUT/device_host_cost_np1.json"
 gpu_only_run "device_host_cost np2" 60 FLEXCOMM_TIMEOUT=60 -- "$mpx" -n 2 "$bin/nccl_env.sh" \
   "$here/bench/device_host_cost" -b 8 -e 32K -f 4096 -n 10 -w 2 -J "$OUT/device_host_cost_np2.json"
+# A ring step over flexcomm's nccl sends and receives (its blocking point-to-point child) against
+# a raw blocking NCCL send/receive ring (issue 52, item 2: ratio <= 1.1; docs/cuda.md, "Point to
+# point on a blocking child"): at one rank (a send to itself) and at two, where every NCCL call
+# crosses host sockets (nccl_env.sh); the table goes to the summary.
+for n in 1 2; do
+  wrap=()
+  [ "$n" = 2 ] && wrap=("$bin/nccl_env.sh")
+  last_log=
+  gpu_only_run "device_p2p_ring np$n" 60 FLEXCOMM_TIMEOUT=30 -- "$mpx" -n "$n" "${wrap[@]}" \
+    "$here/bench/device_p2p_ring" -b 8 -e 16M -f 16 -n 20 -w 5 -J "$OUT/device_p2p_ring_np$n.json"
+  [ -n "$last_log" ] && [ -f "$last_log" ] && while read -r l; do info "  $l"; done < <(grep -E '^ +[0-9]+ ' "$last_log")
+done
 # The reduction kernels against a device-to-device copy (issue 52): GB/s and the ratio to the copy
 # for every type and op, 4 KiB to 256 MiB, beside the kernels as they were; its two verdict lines
 # (the worst ratio at >= 16 MiB, target >= 0.9; the worst time against the old kernels at
@@ -345,7 +357,8 @@ fi
 # one rank, from $OUT so that whatever they write lands beside the logs.
 for b in "$here"/bench/*; do
   name=$(basename "$b")
-  if [ -f "$b" ] && [ "$name" != allreduce_nccl ] && [ "$name" != device_host_cost ] && [ "$name" != device_kernels ]; then
+  if [ -f "$b" ] && [ "$name" != allreduce_nccl ] && [ "$name" != device_host_cost ] && [ "$name" != device_kernels ] &&
+    [ "$name" != device_p2p_ring ]; then
     # shellcheck disable=SC2016 # expanded by that sh
     gpu_only_run "$(basename "$b") np1" 45 -- sh -c 'cd "$1" && shift && exec "$@"' sh "$OUT" "$mpx" -n 1 "$b"
   fi
