@@ -341,7 +341,9 @@ for n in 1 2; do
   last_log=
   gpu_only_run "device_p2p_ring np$n" 60 FLEXCOMM_TIMEOUT=30 -- "$mpx" -n "$n" "${wrap[@]}" \
     "$here/bench/device_p2p_ring" -b 8 -e 16M -f 16 -n 20 -w 5 -J "$OUT/device_p2p_ring_np$n.json"
-  [ -n "$last_log" ] && [ -f "$last_log" ] && while read -r l; do info "  $l"; done < <(grep -E '^ +[0-9]+ ' "$last_log")
+  if [ -n "$last_log" ] && [ -f "$last_log" ]; then
+    while read -r l; do info "  $l"; done < <(grep -E '^ +[0-9]+ ' "$last_log")
+  fi
 done
 # The reduction kernels against a device-to-device copy (issue 52): GB/s and the ratio to the copy
 # for every type and op, 4 KiB to 256 MiB, beside the kernels as they were; its two verdict lines

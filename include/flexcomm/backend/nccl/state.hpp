@@ -1,6 +1,7 @@
 // What an NCCL communicator and its requests share: the NCCL handle, its stream, the deferred
-// point-to-point operations (launched on a blocking child, under a watch), and the MPI backend's bookkeeping over the same ranks (flight
-// recorder, timeout, the watchdog's side channel), so that NCCL's timeouts name ranks as MPI's do.
+// point-to-point operations (launched on a blocking child, under a watch), and the MPI backend's
+// bookkeeping over the same ranks (flight recorder, timeout, the watchdog's side channel), so that
+// NCCL's timeouts name ranks as MPI's do.
 #pragma once
 
 #include "../cuda/runtime.hpp"
