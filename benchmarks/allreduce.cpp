@@ -19,6 +19,7 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -204,18 +205,7 @@ int main(int argc, char** argv) {
       ("hierarchical,H", counts::at_least<0>(&tiers),
        "1: also both adapters forced hierarchical (the flat ones forced flat)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, opts), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    if (world.rank() == 0) std::cerr << e.what() << "\n" << opts;
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (world.rank() == 0) std::cout << opts;
-    return 0;
-  }
+  if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
   const fc::dtype type = parse_type(type_name);
   const fc::op o = parse_op(op_name);
   const std::size_t lo = fc::parse_bytes(begin, "-b"), hi = fc::parse_bytes(end, "-e");

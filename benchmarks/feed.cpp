@@ -38,6 +38,7 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 #include "job_clock.hpp"
 #include "../examples/common/fashion_mnist.hpp"
 
@@ -220,18 +221,7 @@ int main(int argc, char** argv) {
       ("layout,L", po::value(&layout_text), "ensemble layout (default FLEXCOMM_LAYOUT, else producers=1 members=(n-1)x1)")
       ("wait", po::value(&wait_text), "wait policy for this run (spin, yield, backoff, backoff:<us>); default: flexcomm's")
       ("json,J", po::value(&json_path)->default_value("feed.json"), "JSON output file (rank 0)");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, flags), vm);
-    po::notify(vm);
-  } catch (const std::exception& e) {
-    if (world.rank() == 0) std::cerr << e.what() << "\n" << flags;
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (world.rank() == 0) std::cout << flags;
-    return 0;
-  }
+  if (const auto status = benchmark_flags::parse(argc, argv, flags, world.rank())) return *status;
   cfg.check = check != 0 && ("," + feeds + ",").find(",local_feed,") != std::string::npos;  // the reference
   if (!wait_text.empty()) fc::set_default_wait(fc::wait_policy::parse(wait_text));
   const auto parsed = layout_text.empty()

@@ -48,6 +48,7 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 #include "job_clock.hpp"
 
 namespace fc = flexcomm;
@@ -191,14 +192,8 @@ int main(int argc, char** argv) {
       ("uneven", po::value(&uneven)->default_value(uneven), "member 0 trains this many times as long as the others")
       ("per-rank", po::bool_switch(&per_rank), "print each rank's CPU and the pieces it made (adaptive) on stderr")
       ("json,J", po::value(&json_path)->default_value(json_path), "JSON output file (rank 0)");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, flags), vm);
-    po::notify(vm);
-    if (vm.count("help")) {
-      if (world.rank() == 0) std::cout << flags;
-      return 0;
-    }
+  if (const auto status = benchmark_flags::parse(argc, argv, flags, world.rank())) return *status;
+  try {  // checks across flags, after --help so that the help needs no -K; refused like a bad flag
     fc::check(members > 0, "feed_sweep", "--members (-K) is required");
     fc::check(world.size() >= members + 2, "feed_sweep",
               fc::cat("-K ", members, " needs ", members + 2, " ranks (two producers), world has ", world.size()));

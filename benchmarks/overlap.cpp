@@ -31,6 +31,7 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -162,18 +163,7 @@ int main(int argc, char** argv) {
       ("trace-dir", po::value(&trace_dir), "also time overlapped_ring with tracing on, writing traces here")
       ("gradient-memory", po::bool_switch(&in_gradient_memory),
        "every adapter keeps the gradients in its gradient_memory() (shared memory on one host)");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, opts), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    if (world.rank() == 0) std::cerr << e.what() << "\n" << opts;
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (world.rank() == 0) std::cout << opts;
-    return 0;
-  }
+  if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
   const bool root = world.rank() == 0;
   // The idle backward's sleeps end within a microsecond of their deadline, as a host woken by an
   // accelerator's completion would, not up to the default 50 us timer slack later.

@@ -19,6 +19,7 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 
 namespace fc = flexcomm;
 namespace po = boost::program_options;
@@ -57,18 +58,7 @@ int main(int argc, char** argv) {
       ("warmup_iters,w", counts::at_least<0>(&warmup), "untimed iterations first")
       ("count,c", counts::at_least<1>(&count), "int32 elements per allreduce (1 = 4 bytes)")
       ("json,j", po::value(&json), "also write the results to this JSON file");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, flags), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    if (world.rank() == 0) std::cerr << e.what() << "\n" << flags;
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (world.rank() == 0) std::cout << flags << "\n";
-    return 0;
-  }
+  if (const auto status = benchmark_flags::parse(argc, argv, flags, world.rank())) return *status;
 
   const int n = world.size();
   std::vector<std::int32_t> send(static_cast<std::size_t>(count), world.rank() + 1), recv(send.size());
