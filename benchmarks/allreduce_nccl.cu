@@ -23,6 +23,7 @@
 #include <flexcomm/backend/cuda/runtime.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 #include "raw_nccl.hpp"
 
 #include <algorithm>
@@ -165,18 +166,7 @@ int main(int argc, char** argv) {
       "warmup_iters,w", counts::at_least<0>(&warmup), "warmup iterations")(
       "check,c", counts::at_least<0>(&check_result), "check results (#wrong)")(
       "json,J", po::value(&json)->default_value("allreduce_nccl.json"), "JSON output (rank 0)");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, opts), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    if (world.rank() == 0) std::cerr << e.what() << "\n" << opts;
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (world.rank() == 0) std::cout << opts << "\n";
-    return 0;
-  }
+  if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
   if (!(factor > 1)) {
     if (world.rank() == 0) std::cerr << "allreduce_nccl: -f must be above 1, not " << factor << "\n";
     return 2;

@@ -26,6 +26,7 @@
 #include <flexcomm/backend/cuda/runtime.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 #include "raw_nccl.hpp"
 
 #include <algorithm>
@@ -129,18 +130,7 @@ int main(int argc, char** argv) {
       "iters,n", counts::at_least<1>(&iters), "operations timed per row")(
       "warmup_iters,w", counts::at_least<0>(&warmup), "warmup operations per row")(
       "json,J", po::value(&json)->default_value("device_host_cost.json"), "JSON output (rank 0)");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, opts), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    if (world.rank() == 0) std::cerr << e.what() << "\n" << opts;
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (world.rank() == 0) std::cout << opts << "\n";
-    return 0;
-  }
+  if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
   if (!fc::cuda_device_present()) {
     if (world.rank() == 0) std::puts("# no CUDA device: nothing to measure");
     return 0;
