@@ -9,9 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
-#include <deque>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,6 +22,7 @@
 #include "../cuda/pinned_pool.hpp"
 #include "../mpi.hpp"
 #include "../mpi/implementation.hpp"
+#include "inline_call.hpp"
 
 namespace flexcomm {
 
@@ -42,15 +41,24 @@ inline std::size_t pinned_cap_bytes(std::size_t chunk_bytes) {
 }
 
 // One piece of a staged operation, moving through: staging (waiting for its block, then device to
-// host), in flight (MPI), returning (host to device), done.
+// host), in flight (MPI), returning (host to device), done. Its events stay with it when its
+// operation is reused (staged_lane::spare).
 struct staged_chunk {
   enum : int { staging, in_flight, returning, done };
   std::size_t offset = 0, count = 0;  // elements
   cuda::pinned_pool::block block;     // its host copy, when it moves through the pool; outlives the transfer
-  cuda::event staged;                 // the chunk's data is where MPI reads it (empty: nothing to wait for)
+  cuda::event staged;                 // the chunk's data is where MPI reads it, when `wait_staged`
   mpi_request transfer;
   cuda::event returned;
   int phase = staging;
+  bool wait_staged = false;
+
+  // Recorded on `s`: MPI waits for it.
+  void mark_staged(device::stream_t s, const std::string& what) {
+    if (!staged) staged = cuda::event::create(what);
+    staged.record(s, what);
+    wait_staged = true;
+  }
 
   template <class T>
   T* host() const noexcept {
@@ -58,9 +66,17 @@ struct staged_chunk {
   }
 };
 
+// A staged operation. Completed ones are kept by their lane and reused with their name's room,
+// their chunks (and the chunks' events), their event `issued` and their small pieces, so that a
+// post in steady state allocates nothing.
 struct staged_op {
+  // Pieces up to this size stay with a reused operation (a send or receive of a small message
+  // finds its host copy there, with no trip to the pool); larger ones go back to the pool.
+  static constexpr std::size_t kept_piece_bytes = std::size_t{64} << 10;
+
   std::string what;
   std::vector<cuda::pinned_pool::piece> pieces;  // host copies of a whole buffer; outlive the transfers
+  std::size_t pieces_used = 0;                   // of `pieces`, this operation's
   std::vector<staged_chunk> chunks;
   // Chunks moving through the pool's blocks: each takes a block in call order (waiting, if need
   // be, for one to come back), then its slice of `from` is copied there (nothing when null).
@@ -73,12 +89,47 @@ struct staged_op {
   std::size_t open = 0;      // chunks before it are done
   bool stage_ordered = false;  // the staging stream waits for `issued`
   cuda::event issued;          // the caller's stream at the call: the way back waits for it
-  std::function<mpi_request(staged_chunk&)> start;
-  // Enqueues the chunk's way back on the given stream; false when there is nothing to bring back.
-  std::function<bool(staged_chunk&, device::stream_t)> finish;
+  inline_call<mpi_request(staged_chunk&)> start;
+  // Enqueues the chunk's way back on the given stream (after `issued`); false when there is
+  // nothing to bring back.
+  inline_call<bool(staged_chunk&, device::stream_t)> finish;
   std::exception_ptr error;
 
   bool done() const noexcept { return finished == chunks.size(); }
+
+  // `n` chunks for a new post, their events kept.
+  void reuse(std::size_t n) {
+    chunks.resize(n);
+    for (auto& c : chunks) {
+      c.offset = c.count = 0;
+      c.phase = staged_chunk::staging;
+      c.wait_staged = false;
+    }
+    through_blocks = stage_ordered = false;
+    from = nullptr;
+    element_bytes = staged = started = finished = open = 0;
+    pieces_used = 0;
+  }
+
+  // A pinned piece of at least `bytes`: this operation's next kept one when it is big enough.
+  std::byte* piece(std::size_t bytes) {
+    if (pieces_used == pieces.size())
+      pieces.emplace_back();
+    auto& p = pieces[pieces_used++];
+    if (!p || p.get_deleter().bytes < bytes) {
+      p.reset();  // back to the pool first: its size class may be the one taken now
+      p = cuda::pinned_pool::instance().take_piece(std::max<std::size_t>(bytes, 1), what);
+    }
+    return p.get();
+  }
+
+  // Completed: large pieces and those not used go back to the pool.
+  void retire() noexcept {
+    pieces.resize(pieces_used);
+    pieces.erase(std::remove_if(pieces.begin(), pieces.end(),
+                                [](const auto& p) { return p.get_deleter().bytes > kept_piece_bytes; }),
+                 pieces.end());
+  }
 };
 
 // What a communicator and its requests share. Chunks take blocks and begin their transfers
@@ -94,14 +145,14 @@ struct staged_lane {
   const std::size_t block_bytes = pinned.block_bytes();
   mpi_communicator transport;      // a private duplicate; operations that began later still reach it
   flexcomm::mutex mutex;
-  std::deque<std::shared_ptr<staged_op>> starting;  // some chunk not begun yet
-  std::vector<std::shared_ptr<staged_op>> moving;   // some chunk not done yet
+  // Vectors, not deques: a deque's push and pop allocate and free its nodes in steady state.
+  std::vector<std::shared_ptr<staged_op>> starting;  // some chunk not begun yet, in call order
+  std::vector<std::shared_ptr<staged_op>> moving;    // some chunk not done yet
+  std::vector<std::shared_ptr<staged_op>> spare;     // completed, for the next posts
   cuda::stream_handle own;   // operations' stream when the caller names none
   cuda::stream_handle back;  // host-to-device copies and epilogues
   cuda::stream_handle stage = cuda::stream_handle::create("staged communicator", true);  // copies into blocks
   int device = 0;
-  // Events of finished chunks and operations, for the next ones.
-  cuda::event_pool events;
   std::size_t blocks_back = 0;  // blocks given back by finished chunks, ever
 
   // Elements of T per chunk: FLEXCOMM_STAGE_CHUNK's worth, as much as a block holds.
@@ -129,13 +180,20 @@ struct staged_lane {
     start_locked();
   }
 
-  // The events of a completed operation, every one of them reached.
-  void recycle(staged_op& op) {
-    events.give_back(op.issued);
-    for (auto& c : op.chunks) {
-      events.give_back(c.staged);
-      events.give_back(c.returned);
-    }
+  // An operation for a new post: a completed one, or the first of its kind.
+  std::shared_ptr<staged_op> take_locked() {
+    if (spare.empty()) return std::make_shared<staged_op>();
+    auto op = std::move(spare.back());
+    spare.pop_back();
+    return op;
+  }
+
+  // A completed operation, its events all reached, kept for the next post (its request's is the
+  // last reference: the lane let go of it when it was done).
+  void recycle_locked(std::shared_ptr<staged_op>&& op) {
+    if (op.use_count() != 1) return;
+    op->retire();
+    spare.push_back(std::move(op));
   }
 
   // An operation given up on (timed out) must never begin later.
@@ -178,8 +236,9 @@ struct staged_lane {
     for (std::size_t i = op.open; i < op.started; ++i) {
       auto& c = op.chunks[i];
       if (c.phase == staged_chunk::in_flight && c.transfer.test()) {
+        check_cuda(device::stream_wait(back.get(), op.issued.get()), op.what, ": cudaStreamWaitEvent");
         if (op.finish(c, back.get())) {
-          c.returned = events.take(op.what);
+          if (!c.returned) c.returned = cuda::event::create(op.what);
           c.returned.record(back.get(), op.what);
           c.phase = staged_chunk::returning;
         } else {
@@ -195,7 +254,6 @@ struct staged_lane {
     c.phase = staged_chunk::done;
     if (c.block) ++blocks_back;
     c.block.reset();
-    events.give_back(c.returned);
     ++op.finished;
   }
 
@@ -224,8 +282,7 @@ struct staged_lane {
             check_cuda(device::copy_async(c.block.get(), op.from + c.offset * op.element_bytes,
                                           c.count * op.element_bytes, s),
                        op.what, ": cudaMemcpyAsync to the host");
-            c.staged = events.take(op.what);
-            c.staged.record(s, op.what);
+            c.mark_staged(s, op.what);
           }
           ++op.staged;
         }
@@ -242,8 +299,8 @@ struct staged_lane {
         while (!op.error && op.started < op.chunks.size()) {
           auto& c = op.chunks[op.started];
           if (op.through_blocks && op.started == op.staged) return;
-          if (c.staged && !c.staged.done(op.what)) return;
-          events.give_back(c.staged);
+          if (c.wait_staged && !c.staged.done(op.what)) return;
+          c.wait_staged = false;
           c.transfer = op.start(c);
           c.phase = staged_chunk::in_flight;
           ++op.started;
@@ -251,7 +308,7 @@ struct staged_lane {
       } catch (...) {
         op.error = std::current_exception();  // the op's own request reports it
       }
-      starting.pop_front();
+      starting.erase(starting.begin());
     }
   }
 };

@@ -35,7 +35,10 @@
 namespace flexcomm {
 
 namespace detail {
-// Builds one staged operation: its chunks, its pinned buffers, its copies to the host.
+// Builds one staged operation: its chunks, its pinned buffers, its copies to the host. It holds
+// its communicator's lock from the start of the post to its end, the one lock a post takes (but
+// the pinned pool's, for a chunk that takes a block or a new piece), and builds on an operation
+// the lane kept (staged_lane::spare), named in place.
 template <bool Direct, class T>
 class staged_builder : public unchecked_calls {
  public:
@@ -44,10 +47,11 @@ class staged_builder : public unchecked_calls {
                  const char*, int, int, const call_detail& extra)
       : comm_(comm),
         lane_(lane_of(comm, name)),
-        guard_(lane_.device, comm.name()) {
-    op_ = std::make_shared<staged_op>();
-    op_->what = describe_operation(Direct ? "cuda_aware_mpi" : "staged", name, comm.name(),
-                                   mutable_comm(comm.transport()).next_sequence(), count, dtype_of<T>, extra);
+        lock_(lane_.mutex),
+        guard_(lane_.device, comm.name()),
+        op_(lane_.take_locked()) {
+    describe_operation_into(op_->what, Direct ? "cuda_aware_mpi" : "staged", name, comm.name(),
+                            mutable_comm(comm.transport()).next_sequence(), count, dtype_of<T>, extra);
     stream_ = s ? s : lane_.own.get();
     // Its chunks go through MPI, called on the host when each copy lands: a graph replays kernels
     // and copies only. A caller's capturing stream is refused before anything is posted.
@@ -64,7 +68,7 @@ class staged_builder : public unchecked_calls {
   void chunks(std::size_t n, bool split) {
     const std::size_t per = split ? lane_.chunk_elements<T>() : (n ? n : 1);
     const std::size_t pieces = n == 0 ? 1 : (n + per - 1) / per;
-    op_->chunks.resize(pieces);
+    op_->reuse(pieces);
     for (std::size_t i = 0; i < pieces; ++i) {
       op_->chunks[i].offset = i * per;
       op_->chunks[i].count = std::min(per, n - std::min(n, i * per));
@@ -81,10 +85,7 @@ class staged_builder : public unchecked_calls {
   }
 
   // A host copy of a whole buffer, for an operation that moves as one piece.
-  T* host(std::size_t n) {
-    op_->pieces.push_back(cuda::pinned_pool::instance().take_piece(std::max<std::size_t>(n, 1) * sizeof(T), op_->what));
-    return reinterpret_cast<T*>(op_->pieces.back().get());
-  }
+  T* host(std::size_t n) { return reinterpret_cast<T*>(op_->piece(n * sizeof(T))); }
 
   // Each chunk's slice of `device` is copied to `host` on the caller's stream, marked by an event.
   void stage(T* host_buf, const T* device) {
@@ -114,28 +115,16 @@ class staged_builder : public unchecked_calls {
 
   template <class Start, class Finish>
   staged_request<Direct> launch(Start start, Finish finish) {
-    op_->issued = lane_.events.take(op_->what);
+    if (!op_->issued) op_->issued = cuda::event::create(op_->what);
     op_->issued.record(stream_, op_->what);
-    op_->start = std::move(start);
-    device::event_t issued = op_->issued.get();
-    const std::string what = op_->what;
-    op_->finish = [finish = std::move(finish), issued, what](staged_chunk& c, device::stream_t back) {
-      check_cuda(device::stream_wait(back, issued), what, ": cudaStreamWaitEvent");
-      return finish(c, back);
-    };
-    auto shared = comm_.shared_lane();
-    {
-      std::lock_guard<flexcomm::mutex> lock(lane_.mutex);
-      lane_.post_locked(op_, stream_);  // chunks go as far as they can now
-    }
-    return staged_request<Direct>(shared, op_);
+    op_->start.set(start);
+    op_->finish.set(finish);
+    lane_.post_locked(op_, stream_);  // chunks go as far as they can now
+    return staged_request<Direct>(comm_.shared_lane(), std::move(op_));
   }
 
  private:
-  void mark(staged_chunk& c) {
-    c.staged = lane_.events.take(op_->what);
-    c.staged.record(stream_, op_->what);
-  }
+  void mark(staged_chunk& c) { c.mark_staged(stream_, op_->what); }
 
   // The communicator's lane; an empty communicator is an error naming the operation (formatted
   // only then: a name made for every operation would cost more than the rest of the call).
@@ -146,6 +135,7 @@ class staged_builder : public unchecked_calls {
 
   const staged_communicator<Direct>& comm_;
   staged_lane& lane_;
+  std::lock_guard<flexcomm::mutex> lock_;
   cuda::device_guard guard_;  // events and copies belong to the communicator's device
   std::shared_ptr<staged_op> op_;
   device::stream_t stream_ = nullptr;

@@ -50,7 +50,7 @@ class staged_request : public basic_request<staged_request<Direct>> {
       failed_ = true;
       throw;
     }
-    lane_->recycle(*op_);
+    lane_->recycle_locked(std::move(op_));
     op_.reset();
     return true;
   }
