@@ -98,6 +98,8 @@ class staged_communicator {
     lane->back = cuda::stream_handle::create(what, true);
     lane->chunk_bytes = detail::stage_chunk_bytes();
     lane->transport = std::move(comm);
+    lane->watch = lane->transport.watch_state().get();
+    lane->consistency.open(lane->watch ? lane->watch->side() : MPI_COMM_NULL);
     lane_ = std::move(lane);
   }
 

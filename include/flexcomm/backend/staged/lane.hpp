@@ -7,12 +7,14 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../core/error.hpp"
@@ -21,7 +23,9 @@
 #include "../cuda/error.hpp"
 #include "../cuda/pinned_pool.hpp"
 #include "../mpi.hpp"
+#include "../mpi/batched_check.hpp"
 #include "../mpi/implementation.hpp"
+#include "../mpi/types.hpp"
 #include "inline_call.hpp"
 
 namespace flexcomm {
@@ -48,7 +52,7 @@ struct staged_chunk {
   std::size_t offset = 0, count = 0;  // elements
   cuda::pinned_pool::block block;     // its host copy, when it moves through the pool; outlives the transfer
   cuda::event staged;                 // the chunk's data is where MPI reads it, when `wait_staged`
-  mpi_request transfer;
+  MPI_Request transfer = MPI_REQUEST_NULL;  // on the transport, unrecorded there: its operation is
   cuda::event returned;
   int phase = staging;
   bool wait_staged = false;
@@ -78,6 +82,8 @@ struct staged_op {
   std::vector<cuda::pinned_pool::piece> pieces;  // host copies of a whole buffer; outlive the transfers
   std::size_t pieces_used = 0;                   // of `pieces`, this operation's
   std::vector<staged_chunk> chunks;
+  std::vector<int> counts, offsets;  // a v-collective's layout: MPI may read it when a chunk begins
+  std::uint64_t sequence = 0;        // in the transport's flight recorder (0: not recorded)
   // Chunks moving through the pool's blocks: each takes a block in call order (waiting, if need
   // be, for one to come back), then its slice of `from` is copied there (nothing when null).
   bool through_blocks = false;
@@ -89,7 +95,8 @@ struct staged_op {
   std::size_t open = 0;      // chunks before it are done
   bool stage_ordered = false;  // the staging stream waits for `issued`
   cuda::event issued;          // the caller's stream at the call: the way back waits for it
-  inline_call<mpi_request(staged_chunk&)> start;
+  // Begins the chunk's MPI operation on the transport: the library's return code.
+  inline_call<int(staged_chunk&, MPI_Request*)> start;
   // Enqueues the chunk's way back on the given stream (after `issued`); false when there is
   // nothing to bring back.
   inline_call<bool(staged_chunk&, device::stream_t)> finish;
@@ -108,7 +115,7 @@ struct staged_op {
     through_blocks = stage_ordered = false;
     from = nullptr;
     element_bytes = staged = started = finished = open = 0;
-    pieces_used = 0;
+    pieces_used = 0;  // `sequence` is the builder's, set before
   }
 
   // A pinned piece of at least `bytes`: this operation's next kept one when it is big enough.
@@ -139,16 +146,43 @@ struct staged_op {
 struct staged_lane {
   // Joins the pinned pool (the first communicator of the process pins its blocks).
   staged_lane() : pinned(chunk_bytes, pinned_cap_bytes(chunk_bytes), "staged communicator") {}
+  staged_lane(const staged_lane&) = delete;
+  staged_lane& operator=(const staged_lane&) = delete;
+  // An abandoned operation whose chunks MPI may still write keeps its buffers for good.
+  ~staged_lane() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    for (auto& op : abandoned) {
+      bool quiet = !finalized;
+      for (auto& c : op->chunks) {
+        int done = 1;
+        if (quiet && c.transfer != MPI_REQUEST_NULL && MPI_Test(&c.transfer, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+          done = 0;
+        quiet = quiet && done;
+      }
+      if (!quiet) static_cast<void>(new std::shared_ptr<staged_op>(std::move(op)));
+    }
+  }
 
   std::size_t chunk_bytes = stage_chunk_bytes();
   cuda::pinned_pool::user pinned;  // declared before the operations: outlives their blocks
   const std::size_t block_bytes = pinned.block_bytes();
   mpi_communicator transport;      // a private duplicate; operations that began later still reach it
+  mpi_comm_state* watch = nullptr;  // the transport's flight recorder and side channel (null: watchdog off)
+  // The consistency check of the staged collectives, one signature per operation (not per chunk),
+  // in batches on the transport's side channel; numbered alike on every rank.
+  batched_check consistency;
+  std::uint64_t collectives = 0;
+  bool disagreed = false;  // the check found the ranks' calls differ, at `disagreed_at`
+  std::chrono::steady_clock::time_point disagreed_at{};
+  static constexpr std::chrono::milliseconds disagreement_grace{1000};
   flexcomm::mutex mutex;
   // Vectors, not deques: a deque's push and pop allocate and free its nodes in steady state.
   std::vector<std::shared_ptr<staged_op>> starting;  // some chunk not begun yet, in call order
   std::vector<std::shared_ptr<staged_op>> moving;    // some chunk not done yet
   std::vector<std::shared_ptr<staged_op>> spare;     // completed, for the next posts
+  // Failed with chunks still in MPI (the ranks disagreed): their buffers stay theirs.
+  std::vector<std::shared_ptr<staged_op>> abandoned;
   cuda::stream_handle own;   // operations' stream when the caller names none
   cuda::stream_handle back;  // host-to-device copies and epilogues
   cuda::stream_handle stage = cuda::stream_handle::create("staged communicator", true);  // copies into blocks
@@ -196,6 +230,35 @@ struct staged_lane {
     spare.push_back(std::move(op));
   }
 
+  // The consistency check's news, from a test of `op` after it was driven. Once the ranks
+  // disagreed, each operation tested fails, naming the calls, once it is done: it goes on for
+  // `disagreement_grace`, its chunks beginning as on every rank, so that what every rank posted
+  // completes; past it, it keeps its buffers for good and the transport is poisoned (MPI cannot
+  // cancel it: the job must end, core/watchdog.hpp). Ranks that go on posting alike (a sum
+  // against a max) keep the job going.
+  void agreed_locked(const std::shared_ptr<staged_op>& op) {
+    const bool stuck = !op->done();
+    const std::string& verdict = consistency.poll(stuck);
+    if (verdict.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!disagreed) {
+      disagreed = true;
+      disagreed_at = now;
+    }
+    if (stuck && now - disagreed_at < disagreement_grace) return;
+    forget_locked(op);
+    if (stuck) {
+      abandoned.push_back(op);
+      if (watch) watch->poison(cat("the ranks disagreed on the calls: ", verdict));
+    }
+    fail(op->what, verdict);
+  }
+
+  // Its entry in the transport's flight recorder, once it ends.
+  void finish_record(staged_op& op, op_state s) noexcept {
+    if (watch && op.sequence) watch->recorder().finish(std::exchange(op.sequence, 0), s);
+  }
+
   // An operation given up on (timed out) must never begin later.
   void forget_locked(const std::shared_ptr<staged_op>& op) {
     starting.erase(std::remove(starting.begin(), starting.end(), op), starting.end());
@@ -235,7 +298,7 @@ struct staged_lane {
   void settle(staged_op& op) {
     for (std::size_t i = op.open; i < op.started; ++i) {
       auto& c = op.chunks[i];
-      if (c.phase == staged_chunk::in_flight && c.transfer.test()) {
+      if (c.phase == staged_chunk::in_flight && arrived(op, c)) {
         check_cuda(device::stream_wait(back.get(), op.issued.get()), op.what, ": cudaStreamWaitEvent");
         if (op.finish(c, back.get())) {
           if (!c.returned) c.returned = cuda::event::create(op.what);
@@ -248,6 +311,17 @@ struct staged_lane {
       if (c.phase == staged_chunk::returning && c.returned.done(op.what)) finished(op, c);
     }
     while (op.open < op.started && op.chunks[op.open].phase == staged_chunk::done) ++op.open;
+  }
+
+  // A single-request MPI_Test reports errors (truncation included) in its return code.
+  static bool arrived(const staged_op& op, staged_chunk& c) {
+    int flag = 0;
+    const int rc = MPI_Test(&c.transfer, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      c.transfer = MPI_REQUEST_NULL;
+      fail(op.what, mpi_error_text(rc));
+    }
+    return flag != 0;
   }
 
   void finished(staged_op& op, staged_chunk& c) {
@@ -301,7 +375,7 @@ struct staged_lane {
           if (op.through_blocks && op.started == op.staged) return;
           if (c.wait_staged && !c.staged.done(op.what)) return;
           c.wait_staged = false;
-          c.transfer = op.start(c);
+          check_mpi(op.start(c, &c.transfer), op.what);
           c.phase = staged_chunk::in_flight;
           ++op.started;
         }
