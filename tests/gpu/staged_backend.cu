@@ -265,8 +265,11 @@ BOOST_AUTO_TEST_CASE(a_gibibyte_allreduce_pins_no_more_than_the_cap,
 // the same calls, so every operation completes and the job goes on (a rank that stopped would
 // leave its peers' chunks in MPI for good: they would end the job). Last in the program: a
 // verdict left unreceived when its communicator goes could meet a later communicator's check
-// (see docs/cuda.md, issue 52, staged).
-BOOST_AUTO_TEST_CASE(ranks_that_disagree_on_a_collective_are_told_which_and_how) {
+// (see docs/cuda.md, issue 52, staged). Not on Open MPI, where a collective's chunks wait for a
+// check of their own, and a disagreement poisons the communicator and ends the job, as the MPI
+// backend's does (docs/reliability.md).
+BOOST_AUTO_TEST_CASE(ranks_that_disagree_on_a_collective_are_told_which_and_how,
+                     *boost::unit_test::enable_if<!fc::mpi_implementation::defers_collectives>()) {
   if (world().size() < 2) return;
   std::string cause = "(no error)";
   const auto start = std::chrono::steady_clock::now();

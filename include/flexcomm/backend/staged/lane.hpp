@@ -84,6 +84,12 @@ struct staged_op {
   std::vector<staged_chunk> chunks;
   std::vector<int> counts, offsets;  // a v-collective's layout: MPI may read it when a chunk begins
   std::uint64_t sequence = 0;        // in the transport's flight recorder (0: not recorded)
+  // Open MPI only (mpi_implementation::defers_collectives): a collective's chunks reach MPI once
+  // this check of its call has agreed, as the MPI backend's collectives do (docs/reliability.md:
+  // libnbc writes a mismatched peer's bytes past the buffers). Kept with the operation: MPI may
+  // use its buffers until it completes.
+  mpi_signature_check gate;
+  bool gated = false;
   // Chunks moving through the pool's blocks: each takes a block in call order (waiting, if need
   // be, for one to come back), then its slice of `from` is copied there (nothing when null).
   bool through_blocks = false;
@@ -112,7 +118,7 @@ struct staged_op {
       c.phase = staged_chunk::staging;
       c.wait_staged = false;
     }
-    through_blocks = stage_ordered = false;
+    through_blocks = stage_ordered = gated = false;
     from = nullptr;
     element_bytes = staged = started = finished = open = 0;
     pieces_used = 0;  // `sequence` is the builder's, set before
@@ -313,6 +319,22 @@ struct staged_lane {
     while (op.open < op.started && op.chunks[op.open].phase == staged_chunk::done) ++op.open;
   }
 
+  // Whether the call check of `op` came back agreeing; a disagreement poisons the transport (the
+  // job must end, as on the MPI backend) and is an error naming who disagrees.
+  bool gate_agreed(staged_op& op) {
+    int flag = 0;
+    if (MPI_Test(&op.gate.req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      op.gate.req = MPI_REQUEST_NULL;  // no side channel: no check
+      flag = 1;
+    } else if (flag && !op.gate.agreed() && watch) {
+      const std::string detail = watch->disagreement(op.gate.mine, watchdog::grace(transport.timeout()));
+      watch->poison(cat("ranks disagreed on #", op.sequence, " (", op.what, ")"));
+      fail(op.what, cat(detail, " (FLEXCOMM_CHECK)"));
+    }
+    if (flag) op.gated = false;
+    return flag != 0;
+  }
+
   // A single-request MPI_Test reports errors (truncation included) in its return code.
   static bool arrived(const staged_op& op, staged_chunk& c) {
     int flag = 0;
@@ -373,6 +395,7 @@ struct staged_lane {
         while (!op.error && op.started < op.chunks.size()) {
           auto& c = op.chunks[op.started];
           if (op.through_blocks && op.started == op.staged) return;
+          if (op.gated && !gate_agreed(op)) return;
           if (c.wait_staged && !c.staged.done(op.what)) return;
           c.wait_staged = false;
           check_mpi(op.start(c, &c.transfer), op.what);

@@ -165,13 +165,25 @@ class staged_builder {
     op_->issued.record(stream_, op_->what);
     op_->start.set(start);
     op_->finish.set(finish);
-    if (checked_) lane_.consistency.add(++lane_.collectives, signature_);
+    if (checked_) check_locked();
     lane_.post_locked(op_, stream_);  // chunks go as far as they can now
     return staged_request<Direct>(comm_.shared_lane(), std::move(op_));
   }
 
  private:
   void mark(staged_chunk& c) { c.mark_staged(stream_, op_->what); }
+
+  // The call's signature: in the lane's batch, or, on Open MPI, in a check its chunks wait for.
+  void check_locked() {
+    if constexpr (mpi_implementation::defers_collectives) {
+      if (lane_.watch && lane_.watch->side() != MPI_COMM_NULL) {
+        op_->gate.mine = signature_;
+        op_->gated = op_->gate.post(lane_.watch->side());
+        return;
+      }
+    }
+    lane_.consistency.add(++lane_.collectives, signature_);
+  }
 
   // The communicator's lane; an empty communicator is an error naming the operation (formatted
   // only then: a name made for every operation would cost more than the rest of the call).
