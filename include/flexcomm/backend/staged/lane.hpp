@@ -160,12 +160,13 @@ struct staged_lane {
     MPI_Finalized(&finalized);
     for (auto& op : abandoned) {
       bool quiet = !finalized;
-      for (auto& c : op->chunks) {
+      auto test = [&quiet](MPI_Request& r) {
         int done = 1;
-        if (quiet && c.transfer != MPI_REQUEST_NULL && MPI_Test(&c.transfer, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-          done = 0;
+        if (quiet && r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 0;
         quiet = quiet && done;
-      }
+      };
+      test(op->gate.req);
+      for (auto& c : op->chunks) test(c.transfer);
       if (!quiet) static_cast<void>(new std::shared_ptr<staged_op>(std::move(op)));
     }
   }
@@ -187,7 +188,7 @@ struct staged_lane {
   std::vector<std::shared_ptr<staged_op>> starting;  // some chunk not begun yet, in call order
   std::vector<std::shared_ptr<staged_op>> moving;    // some chunk not done yet
   std::vector<std::shared_ptr<staged_op>> spare;     // completed, for the next posts
-  // Failed with chunks still in MPI (the ranks disagreed): their buffers stay theirs.
+  // Failed with chunks still in MPI (timed out, or the ranks disagreed): their buffers stay theirs.
   std::vector<std::shared_ptr<staged_op>> abandoned;
   cuda::stream_handle own;   // operations' stream when the caller names none
   cuda::stream_handle back;  // host-to-device copies and epilogues
@@ -253,11 +254,18 @@ struct staged_lane {
     }
     if (stuck && now - disagreed_at < disagreement_grace) return;
     forget_locked(op);
-    if (stuck) {
-      abandoned.push_back(op);
-      if (watch) watch->poison(cat("the ranks disagreed on the calls: ", verdict));
-    }
+    if (keep_if_in_mpi_locked(op) && watch) watch->poison(cat("the ranks disagreed on the calls: ", verdict));
     fail(op->what, verdict);
+  }
+
+  // A failed operation that MPI may still read or write (a chunk's transfer, Open MPI's check)
+  // keeps its buffers while the lane lives (and for good, should MPI still hold them then).
+  bool keep_if_in_mpi_locked(const std::shared_ptr<staged_op>& op) {
+    const bool in_mpi = op->gate.req != MPI_REQUEST_NULL ||
+                        std::any_of(op->chunks.begin(), op->chunks.end(),
+                                    [](const staged_chunk& c) { return c.transfer != MPI_REQUEST_NULL; });
+    if (in_mpi) abandoned.push_back(op);
+    return in_mpi;
   }
 
   // Its entry in the transport's flight recorder, once it ends.

@@ -50,6 +50,7 @@ class staged_request : public basic_request<staged_request<Direct>> {
     } catch (...) {
       failed_ = true;
       lane_->finish_record(*op_, op_state::failed);
+      lane_->keep_if_in_mpi_locked(op_);
       throw;
     }
     lane_->finish_record(*op_, op_state::completed);
@@ -82,6 +83,7 @@ class staged_request : public basic_request<staged_request<Direct>> {
     {
       std::lock_guard<flexcomm::mutex> lock(lane_->mutex);
       lane_->forget_locked(op_);
+      lane_->keep_if_in_mpi_locked(op_);
       seq = op_->sequence;
       lane_->finish_record(*op_, op_state::timed_out);
     }
