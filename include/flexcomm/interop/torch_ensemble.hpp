@@ -323,7 +323,8 @@ class trainer {
   // After each epoch's last step: the buffers kept, and the test's sample order shared.
   void epoch_over() {
     buffers_.step();
-    if (evaluates_) test_order_.enter(++epochs_);
+    ++epochs_;
+    if (evaluates_) test_order_.enter(epochs_);
   }
 
   // Every epoch's end is two rounds on every trainer rank, whoever evaluated: outputs, then
