@@ -1,8 +1,12 @@
 #define BOOST_TEST_MODULE mpi_watchdog
 #include "mpi_fixture.hpp"
 
+#include <flexcomm/backend/mpi/batched_check.hpp>
+
 #include <chrono>
+#include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fc = flexcomm;
@@ -69,4 +73,51 @@ BOOST_AUTO_TEST_CASE(matching_collectives_pass_the_consistency_check_on_and_off)
     BOOST_TEST(fc::testing::all_ranks(ok), "checks " << (on ? "on" : "off"));
   }
   fc::set_checks(true);
+}
+
+// The batched consistency check (nccl's: backend/mpi/batched_check.hpp) closes with messages
+// of its left rank unreceived: here every rank finds the difference itself, so the verdict each
+// passes on is never taken. MPI keeps them, and gives the freed side channel's context to the
+// next duplicate; that one's check is judged on its own calls only (issue 52), not on the
+// verdict of the one before.
+namespace {
+fc::detail::mpi_signature allreduce_of(long long count) {
+  fc::detail::mpi_signature s;
+  s.value = {fc::detail::mpi_op_code("iallreduce"), static_cast<long long>(fc::dtype::f32), count,
+             static_cast<long long>(fc::op::sum), -1, 0, -1};
+  return s;
+}
+// Polls until a verdict comes; bounded, so that a missing one fails rather than hangs.
+std::string verdict_of(fc::detail::batched_check& check) {
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (check.poll(true).empty() && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+  return check.poll(true);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_freed_batched_check_leaves_nothing_the_next_one_takes) {
+  if (world().size() < 2) return;
+  const int me = world().rank(), last = world().size() - 1;
+  MPI_Comm side = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &side);
+  {
+    fc::detail::batched_check first;
+    first.open(side, "first");
+    for (std::uint64_t n = 1; n <= fc::detail::batched_check::batch; ++n) first.add(n, allreduce_of(me + 1));
+    const std::string verdict = verdict_of(first);
+    BOOST_TEST(verdict.find("on collective #1: rank ") != std::string::npos, verdict);
+    MPI_Barrier(MPI_COMM_WORLD);  // every verdict is out
+  }
+  MPI_Comm_free(&side);
+  MPI_Comm_dup(MPI_COMM_WORLD, &side);
+  {
+    fc::detail::batched_check next;
+    next.open(side, "next");
+    for (std::uint64_t n = 1; n <= fc::detail::batched_check::batch; ++n)
+      next.add(n, allreduce_of(me == last && n == 5 ? 2 : 1));
+    const std::string verdict = verdict_of(next);
+    BOOST_TEST(fc::testing::all_ranks(verdict.find("on collective #5: rank ") != std::string::npos),
+               "rank " << me << ": " << verdict);
+  }
+  MPI_Comm_free(&side);
 }

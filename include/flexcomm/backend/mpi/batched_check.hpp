@@ -6,18 +6,27 @@
 // mismatch that hangs is named within a few milliseconds, one that completes within a batch.
 // Every rank agrees with its neighbour, so all agree. A rank that finds a difference sends its
 // verdict round the ring, so every rank names it. Used under its owner's lock.
+//
+// Every message starts with the check's id, agreed by its ranks when it opens and above any id
+// this process used before. A check closes with messages of its left rank unreceived (a batch
+// it had no receive posted for, the verdict coming back round the ring to the rank that found
+// it); MPI keeps them, and once the side channel is freed it may give its context to a later
+// communicator's, whose check would take them as its own (issue 52). They name an older id there
+// and are dropped.
 #pragma once
 
 #include <mpi.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "../../core/error.hpp"
+#include "setup.hpp"
 #include "watchdog.hpp"
 
 namespace flexcomm::detail {
@@ -27,6 +36,7 @@ class batched_check {
   static constexpr int batch = 16;                       // signatures per message
   static constexpr std::uint64_t kept = 64;              // own signatures kept to compare with
   static constexpr int entry = 1 + mpi_signature::fields;  // collective number, then the signature
+  static constexpr int header = 1;                          // the check's id, before the entries
   static constexpr int tag = 3;  // the side channel's: announce 1, signature 2, failure reports 4
   static constexpr std::chrono::milliseconds stuck_after{1};
 
@@ -35,11 +45,13 @@ class batched_check {
   batched_check& operator=(const batched_check&) = delete;
   ~batched_check() { close(); }
 
-  // When the communicator is made; without a side channel, or alone, nothing is checked.
-  void open(MPI_Comm side) {
+  // When the communicator `what` is made, by all its ranks: they agree on the id (one small
+  // allreduce, a setup collective: a rank that never comes fails it by name). Without a side
+  // channel, or alone, nothing is checked.
+  void open(MPI_Comm side, const std::string& what) {
     int rank = 0, size = 1;
     if (side == MPI_COMM_NULL || MPI_Comm_rank(side, &rank) != MPI_SUCCESS ||
-        MPI_Comm_size(side, &size) != MPI_SUCCESS || size < 2)
+        MPI_Comm_size(side, &size) != MPI_SUCCESS || size < 2 || !agree_on_id(side, what))
       return;
     side_ = side;
     rank_ = rank;
@@ -58,7 +70,7 @@ class batched_check {
     last_ = n;
     mine.sig = sig;
     if (filled_ == 0) oldest_unsent_ = std::chrono::steady_clock::now();
-    long long* e = wire_->out[current_].data() + filled_ * entry;
+    long long* e = wire_->out[current_].data() + header + filled_ * entry;
     e[0] = static_cast<long long>(n);
     for (int i = 0; i < mpi_signature::fields; ++i) e[1 + i] = sig.value[static_cast<std::size_t>(i)];
     if (++filled_ == batch) send();
@@ -82,15 +94,42 @@ class batched_check {
   static constexpr int verdict_size = 4 + 2 * mpi_signature::fields;
   struct buffers {
     std::array<own, kept> mine{};
-    std::array<std::array<long long, batch * entry>, 2> out{};
-    std::array<long long, batch * entry> in{};
-    std::array<long long, verdict_size> verdict{};
+    std::array<std::array<long long, header + batch * entry>, 2> out{};
+    std::array<long long, header + batch * entry> in{};
+    std::array<long long, header + verdict_size> verdict{};
   };
+
+  // Ids are handed out in order in this process; the ranks take the highest one, so that every
+  // rank's later checks get higher ones, whatever communicators each rank made in between.
+  static std::atomic<long long>& last_id() noexcept {
+    static std::atomic<long long> last{0};
+    return last;
+  }
+  bool agree_on_id(MPI_Comm side, const std::string& what) {
+    // This rank's next id, then the agreed one; left to MPI if the wait fails (it may still write).
+    auto ids = std::make_unique<std::array<long long, 2>>(std::array<long long, 2>{last_id().load() + 1, 0});
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Iallreduce(ids->data(), ids->data() + 1, 1, MPI_LONG_LONG, MPI_MAX, side, &request) != MPI_SUCCESS)
+      return false;
+    try {
+      wait_setup(request, cat(what, ": agreeing on the consistency check's id"), side);
+    } catch (...) {
+      static_cast<void>(ids.release());
+      throw;
+    }
+    const long long agreed = (*ids)[1];
+    long long seen = last_id().load();
+    while (seen < agreed && !last_id().compare_exchange_weak(seen, agreed)) {
+    }
+    id_ = agreed;
+    return true;
+  }
 
   void send() {
     auto& out = wire_->out[current_];
+    out[0] = id_;
     MPI_Request& r = sends_[current_];
-    if (MPI_Isend(out.data(), filled_ * entry, MPI_LONG_LONG, right_, tag, side_, &r) != MPI_SUCCESS)
+    if (MPI_Isend(out.data(), header + filled_ * entry, MPI_LONG_LONG, right_, tag, side_, &r) != MPI_SUCCESS)
       r = MPI_REQUEST_NULL;
     current_ ^= 1;
     filled_ = 0;
@@ -101,7 +140,7 @@ class batched_check {
 
   void receive() {
     received_ = compared_ = 0;
-    if (MPI_Irecv(wire_->in.data(), batch * entry, MPI_LONG_LONG, left_, tag, side_, &recv_) != MPI_SUCCESS)
+    if (MPI_Irecv(wire_->in.data(), header + batch * entry, MPI_LONG_LONG, left_, tag, side_, &recv_) != MPI_SUCCESS)
       recv_ = MPI_REQUEST_NULL;
   }
 
@@ -119,15 +158,16 @@ class batched_check {
         if (!done) return;
         int count = 0;
         MPI_Get_count(&status, MPI_LONG_LONG, &count);
-        if (count == verdict_size && wire_->in[0] == -1) {
-          decide(wire_->in.data());
+        if (count == header + verdict_size && wire_->in[0] == id_ && wire_->in[header] == -1) {
+          decide(wire_->in.data() + header);
           return;
         }
-        received_ = count / entry;
+        // A freed check's leftover, on a context MPI gave again: not this check's to compare.
+        received_ = count >= header && wire_->in[0] == id_ ? (count - header) / entry : 0;
         compared_ = 0;
       }
       for (; compared_ < received_; ++compared_) {
-        const long long* e = wire_->in.data() + compared_ * entry;
+        const long long* e = wire_->in.data() + header + compared_ * entry;
         const auto n = static_cast<std::uint64_t>(e[0]);
         if (n > last_) return;  // not there yet: compared once this rank gets there
         const own& mine = wire_->mine[n % kept];
@@ -154,8 +194,9 @@ class batched_check {
     std::copy(found + 4 + mpi_signature::fields, found + verdict_size, b.value.begin());
     verdict_ = cat("ranks disagree on collective #", found[1], ": rank ", found[2], ": ", a.str(), "; rank ",
                    found[3], ": ", b.str(), " (FLEXCOMM_CHECK)");
-    std::copy(found, found + verdict_size, wire_->verdict.begin());
-    if (MPI_Isend(wire_->verdict.data(), verdict_size, MPI_LONG_LONG, right_, tag, side_, &verdict_send_) !=
+    wire_->verdict[0] = id_;
+    std::copy(found, found + verdict_size, wire_->verdict.begin() + header);
+    if (MPI_Isend(wire_->verdict.data(), header + verdict_size, MPI_LONG_LONG, right_, tag, side_, &verdict_send_) !=
         MPI_SUCCESS)
       verdict_send_ = MPI_REQUEST_NULL;
   }
@@ -193,6 +234,7 @@ class batched_check {
   MPI_Request recv_ = MPI_REQUEST_NULL, verdict_send_ = MPI_REQUEST_NULL;
   int received_ = 0, compared_ = 0;
   std::uint64_t last_ = 0;  // the last collective added
+  long long id_ = 0;        // agreed at open(): on every message, so that none of a freed check is taken
   std::string verdict_;
 };
 

@@ -68,7 +68,7 @@ class nccl_communicator {
     state->stream = cuda::stream_handle::create(what);
     control_ = comm.dup(cat(name, " control"));
     state->watch = watch_over(control_, name);
-    state->consistency.open(state->watch->side());
+    state->consistency.open(state->watch->side(), what);
     state_ = std::move(state);
     name_ = std::move(name);
   }
@@ -129,7 +129,7 @@ class nccl_communicator {
     open_point_to_point(*state, what);
     state->stream = cuda::stream_handle::create(what);
     state->watch = watch_over(out.control_, out.name_);
-    state->consistency.open(state->watch->side());
+    state->consistency.open(state->watch->side(), what);
     out.state_ = std::move(state);
     return out;
   }
