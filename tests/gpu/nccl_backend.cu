@@ -209,6 +209,26 @@ BOOST_AUTO_TEST_CASE(a_post_allocates_nothing_and_takes_one_lock,
         pending.push_back(backend::ireduce_scatter<float>(c, b.cspan(), a.span(), fc::span<const int>(blocks), fc::op::sum));
       },
       raw([&] { return fc::device::nccl_reduce_scatter(b.span().data(), a.span().data(), n, dt, fc::op::sum, c.native(), stream); }), 3);
+  // The v-variants (issue 52): their counts walked in place, no offsets made per post; the raw
+  // caller groups the same sends, receives and own block's copy.
+  const auto gathered = [&](int r) { return b.span().data() + static_cast<std::size_t>(r) * n; };
+  auto group = [&](bool all) {
+    return [&, all] {
+      fc::check_nccl(fc::device::nccl_group_start(), "test: ncclGroupStart");
+      for (int r = 0; r < ranks; ++r) {
+        if (r == me && (all || me == 0))
+          fc::check_cuda(fc::device::copy_async(gathered(r), a.span().data(), n * sizeof(float), stream), "test: copy");
+        if (r == me) continue;
+        if (all || r == 0) fc::check_nccl(fc::device::nccl_send(a.span().data(), n, dt, r, c.native(), stream), "test: send");
+        if (all || me == 0) fc::check_nccl(fc::device::nccl_recv(gathered(r), n, dt, r, c.native(), stream), "test: recv");
+      }
+      return fc::device::nccl_group_end();
+    };
+  };
+  row("gatherv", [&] { pending.push_back(backend::igatherv<float>(c, a.cspan(), b.span(), fc::span<const int>(blocks), 0)); },
+      raw(group(false)), static_cast<std::uint64_t>(me == 0 ? ranks + 4 : 5));
+  row("allgatherv", [&] { pending.push_back(backend::iallgatherv<float>(c, a.cspan(), b.span(), fc::span<const int>(blocks))); },
+      raw(group(true)), static_cast<std::uint64_t>(2 * ranks + 3));
   row("send and receive", [&] {
         pending.push_back(backend::isend(c, a.cspan(), to, 0));
         pending.push_back(backend::irecv(c, b.span().subspan(0, n), from, 0));

@@ -75,7 +75,8 @@ struct blocks {
 
 // Counts must be one per rank, none negative, adding up to no more than `capacity` elements
 // and to no more than one int-counted call carries (MPI's and NCCL's counts are ints).
-// `offsets` false: the offsets are left out (reduce_scatter, whose backends need none made per call).
+// `offsets` false: the offsets are left out (reduce_scatter, and the v-collectives of a backend that
+// walks the counts itself: contract.hpp, reads_block_offsets), so that none are made per call.
 inline blocks block_layout(span<const int> counts, int comm_size, std::size_t capacity, const std::string& what,
                            bool offsets = true) {
   check(counts.size() == static_cast<std::size_t>(comm_size), what,
@@ -103,20 +104,21 @@ inline void check_own_count(span<const int> counts, int rank, std::size_t send, 
 }
 
 // gatherv at the root: one count per rank, the root's own matching its send, room for all.
+// `offsets` as block_layout's, here and in allgatherv_layout.
 inline blocks gather_layout(span<const int> counts, int comm_size, int root, std::size_t send, std::size_t capacity,
-                            const std::string& what) {
+                            const std::string& what, bool offsets = true) {
   check(counts.size() == static_cast<std::size_t>(comm_size), what,
         "root needs one count per rank (", comm_size, "), got ", counts.size());
   check_own_count(counts, root, send, "root", what);
-  return block_layout(counts, comm_size, capacity, what);
+  return block_layout(counts, comm_size, capacity, what, offsets);
 }
 
 inline blocks allgatherv_layout(span<const int> counts, int comm_size, int rank, std::size_t send,
-                                std::size_t capacity, const std::string& what) {
+                                std::size_t capacity, const std::string& what, bool offsets = true) {
   check(counts.size() == static_cast<std::size_t>(comm_size), what,
         "needs one count per rank (", comm_size, "), got ", counts.size());
   check_own_count(counts, rank, send, "this rank", what);
-  return block_layout(counts, comm_size, capacity, what);
+  return block_layout(counts, comm_size, capacity, what, offsets);
 }
 
 inline void check_allgather_sizes(std::size_t send, std::size_t recv, int comm_size, const std::string& what) {

@@ -87,6 +87,16 @@ struct host_window_of<B, std::void_t<typename B::host_window>> : std::true_type 
 template <class B>
 inline constexpr bool has_host_window = host_window_of<B>::value;
 
+// Whether B's gatherv and allgatherv read the blocks' offsets (MPI's displacements, kept while
+// its call runs). One that walks the counts itself while posting says `static constexpr bool
+// block_offsets = false;` (nccl), and the front end makes none: no allocation per post.
+template <class B, class = void>
+struct block_offsets_of : std::true_type {};
+template <class B>
+struct block_offsets_of<B, std::void_t<decltype(B::block_offsets)>> : std::bool_constant<B::block_offsets> {};
+template <class B>
+inline constexpr bool reads_block_offsets = block_offsets_of<B>::value;
+
 // CUDA graphs. Whether a step on B can be captured into a CUDA graph and replayed: B declares
 // `static constexpr bool graph_capturable = true;` (nccl), and its requests end an operation
 // issued into a capturing stream with release_captured() (the host side, once) instead of a

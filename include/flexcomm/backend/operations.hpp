@@ -157,7 +157,8 @@ struct operations {
     const bool at_root = comm.rank() == root;
     detail::blocks layout;
     if (at_root) {
-      layout = detail::gather_layout(counts, comm.size(), root, send.size(), recv.size(), start.what());
+      layout = detail::gather_layout(counts, comm.size(), root, send.size(), recv.size(), start.what(),
+                                     reads_block_offsets<Backend>);
       Backend::check_buffer(recv.data(), recv.size_bytes(), start.what(), "receive");
     }
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
@@ -185,7 +186,8 @@ struct operations {
                              span<const int> counts, stream s = {}) {
     static_assert(element<std::remove_const_t<T>>());
     typename Backend::template op_start<T> start(comm, s, "iallgatherv", send.size(), dtype_of<T>, "", -1, -1, {});
-    auto layout = detail::allgatherv_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), start.what());
+    auto layout = detail::allgatherv_layout(counts, comm.size(), comm.rank(), send.size(), recv.size(), start.what(),
+                                            reads_block_offsets<Backend>);
     Backend::check_buffer(send.data(), send.size_bytes(), start.what(), "send");
     Backend::check_buffer(recv.data(), recv.size_bytes(), start.what(), "receive");
     start.count_varies();

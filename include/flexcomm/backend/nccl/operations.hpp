@@ -228,6 +228,8 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
   // NCCL's kernels can be captured into a CUDA graph (since NCCL 2.9): an operation issued into
   // a capturing stream is enqueued there, and its request ends with release_captured().
   static constexpr bool graph_capturable = true;
+  // gatherv and allgatherv walk the counts while they post: the front end makes no offsets.
+  static constexpr bool block_offsets = false;
 
  private:
   friend struct operations<nccl, nccl_communicator, nccl_request, device::stream_t>;
@@ -310,7 +312,7 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
   // Point-to-point in one group: the root receives each rank's block in place.
   template <class T>
   static request post_igatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
-                               span<const int> counts, detail::blocks layout, int root, stream s) {
+                               span<const int> counts, detail::blocks, int root, stream s) {
     constexpr dtype type = dtype_of<T>;
     return detail::nccl_launch_op(
         comm, s, st,
@@ -319,9 +321,9 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
           if (comm.rank() != root) {
             if (!send.empty()) check_nccl(device::nccl_send(send.data(), send.size(), type, root, c, stream), st.what());
           } else {
-            for (int r = 0; r < comm.size(); ++r) {
+            T* at = recv.data();
+            for (int r = 0; r < comm.size(); at += counts[static_cast<std::size_t>(r)], ++r) {
               const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
-              T* at = recv.data() + layout.offsets[static_cast<std::size_t>(r)];
               if (n == 0) continue;
               if (r == root) cuda::copy(at, send.data(), n * sizeof(T), stream);
               else check_nccl(device::nccl_recv(at, n, type, r, c, stream), st.what(), ": receive from ", r);
@@ -346,16 +348,16 @@ struct nccl : cuda::device_backend<mpi>, operations<nccl, nccl_communicator, ncc
 
   template <class T>
   static request post_iallgatherv(const communicator& comm, start& st, span<const T> send, span<T> recv,
-                                  span<const int> counts, detail::blocks layout, stream s) {
+                                  span<const int> counts, detail::blocks, stream s) {
     constexpr dtype type = dtype_of<T>;
     const int me = comm.rank();
     return detail::nccl_launch_op(
         comm, s, st,
         [&](device::nccl_comm_t c, device::stream_t stream) -> device::nccl_result_t {
           detail::nccl_group group(st.what());
-          for (int r = 0; r < comm.size(); ++r) {
+          T* at = recv.data();
+          for (int r = 0; r < comm.size(); at += counts[static_cast<std::size_t>(r)], ++r) {
             const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
-            T* at = recv.data() + layout.offsets[static_cast<std::size_t>(r)];
             if (r == me) {
               cuda::copy(at, send.data(), n * sizeof(T), stream);
               continue;
