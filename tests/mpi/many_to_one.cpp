@@ -377,8 +377,9 @@ BOOST_AUTO_TEST_CASE(auto_members_planned_from_measured_steps) {
   }
 }
 
-// Unplanned, a layout is refused by its consumers; a plan that cannot be made is refused on
-// every rank; a step that throws is rethrown where it threw and named everywhere else.
+// Unplanned, a layout is refused by its consumers; a plan that cannot be made, or hints that
+// differ between ranks, are refused on every rank; a step that throws is rethrown where it
+// threw and named everywhere else.
 BOOST_AUTO_TEST_CASE(auto_members_refused_unplanned_too_many_or_when_a_step_throws) {
   using fc::testing::contains;
   const int n = world().size();
@@ -388,6 +389,9 @@ BOOST_AUTO_TEST_CASE(auto_members_refused_unplanned_too_many_or_when_a_step_thro
   const auto too_many = fc::ensemble_layout::parse(fc::cat("members=auto:", n + 1));
   ok = ok && contains(fc::testing::error_of([&] { (void)fc::measure_and_plan(world(), too_many, [](int) {}); }),
                       fc::cat(n + 1, " members need at least ", n + 1, " ranks"));
+  const std::string differ = fc::testing::error_of(
+      [&] { (void)fc::plan_from_hints(world(), unplanned, {world().rank() == 0 ? 1.0 : 2.0}); });
+  ok = ok && (n == 1 ? differ.empty() : contains(differ, "ranks disagree on the layout, the options or the hints"));
   std::string seen;
   try {
     (void)fc::measure_and_plan(world(), unplanned, [n](int) {

@@ -27,14 +27,12 @@ struct measure_options {
   member_plan_options plan;
 };
 
-// Collective over `world` (the world the layout will run on; every rank passes the same layout
-// and options): the ranks the plan gives the members, from the members' relative costs.
+// Collective over `world` (the world the layout will run on): the ranks the plan gives the
+// members, from the members' relative costs. The ranks agree on the layout, hints and options
+// in one reduction first, so that no rank goes on with another plan.
 template <class Communicator>
 layout_plan plan_from_hints(const Communicator& world, const ensemble_layout& unplanned, std::vector<double> hints,
-                            const member_plan_options& options = {}) {
-  const host_map hosts = Communicator::backend::hosts(world);  // collective on every rank alike
-  return plan_layout(unplanned, unplanned.rank_budget(hosts), std::move(hints), options);
-}
+                            const member_plan_options& options = {});
 
 // Collective over `world`: trainer t of the budget (the ranks that are not producers, in rank
 // order) measures member t mod N, calling `step(member)` (one step of that member's whole batch
@@ -66,11 +64,20 @@ std::int64_t time_member(Step& step, int member, int timed) {
   return std::max<std::int64_t>(1, ns.count() / timed);
 }
 
-// What every rank must share for the same plan: the layout's text, the timed steps, the model.
-inline std::int64_t plan_fingerprint(const ensemble_layout& layout, const measure_options& options) {
-  std::uint64_t share = 0;
-  std::memcpy(&share, &options.plan.sync_share, sizeof share);
-  return fingerprint().add(layout.str()).add(static_cast<std::uint64_t>(options.timed_steps)).add(share).folded();
+inline std::uint64_t bits_of(double v) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+// What every rank must share for the same plan: the layout's text, the timed steps, the model,
+// the hints where given.
+inline std::int64_t plan_fingerprint(const ensemble_layout& layout, const measure_options& options,
+                                     const std::vector<double>& hints) {
+  fingerprint f;
+  f.add(layout.str()).add(static_cast<std::uint64_t>(options.timed_steps)).add(bits_of(options.plan.sync_share));
+  for (double h : hints) f.add(bits_of(h));
+  return f.add(hints.size()).folded();
 }
 
 // What is wrong here before anything is measured, or "" (the same on every rank that passes
@@ -94,14 +101,15 @@ inline std::string plan_problem(const ensemble_layout& layout, const host_map& h
 // options, and throws the same verdict before anyone measures (agreement.hpp's way).
 template <class Communicator>
 void agree_on_plan(const Communicator& world, const ensemble_layout& layout, const measure_options& options,
-                   const std::string& problem) {
-  agreement a({problem.empty() ? 0 : 1, plan_fingerprint(layout, options)});
+                   const std::vector<double>& hints, const std::string& problem) {
+  agreement a({problem.empty() ? 0 : 1, plan_fingerprint(layout, options, hints)});
   Communicator::backend::template iallreduce<std::int64_t>(world, a.buffer(), op::max).wait();
   if (!problem.empty()) fail("member plan", problem);
-  check(a.highest(0) == 0, "member plan", "another rank rejected the layout or the measure options");
+  check(a.highest(0) == 0, "member plan", "another rank rejected the layout or the options");
   check(a.agreed(1), "member plan",
-        cat("ranks disagree on the layout or the measure options (this rank: '", layout.str(), "', ",
-            options.timed_steps, " timed steps, sync share ", options.plan.sync_share, ")"));
+        cat("ranks disagree on the layout, the options or the hints (this rank: '", layout.str(), "', ",
+            options.timed_steps, " timed steps, sync share ", options.plan.sync_share, ", ", hints.size(),
+            " hints)"));
 }
 
 }  // namespace detail
@@ -110,7 +118,7 @@ template <class Communicator, class Step>
 layout_plan measure_and_plan(const Communicator& world, const ensemble_layout& unplanned, Step&& step,
                              const measure_options& options) {
   const host_map hosts = Communicator::backend::hosts(world);  // collective on every rank alike
-  detail::agree_on_plan(world, unplanned, options, detail::plan_problem(unplanned, hosts, options));
+  detail::agree_on_plan(world, unplanned, options, {}, detail::plan_problem(unplanned, hosts, options));
   const int members = unplanned.members(), t = detail::trainer_index(unplanned, hosts, world.rank());
   // [0] 1 + the highest rank whose step threw; then each member's nanoseconds, negated so that
   // the max-reduction keeps the fastest measurer's (a rank that measures nothing adds the lowest).
@@ -132,6 +140,16 @@ layout_plan measure_and_plan(const Communicator& world, const ensemble_layout& u
   layout_plan out = plan_layout(unplanned, unplanned.rank_budget(hosts), std::move(costs), options.plan);
   out.plan.measured = true;
   return out;
+}
+
+template <class Communicator>
+layout_plan plan_from_hints(const Communicator& world, const ensemble_layout& unplanned, std::vector<double> hints,
+                            const member_plan_options& options) {
+  const host_map hosts = Communicator::backend::hosts(world);  // collective on every rank alike
+  measure_options agreed;
+  agreed.plan = options;
+  detail::agree_on_plan(world, unplanned, agreed, hints, detail::plan_problem(unplanned, hosts, agreed));
+  return plan_layout(unplanned, unplanned.rank_budget(hosts), std::move(hints), options);
 }
 
 }  // namespace flexcomm
