@@ -419,6 +419,31 @@ inline int parse_layout_count(std::string_view digits, std::string_view text, co
   }
   return static_cast<int>(v);
 }
+
+// members=...'s value: the sizes ("a,b,..", "KxN") into `sizes`; or, for "auto:N", returns N.
+inline int parse_member_sizes(std::string_view value, std::string_view text, std::vector<int>& sizes) {
+  if (value.substr(0, 5) == "auto:") {
+    const int members = parse_layout_count(value.substr(5), text, "member count after auto:");
+    check(members > 0, "layout", cat("cannot parse '", text, "': members=auto:N needs N >= 1 members"));
+    return members;
+  }
+  if (const std::size_t x = value.find('x'); x != std::string_view::npos) {
+    const int count = parse_layout_count(value.substr(0, x), text, "member count");
+    const int size = parse_layout_count(value.substr(x + 1), text, "member size");
+    check(static_cast<long long>(count) * size <= (1 << 20), "layout",
+          cat("cannot parse '", text, "': ", count, "x", size, " ranks is too many"));
+    sizes.assign(static_cast<std::size_t>(count), size);
+    return 0;
+  }
+  for (std::size_t p = 0;;) {
+    const std::size_t comma = value.find(',', p);
+    const auto piece = value.substr(p, comma == std::string_view::npos ? value.size() - p : comma - p);
+    sizes.push_back(parse_layout_count(piece, text, "member size"));
+    check(sizes.size() <= (1u << 20), "layout", cat("cannot parse '", text, "': too many members"));
+    if (comma == std::string_view::npos) return 0;
+    p = comma + 1;
+  }
+}
 }  // namespace detail
 
 inline ensemble_layout ensemble_layout::parse(std::string_view text) {
@@ -452,26 +477,7 @@ inline ensemble_layout ensemble_layout::parse(std::string_view text) {
     } else if (key == "members") {
       check(!seen_members, "layout", cat("cannot parse '", text, "': members given twice"));
       seen_members = true;
-      if (value.substr(0, 5) == "auto:") {
-        unplanned = detail::parse_layout_count(value.substr(5), text, "member count after auto:");
-        check(unplanned > 0, "layout", cat("cannot parse '", text, "': members=auto:N needs N >= 1 members"));
-      } else if (const std::size_t x = value.find('x'); x != std::string_view::npos) {
-        const int count = detail::parse_layout_count(value.substr(0, x), text, "member count");
-        const int size = detail::parse_layout_count(value.substr(x + 1), text, "member size");
-        check(static_cast<long long>(count) * size <= (1 << 20), "layout",
-              cat("cannot parse '", text, "': ", count, "x", size, " ranks is too many"));
-        sizes.assign(static_cast<std::size_t>(count), size);
-      } else {
-        std::size_t p = 0;
-        for (;;) {
-          const std::size_t comma = value.find(',', p);
-          const auto piece = value.substr(p, comma == std::string_view::npos ? value.size() - p : comma - p);
-          sizes.push_back(detail::parse_layout_count(piece, text, "member size"));
-          check(sizes.size() <= (1u << 20), "layout", cat("cannot parse '", text, "': too many members"));
-          if (comma == std::string_view::npos) break;
-          p = comma + 1;
-        }
-      }
+      unplanned = detail::parse_member_sizes(value, text, sizes);
     } else {
       fail("layout", cat("cannot parse '", text, "': unknown key '", key,
                          "' (known: producers, members, aggregator)"));
