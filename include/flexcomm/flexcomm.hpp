@@ -13,6 +13,7 @@
 #include "core/gaps.hpp"
 #include "core/hosts.hpp"
 #include "core/layout.hpp"
+#include "core/member_plan.hpp"
 #include "core/progress.hpp"
 #include "core/reduce.hpp"
 #include "core/span.hpp"
@@ -37,6 +38,7 @@
 #include "pipeline/ensemble_pipeline.hpp"
 #include "pipeline/presets.hpp"
 #include "pipeline/preset_layout.hpp"
+#include "pipeline/member_costs.hpp"
 
 // CUDA parts: the host-side helpers wherever the build has CUDA; the device backends, whose
 // reduction kernels need nvcc, in translation units nvcc compiles (.cu). On the host stand-in of

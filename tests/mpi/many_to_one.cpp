@@ -1,10 +1,15 @@
 #define BOOST_TEST_MODULE mpi_many_to_one
 #include "mpi_fixture.hpp"
+#include "errors.hpp"
 
 #include <flexcomm/patterns/collect/many_to_one.hpp>
+#include <flexcomm/pipeline/member_costs.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fc = flexcomm;
@@ -311,4 +316,91 @@ BOOST_AUTO_TEST_CASE(gather_rounds_waits_to_the_end_and_close_is_final) {
     collect.flush();
     BOOST_TEST(fc::testing::all_ranks(ok), "layout " << layout.str());
   }
+}
+
+// "members=auto:N" planned on the world (pipeline/member_costs.hpp), then used by a consumer.
+namespace {
+
+// Whether every rank holds the same text (its fingerprint, agreed in one reduction).
+bool same_on_every_rank(const std::string& text) {
+  fc::agreement a({fc::fingerprint().add(text).folded()});
+  mpi::iallreduce<std::int64_t>(world(), a.buffer(), fc::op::max).wait();
+  return a.all_agreed();
+}
+
+// Every rank planned the same layout, which fills the budget, fits the world and gathers.
+bool planned_and_usable(const fc::layout_plan& p, int budget) {
+  bool ok = same_on_every_rank(p.layout.str()) && p.layout.trainers() == budget;
+  fc::many_to_one<mpi> collect(world(), p.layout);
+  const auto placed = fc::placed_on_hosts(world(), p.layout);
+  const auto me = placed.role_of(world().rank());
+  if (collect.is_trainer()) collect.submit(tensor_of<std::int32_t>(me.member, me.rank_in_member, 0));
+  if (collect.is_aggregator()) ok = ok && check_gathered(placed, collect.gather<std::int32_t>(), 0);
+  collect.flush();
+  return ok;
+}
+
+// The layouts to plan at this world size: two members where there is room, with and without a
+// producer, and one producer per host where a host keeps a trainer.
+std::vector<std::string> auto_layouts(int n) {
+  std::vector<std::string> out{n >= 2 ? "members=auto:2" : "members=auto:1"};
+  if (n >= 3) out.push_back(fc::cat("producers=1 members=auto:2 aggregator=", n - 1));
+  if (fc::mpi::hosts(world()).hosts() < n) out.push_back("producers=per-host members=auto:1");
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(auto_members_planned_from_hints_give_the_costly_member_more) {
+  for (const auto& text : auto_layouts(world().size())) {
+    const auto unplanned = fc::ensemble_layout::parse(text);
+    const int budget = unplanned.rank_budget(fc::mpi::hosts(world()));
+    const std::vector<double> hints{1.0, 10.0};
+    const auto p = fc::plan_from_hints(world(), unplanned, {hints.begin(), hints.begin() + unplanned.members()});
+    bool ok = p.layout.members() < 2 || p.layout.member_size(1) >= p.layout.member_size(0);
+    BOOST_TEST(fc::testing::all_ranks(planned_and_usable(p, budget) && ok), text << " -> " << p.text());
+  }
+}
+
+// Member 1's step sleeps 10 ms, member 0's 1 ms: robust under load is only that every rank has
+// the same plan, that it fills the budget, and that the slow member has no fewer ranks.
+BOOST_AUTO_TEST_CASE(auto_members_planned_from_measured_steps) {
+  for (const auto& text : auto_layouts(world().size())) {
+    const auto unplanned = fc::ensemble_layout::parse(text);
+    const int budget = unplanned.rank_budget(fc::mpi::hosts(world()));
+    const auto p = fc::measure_and_plan(world(), unplanned, [](int member) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(member == 1 ? 10 : 1));
+    });
+    bool ok = p.plan.measured && (p.layout.members() < 2 || p.layout.member_size(1) >= p.layout.member_size(0));
+    if (world().rank() == 0) BOOST_TEST_MESSAGE(p.text());
+    BOOST_TEST(fc::testing::all_ranks(planned_and_usable(p, budget) && ok), text << " -> " << p.text());
+  }
+}
+
+// Unplanned, a layout is refused by its consumers; a plan that cannot be made, or hints that
+// differ between ranks, are refused on every rank; a step that throws is rethrown where it
+// threw and named everywhere else.
+BOOST_AUTO_TEST_CASE(auto_members_refused_unplanned_too_many_or_when_a_step_throws) {
+  using fc::testing::contains;
+  const int n = world().size();
+  const auto unplanned = fc::ensemble_layout::parse("members=auto:1");
+  bool ok = contains(fc::testing::error_of([&] { fc::many_to_one<mpi> collect(world(), unplanned); }),
+                     "is not planned yet");
+  const auto too_many = fc::ensemble_layout::parse(fc::cat("members=auto:", n + 1));
+  ok = ok && contains(fc::testing::error_of([&] { (void)fc::measure_and_plan(world(), too_many, [](int) {}); }),
+                      fc::cat(n + 1, " members need at least ", n + 1, " ranks"));
+  const std::string differ = fc::testing::error_of(
+      [&] { (void)fc::plan_from_hints(world(), unplanned, {world().rank() == 0 ? 1.0 : 2.0}); });
+  ok = ok && (n == 1 ? differ.empty() : contains(differ, "ranks disagree on the layout, the options or the hints"));
+  std::string seen;
+  try {
+    (void)fc::measure_and_plan(world(), unplanned, [n](int) {
+      if (world().rank() == n - 1) throw std::runtime_error("the user's step failed");
+    });
+  } catch (const std::exception& e) {
+    seen = e.what();
+  }
+  ok = ok && contains(seen, world().rank() == n - 1 ? std::string("the user's step failed")
+                                                    : fc::cat("world rank ", n - 1, "'s step threw"));
+  BOOST_TEST(fc::testing::all_ranks(ok), seen);
 }

@@ -4,6 +4,10 @@
 #include "errors.hpp"
 
 #include <flexcomm/core/layout.hpp>
+#include <flexcomm/core/member_plan.hpp>
+
+#include <cmath>
+#include <limits>
 
 #include <algorithm>
 #include <string>
@@ -283,4 +287,110 @@ BOOST_AUTO_TEST_CASE(per_host_placement_says_what_is_wrong) {
                       "needs 5 ranks, world has 4 (a producer on each of 2 hosts and 3 trainers)"));
   BOOST_TEST(error_of([&] { placed.validate(5); }).empty());
   BOOST_TEST(contains(error_of([&] { placed.producer_rank(2); }), "has producers 0..1, not 2"));
+}
+
+// "members=auto:N": parsed, printed back, unplanned until planned, and refused until then.
+BOOST_AUTO_TEST_CASE(auto_members_parse_print_back_and_refuse_use_before_planning) {
+  const auto l = fc::ensemble_layout::parse("producers=1 members=auto:3 aggregator=2");
+  BOOST_TEST(!l.is_planned());
+  BOOST_TEST(l.members() == 3);
+  BOOST_TEST(l.producers() == 1);
+  BOOST_TEST(l.str() == "producers=1 members=auto:3 aggregator=2");
+  BOOST_TEST(fc::ensemble_layout::parse(l.str()).str() == l.str());
+  BOOST_TEST(l.rank_budget(8) == 7);
+  for (const std::string& e : {error_of([&] { l.validate(8); }), error_of([&] { (void)l.role_of(0); }),
+                               error_of([&] { (void)l.member_sizes(); }), error_of([&] { (void)l.world_size(); }),
+                               error_of([&] { (void)l.shards_per_step(); })})
+    BOOST_TEST(contains(e, "'producers=1 members=auto:3 aggregator=2' asks flexcomm to size its 3 members and is "
+                           "not planned yet"), e);
+  const auto p = l.planned({4, 2, 1});
+  BOOST_TEST(p.is_planned());
+  BOOST_TEST(p.str() == "producers=1 members=4,2,1 aggregator=2");
+  BOOST_TEST(p.wrote_producers());
+  p.validate(8);
+  BOOST_TEST(contains(error_of([&] { (void)l.planned({4, 2}); }), "has 3 members, the plan gives sizes for 2"));
+  BOOST_TEST(contains(error_of([&] { (void)p.planned({4, 2, 1}); }), "is planned already"));
+  BOOST_TEST(contains(error_of([&] { (void)fc::ensemble_layout::parse("members=auto:0"); }), "needs N >= 1"));
+  BOOST_TEST(contains(error_of([&] { (void)fc::ensemble_layout::parse("members=auto:x"); }), "is not a number"));
+  BOOST_TEST(contains(error_of([&] { (void)l.rank_budget(1); }), "leaving no trainer rank in a world of 1"));
+  // The aggregator's rank is checked once the world is known, by the plan.
+  BOOST_TEST(contains(error_of([&] { (void)fc::ensemble_layout::parse("members=auto:2 aggregator=5").planned({1, 1}); }),
+                      "aggregator is world rank 5"));
+}
+
+BOOST_AUTO_TEST_CASE(auto_members_per_host_budget_counts_a_producer_per_host) {
+  const auto l = fc::ensemble_layout::parse("producers=per-host members=auto:2");
+  BOOST_TEST(l.str() == "producers=per-host members=auto:2");
+  BOOST_TEST(l.rank_budget(fc::host_map::parse("2+1+2")) == 2);
+  BOOST_TEST(contains(error_of([&] { (void)l.rank_budget(5); }), "depends on the hosts"));
+  const auto placed = l.planned({1, 1}).placed_on(fc::host_map::parse("2+1+2"));
+  BOOST_TEST(placed.world_size() == 5);
+}
+
+// Costs 10x apart: the costly member gets about 10x the ranks, and the times even out.
+BOOST_AUTO_TEST_CASE(plan_gives_the_costly_member_more_ranks) {
+  const auto p = fc::plan_members({10.0, 1.0, 2.0}, 13);
+  BOOST_TEST(p.ranks == (std::vector<int>{10, 1, 2}));
+  BOOST_TEST(p.ranks[0] + p.ranks[1] + p.ranks[2] == 13);
+  for (std::size_t m = 0; m < 3; ++m)
+    BOOST_TEST(p.expected[m] == fc::expected_step_time(p.costs[m], p.ranks[m]));
+  const auto pure = fc::plan_members({8.0, 1.0}, 9, fc::member_plan_options{0.0});
+  BOOST_TEST(pure.ranks == (std::vector<int>{8, 1}));
+  BOOST_TEST(pure.expected[0] == 1.0);
+}
+
+BOOST_AUTO_TEST_CASE(plan_with_one_rank_per_member_gives_one_each) {
+  const auto p = fc::plan_members({10.0, 1.0, 3.0, 0.5}, 4);
+  BOOST_TEST(p.ranks == (std::vector<int>{1, 1, 1, 1}));
+  BOOST_TEST(p.expected == p.costs);
+}
+
+// Ties go to the lower member index; the same costs give the same plan.
+BOOST_AUTO_TEST_CASE(plan_is_deterministic_and_breaks_ties_by_member_index) {
+  BOOST_TEST(fc::plan_members({1.0, 1.0, 1.0}, 5).ranks == (std::vector<int>{2, 2, 1}));
+  const std::vector<double> costs{3.7, 0.9, 12.5, 3.7, 1.1};
+  const auto a = fc::plan_members(costs, 40), b = fc::plan_members(costs, 40);
+  BOOST_TEST(a.ranks == b.ranks);
+  BOOST_TEST(a.ranks[0] == a.ranks[3]);
+}
+
+// Past its sync optimum a member stops taking ranks: the rest go where they slow least.
+BOOST_AUTO_TEST_CASE(plan_passes_over_members_a_further_rank_slows) {
+  const auto p = fc::plan_members({10.0, 1.0}, 30, fc::member_plan_options{0.1});
+  BOOST_TEST(p.ranks[0] + p.ranks[1] == 30);
+  BOOST_TEST(p.ranks[0] <= 4);  // 10/r + (r-1): fastest at r = 3
+  BOOST_TEST(p.expected[0] == *std::max_element(p.expected.begin(), p.expected.end()));
+}
+
+BOOST_AUTO_TEST_CASE(plan_refuses_what_it_cannot_plan) {
+  BOOST_TEST(contains(error_of([] { (void)fc::plan_members({1.0, 2.0, 3.0}, 2); }),
+                      "member plan: 3 members need at least 3 ranks, one each; the budget is 2"));
+  BOOST_TEST(contains(error_of([] { (void)fc::plan_members({1.0, 0.0}, 4); }), "member 1's cost is 0"));
+  BOOST_TEST(contains(error_of([] { (void)fc::plan_members({-2.0}, 4); }), "member 0's cost is -2"));
+  BOOST_TEST(contains(error_of([] { (void)fc::plan_members({std::nan(""), 1.0}, 4); }), "must be finite and > 0"));
+  BOOST_TEST(contains(error_of([] { (void)fc::plan_members({std::numeric_limits<double>::infinity()}, 4); }),
+                      "member 0's cost is inf"));
+  BOOST_TEST(contains(error_of([] { (void)fc::plan_members({}, 4); }), "the costs are empty"));
+  BOOST_TEST(contains(error_of([] { (void)fc::plan_members({1.0}, 4, fc::member_plan_options{-1}); }),
+                      "sync_share is -1"));
+  const auto l = fc::ensemble_layout::parse("members=auto:2");
+  BOOST_TEST(contains(error_of([&] { (void)fc::plan_layout(l, 4, {1.0}); }), "has 2 members, got 1 costs"));
+  BOOST_TEST(contains(error_of([&] { (void)fc::plan_layout(l.planned({1, 1}), 4, {1.0, 1.0}); }),
+                      "is planned already"));
+}
+
+BOOST_AUTO_TEST_CASE(plan_layout_sizes_the_members_and_prints_a_table) {
+  const auto l = fc::ensemble_layout::parse("producers=1 members=auto:2");
+  const auto planned = fc::plan_layout(l, l.rank_budget(6), {4.0, 1.0});
+  BOOST_TEST(planned.layout.str() == "producers=1 members=4,1");
+  planned.layout.validate(6);
+  const std::string text = planned.text();
+  BOOST_TEST(contains(text, "layout 'producers=1 members=4,1' planned:"), text);
+  BOOST_TEST(contains(text, "cost: relative, as hinted"), text);
+  BOOST_TEST(contains(text, "     0      4           4        1.12\n"), text);
+  fc::member_plan measured = planned.plan;
+  measured.measured = true;
+  measured.costs = {0.012, 0.0004};
+  BOOST_TEST(contains(measured.table(), "12 ms"), measured.table());
+  BOOST_TEST(contains(measured.table(), "400 us"), measured.table());
 }

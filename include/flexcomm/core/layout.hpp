@@ -2,6 +2,8 @@
 // trainer ranks in member order; one rank (world rank 0 unless told) aggregates results.
 // Or one producer per host ("producers=per-host"): placed on a host_map, each host's lowest rank
 // produces for the trainers on that host, and each member sits on as few hosts as it can.
+// Or members flexcomm sizes ("members=auto:N"): unplanned until planned() gives their ranks
+// (core/member_plan.hpp chooses them from the members' step costs).
 #pragma once
 
 #include <algorithm>
@@ -53,6 +55,7 @@ class ensemble_layout {
   //   producers=P     a count: world ranks 0..P-1 produce (default 0); or per-host
   //   members=a,b,..  each member's rank count, in member order (KxN: K members of N ranks);
   //                   member 0 takes the ranks after the producers, then member 1, ...
+  //                   auto:N: N members that flexcomm sizes (unplanned until planned())
   //   aggregator=R    a world rank, not a count (default 0): the rank that gathers results.
   //                   With producers=1, aggregator=1 is member 0's first trainer.
   static ensemble_layout parse(std::string_view text);
@@ -83,19 +86,43 @@ class ensemble_layout {
     require_placed("its producer count");
     return producers_;
   }
-  int members() const noexcept { return static_cast<int>(member_sizes_.size()); }
-  int member_size(int member) const { return member_sizes_.at(static_cast<std::size_t>(member)); }
-  const std::vector<int>& member_sizes() const noexcept { return member_sizes_; }
-  int trainers() const noexcept { return std::accumulate(member_sizes_.begin(), member_sizes_.end(), 0); }
+  int members() const noexcept { return unplanned_ > 0 ? unplanned_ : static_cast<int>(member_sizes_.size()); }
+  int member_size(int member) const {
+    require_planned("a member's size");
+    return member_sizes_.at(static_cast<std::size_t>(member));
+  }
+  const std::vector<int>& member_sizes() const {
+    require_planned("its member sizes");
+    return member_sizes_;
+  }
+  int trainers() const {
+    require_planned("its trainer count");
+    return std::accumulate(member_sizes_.begin(), member_sizes_.end(), 0);
+  }
   int world_size() const {
+    require_planned("its world size");
     require_placed("its world size");
     return producers_ + trainers();
   }
   int aggregator() const noexcept { return aggregator_; }
-  bool homogeneous() const noexcept {
+  bool homogeneous() const {
+    require_planned("whether its members are alike");
     for (int s : member_sizes_) if (s != member_sizes_.front()) return false;
     return true;
   }
+
+  // Whether its members have their sizes: always, except for "members=auto:N" before planned().
+  bool is_planned() const noexcept { return unplanned_ == 0; }
+
+  // The trainer ranks an unplanned layout's members share in a world of `world` ranks: all but
+  // the producers (the aggregator is one of the producers or trainers, never a rank of its own).
+  // A per-host layout asks the host map, whose hosts each keep a producer.
+  int rank_budget(int world) const;
+  int rank_budget(const host_map& hosts) const;
+
+  // This unplanned layout with its members' sizes (member order); the rest stays as written.
+  // Throws where the sizes do not fit (their count, a size below 1, the aggregator's rank).
+  ensemble_layout planned(std::vector<int> member_sizes) const;
 
   // One producer per host ("producers=per-host"), placed or not.
   bool per_host() const noexcept { return per_host_; }
@@ -119,6 +146,7 @@ class ensemble_layout {
   // Throws with what is wrong ("layout needs 9 ranks, world has 8"). A per-host layout not
   // yet placed checks only what no host map can change: a producer beside the trainers.
   void validate(int world) const {
+    require_planned("whether it fits the world");
     if (!is_placed()) {
       check(world > trainers(), "layout",
             cat("layout '", str(), "' needs ", trainers(), " trainer ranks and a producer on each host, world has ",
@@ -143,7 +171,17 @@ class ensemble_layout {
               "place it on their world's hosts)"));
   }
 
+  // "members=auto:N" must be planned before anyone asks how many ranks a member has.
+  // (No check(): its message would be built, str() included, on every call of a hot accessor.)
+  void require_planned(const char* what) const {
+    if (is_planned()) return;
+    fail("layout", cat("layout '", str(), "' asks flexcomm to size its ", unplanned_, " members and is not planned yet: ",
+                       what, " depends on the plan (plan it with plan_layout(...) or measure_and_plan(...), ",
+                       "docs/architecture.md)"));
+  }
+
   rank_role role_of(int world_rank) const {
+    require_planned("the role of a rank");
     require_placed("the role of a rank");
     check(world_rank >= 0 && world_rank < world_size(), "layout",
           cat("world rank ", world_rank, " is outside layout '", str(), "' (", world_size(), " ranks)"));
@@ -159,6 +197,7 @@ class ensemble_layout {
 
   // The world rank of producer `producer`.
   int producer_rank(int producer) const {
+    require_planned("the rank of a producer");
     require_placed("the rank of a producer");
     check(producer >= 0 && producer < producers_, "layout",
           cat("layout '", str(), "' has producers 0..", producers_ - 1, ", not ", producer));
@@ -189,6 +228,7 @@ class ensemble_layout {
 
   // A step is cut into lcm(member sizes) shards, so that every member divides it evenly.
   int shards_per_step() const {
+    require_planned("a step's shards");
     long long l = 1;
     for (int s : member_sizes_) {
       l = l / std::gcd(l, static_cast<long long>(s)) * s;
@@ -210,6 +250,7 @@ class ensemble_layout {
   int owner_of(int member, int shard) const { return shard / (shards_per_step() / member_size(member)); }
 
   int trainer_rank(int member, int rank_in_member) const {
+    require_planned("the rank of a trainer");
     require_placed("the rank of a trainer");
     if (placement_) {
       check(member >= 0 && member < members() && rank_in_member >= 0 && rank_in_member < member_size(member),
@@ -237,7 +278,9 @@ class ensemble_layout {
       s += cat("producers=", producers_, " ");
     }
     s += "members=";
-    if (homogeneous() && members() > 1) {
+    if (!is_planned()) {
+      s += cat("auto:", unplanned_);
+    } else if (homogeneous() && members() > 1) {
       s += cat(members(), "x", member_sizes_.front());
     } else {
       for (std::size_t m = 0; m < member_sizes_.size(); ++m) s += cat(m ? "," : "", member_sizes_[m]);
@@ -254,6 +297,14 @@ class ensemble_layout {
     std::vector<std::vector<int>> member_ranks;  // by member, in member order
     std::vector<int> host_producer;             // by world rank: the producer of its host
   };
+
+  // "members=auto:N" as parsed: N members, no sizes yet.
+  struct unplanned_tag {};
+  ensemble_layout(unplanned_tag, int producers, bool per_host, int members, int aggregator)
+      : producers_(producers), per_host_(per_host), aggregator_(aggregator), unplanned_(members) {
+    check(members > 0, "layout", "an ensemble needs at least one member, layout has zero");
+    check(aggregator_ >= 0, "layout", cat("aggregator must be a world rank >= 0, got ", aggregator_));
+  }
 
   void check_members() const {
     check(!member_sizes_.empty(), "layout", "an ensemble needs at least one member, layout has zero");
@@ -275,6 +326,7 @@ class ensemble_layout {
   bool per_host_ = false;
   std::vector<int> member_sizes_;
   int aggregator_;
+  int unplanned_ = 0;  // "members=auto:N": N until planned(), then 0
   bool wrote_producers_ = false, wrote_aggregator_ = false;  // parse()'s text did
   std::shared_ptr<const placement> placement_;  // per-host layouts, once placed
 };
@@ -308,6 +360,7 @@ inline std::vector<std::vector<int>> ensemble_layout::shares_on(std::vector<int>
 }
 
 inline ensemble_layout ensemble_layout::placed_on(const host_map& hosts) const {
+  require_planned("where its members go on the hosts");
   if (!per_host_) return *this;
   const int h = hosts.hosts(), n = hosts.ranks(), members_count = members();
   check(n > 0, "layout", cat("layout '", str(), "' cannot be placed on an empty host map"));
@@ -366,10 +419,35 @@ inline int parse_layout_count(std::string_view digits, std::string_view text, co
   }
   return static_cast<int>(v);
 }
+
+// members=...'s value: the sizes ("a,b,..", "KxN") into `sizes`; or, for "auto:N", returns N.
+inline int parse_member_sizes(std::string_view value, std::string_view text, std::vector<int>& sizes) {
+  if (value.substr(0, 5) == "auto:") {
+    const int members = parse_layout_count(value.substr(5), text, "member count after auto:");
+    check(members > 0, "layout", cat("cannot parse '", text, "': members=auto:N needs N >= 1 members"));
+    return members;
+  }
+  if (const std::size_t x = value.find('x'); x != std::string_view::npos) {
+    const int count = parse_layout_count(value.substr(0, x), text, "member count");
+    const int size = parse_layout_count(value.substr(x + 1), text, "member size");
+    check(static_cast<long long>(count) * size <= (1 << 20), "layout",
+          cat("cannot parse '", text, "': ", count, "x", size, " ranks is too many"));
+    sizes.assign(static_cast<std::size_t>(count), size);
+    return 0;
+  }
+  for (std::size_t p = 0;;) {
+    const std::size_t comma = value.find(',', p);
+    const auto piece = value.substr(p, comma == std::string_view::npos ? value.size() - p : comma - p);
+    sizes.push_back(parse_layout_count(piece, text, "member size"));
+    check(sizes.size() <= (1u << 20), "layout", cat("cannot parse '", text, "': too many members"));
+    if (comma == std::string_view::npos) return 0;
+    p = comma + 1;
+  }
+}
 }  // namespace detail
 
 inline ensemble_layout ensemble_layout::parse(std::string_view text) {
-  int producers = 0, aggregator = 0;
+  int producers = 0, aggregator = 0, unplanned = 0;
   std::vector<int> sizes;
   bool per_host = false;
   bool seen_producers = false, seen_members = false, seen_aggregator = false;
@@ -399,23 +477,7 @@ inline ensemble_layout ensemble_layout::parse(std::string_view text) {
     } else if (key == "members") {
       check(!seen_members, "layout", cat("cannot parse '", text, "': members given twice"));
       seen_members = true;
-      if (const std::size_t x = value.find('x'); x != std::string_view::npos) {
-        const int count = detail::parse_layout_count(value.substr(0, x), text, "member count");
-        const int size = detail::parse_layout_count(value.substr(x + 1), text, "member size");
-        check(static_cast<long long>(count) * size <= (1 << 20), "layout",
-              cat("cannot parse '", text, "': ", count, "x", size, " ranks is too many"));
-        sizes.assign(static_cast<std::size_t>(count), size);
-      } else {
-        std::size_t p = 0;
-        for (;;) {
-          const std::size_t comma = value.find(',', p);
-          const auto piece = value.substr(p, comma == std::string_view::npos ? value.size() - p : comma - p);
-          sizes.push_back(detail::parse_layout_count(piece, text, "member size"));
-          check(sizes.size() <= (1u << 20), "layout", cat("cannot parse '", text, "': too many members"));
-          if (comma == std::string_view::npos) break;
-          p = comma + 1;
-        }
-      }
+      unplanned = detail::parse_member_sizes(value, text, sizes);
     } else {
       fail("layout", cat("cannot parse '", text, "': unknown key '", key,
                          "' (known: producers, members, aggregator)"));
@@ -425,11 +487,39 @@ inline ensemble_layout ensemble_layout::parse(std::string_view text) {
   check(static_cast<long long>(producers) +
                 std::accumulate(sizes.begin(), sizes.end(), 0LL) <= (1 << 20),
         "layout", cat("cannot parse '", text, "': too many ranks"));
-  auto layout = per_host ? ensemble_layout(producers_per_host, std::move(sizes), aggregator)
-                         : ensemble_layout(producers, std::move(sizes), aggregator);
+  auto layout = unplanned > 0 ? ensemble_layout(unplanned_tag{}, producers, per_host, unplanned, aggregator)
+                : per_host    ? ensemble_layout(producers_per_host, std::move(sizes), aggregator)
+                              : ensemble_layout(producers, std::move(sizes), aggregator);
   layout.wrote_producers_ = seen_producers;
   layout.wrote_aggregator_ = seen_aggregator;
   return layout;
+}
+
+inline int ensemble_layout::rank_budget(int world) const {
+  check(!per_host_, "layout",
+        cat("layout '", str(), "' puts a producer on each host: its rank budget depends on the hosts (rank_budget(hosts))"));
+  check(world > producers_, "layout",
+        cat("layout '", str(), "' has ", producers_, " producers, leaving no trainer rank in a world of ", world));
+  return world - producers_;
+}
+
+inline int ensemble_layout::rank_budget(const host_map& hosts) const {
+  if (!per_host_) return rank_budget(hosts.ranks());
+  check(hosts.ranks() > hosts.hosts(), "layout",
+        cat("layout '", str(), "' puts a producer on each of ", hosts.hosts(), " hosts ", hosts.str(),
+            ", leaving no trainer rank"));
+  return hosts.ranks() - hosts.hosts();
+}
+
+inline ensemble_layout ensemble_layout::planned(std::vector<int> member_sizes) const {
+  check(!is_planned(), "layout", cat("layout '", str(), "' is planned already (its members' sizes are written)"));
+  check(static_cast<int>(member_sizes.size()) == unplanned_, "layout",
+        cat("layout '", str(), "' has ", unplanned_, " members, the plan gives sizes for ", member_sizes.size()));
+  ensemble_layout out = per_host_ ? ensemble_layout(producers_per_host, std::move(member_sizes), aggregator_)
+                                  : ensemble_layout(producers_, std::move(member_sizes), aggregator_);
+  out.wrote_producers_ = wrote_producers_;
+  out.wrote_aggregator_ = wrote_aggregator_;
+  return out;
 }
 
 inline ensemble_layout ensemble_layout::from_env(std::string_view fallback) {
