@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,18 +52,29 @@ BOOST_AUTO_TEST_CASE(cuda_aware_mpi_is_refused_by_name_or_works) {
 // the same way, and takes one lock, its communicator's (two where the chunk takes a block of the
 // pinned pool, whose lock is the pool's). Its MPI operation begins when its copy has landed, at
 // the post or at a later test. Counted on the stand-in (tests/gpu/post_cost.hpp), at every rank
-// count, checks and timeouts at their defaults.
+// count, checks and timeouts at their defaults. Each operation in flight has buffers of its own:
+// a staged operation reads its buffer on the caller's stream and writes it back on its
+// communicator's return stream, in no order with another pending operation's (as in MPI, a
+// pending operation's buffer is its own until it completes; docs/cuda.md).
 BOOST_AUTO_TEST_CASE(a_post_allocates_nothing_and_takes_one_lock,
                      *boost::unit_test::enable_if<fc::device::counts_calls>()) {
   const auto& c = comm();
   const int ranks = c.size(), me = c.rank(), to = (me + 1) % ranks, from = (me + ranks - 1) % ranks;
   const std::size_t n = fc::cuda::pinned_pool::instance().block_bytes() / sizeof(float);  // one chunk
-  test_buffer<float> a(std::vector<float>(n, 1.f)), b(std::vector<float>(n, 1.f));
+  constexpr std::size_t burst = 12;  // posts in flight at once
+  std::vector<std::unique_ptr<test_buffer<float>>> as, bs;
+  for (std::size_t i = 0; i < burst; ++i) {
+    as.push_back(std::make_unique<test_buffer<float>>(std::vector<float>(n, 1.f)));
+    bs.push_back(std::make_unique<test_buffer<float>>(std::vector<float>(n, 1.f)));
+  }
+  const test_buffer<float>& a = *as.front();
+  std::size_t slot = 0;  // the next post's buffers: as[slot], bs[slot]
   std::vector<backend::request> pending;
   pending.reserve(64);
   auto settle = [&] {
     for (auto& r : pending) r.wait();
     pending.clear();
+    slot = 0;
   };
   const auto stream = c.own_stream();
   fc::device::event_t event = nullptr;
@@ -78,7 +90,7 @@ BOOST_AUTO_TEST_CASE(a_post_allocates_nothing_and_takes_one_lock,
   };
   auto row = [&](const char* name, auto post, auto raw_post, std::uint64_t locks) {
     for (int warm = 0; warm < 3; ++warm) {
-      for (int i = 0; i < 12; ++i) post();
+      for (std::size_t i = 0; i < burst; ++i) post();
       settle();
     }
     const auto ours = fc::testing::cost_of([&] {
@@ -95,12 +107,12 @@ BOOST_AUTO_TEST_CASE(a_post_allocates_nothing_and_takes_one_lock,
     BOOST_TEST(posted.allocations <= theirs.allocations, name);
     BOOST_TEST(posted.locks <= locks, name);
   };
-  row("allreduce", [&] { pending.push_back(backend::iallreduce(c, a.span(), fc::op::sum)); }, raw, 2);
-  row("bcast", [&] { pending.push_back(backend::ibcast(c, a.span(), 0)); }, raw, 2);
+  row("allreduce", [&] { pending.push_back(backend::iallreduce(c, as[slot++]->span(), fc::op::sum)); }, raw, 2);
+  row("bcast", [&] { pending.push_back(backend::ibcast(c, as[slot++]->span(), 0)); }, raw, 2);
   row("send and receive",
       [&] {
-        pending.push_back(backend::irecv(c, b.span(), from, 0));
-        pending.push_back(backend::isend(c, a.cspan(), to, 0));
+        pending.push_back(backend::irecv(c, bs[slot]->span(), from, 0));
+        pending.push_back(backend::isend(c, as[slot++]->cspan(), to, 0));
       },
       [&] {
         raw();
