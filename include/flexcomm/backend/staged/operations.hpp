@@ -43,9 +43,10 @@ namespace flexcomm {
 namespace detail {
 // Builds one staged operation: its chunks, its pinned buffers, its copies to the host. It holds
 // its communicator's lock from the start of the post to its end, the one lock a post takes (but
-// the pinned pool's, for a chunk that takes a block or a new piece), and builds on an operation
-// the lane kept (staged_lane::spare), named in place. The operation, not each chunk, is recorded
-// in the transport's flight recorder and checked (one signature, in the lane's batched check).
+// the pinned pool's, for a chunk that finds no block its communicator kept, or for a new piece),
+// and builds on an operation the lane kept (staged_lane::spare), named in place. The operation,
+// not each chunk, is recorded in the transport's flight recorder and checked (one signature, in
+// the lane's batched check).
 template <bool Direct, class T>
 class staged_builder {
  public:
