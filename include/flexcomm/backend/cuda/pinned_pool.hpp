@@ -4,6 +4,8 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -26,7 +28,10 @@ namespace flexcomm::cuda {
 // communicator) takes a block per chunk and gives it back once the chunk is home. A user that holds
 // no block can always take one, because the pool keeps a free block for each such user (and pins one
 // more, beyond the cap, should a new user find none): communicators never wait on each other's
-// blocks, only on their own, which come back as their chunks finish.
+// blocks, only on their own, which come back as their chunks finish. A user keeps a few blocks it
+// gave back for its next chunks, taken and given back without the pool's lock (issue 52: a staged
+// post takes one lock, its communicator's); they stay counted as its, and the pool takes them back
+// whenever it would refuse a block, and before a new user joins or the cap changes.
 //
 // Pieces: the host copy of an operation that cannot be cut into chunks (point-to-point, gathers,
 // reduce-scatter), recycled per power-of-two size class, outside the cap.
@@ -82,6 +87,7 @@ class pinned_pool {
   // FLEXCOMM_PINNED_BYTES): the blocks are freed and pinned again at the new size.
   void set_cap(std::size_t bytes, const std::string& what) {
     std::lock_guard<flexcomm::mutex> lock(mutex_);
+    take_kept_locked();
     check(taken_ == 0, what, cat("the pinned pool's cap cannot change while ", taken_, " of its blocks are in use"));
     check(block_bytes_ == 0 || bytes >= block_bytes_, what,
           cat("a pinned pool of ", bytes, " bytes holds less than one chunk (", block_bytes_, " bytes)"));
@@ -127,6 +133,9 @@ class pinned_pool {
   // A block for `u`, or none: `u` holds blocks and the free ones are kept for users that hold none.
   block try_take(user& u);
   void give_back(std::byte* p, user& u) noexcept;
+  void give_back_locked(std::byte* p, user& u) noexcept;
+  void take_kept_locked() noexcept;
+  void take_kept_locked(user& u) noexcept;
   void join(user& u, std::size_t chunk_bytes, std::size_t cap_bytes, const std::string& what);
   void leave(user& u) noexcept;
 
@@ -168,6 +177,7 @@ class pinned_pool {
   std::vector<std::byte*> free_;                             // blocks not taken
   std::size_t taken_ = 0;
   std::size_t idle_users_ = 0;  // users holding no block: there are always this many free blocks
+  std::vector<user*> users_;    // joined, for the blocks they keep
   std::map<std::size_t, std::vector<std::byte*>> free_pieces_;
   counts counts_;
 };
@@ -184,22 +194,43 @@ class pinned_pool::user {
   user& operator=(const user&) = delete;
   ~user() { pool_.leave(*this); }
 
-  // A block, or an empty one while this user must wait for one of its own to come back.
-  block try_take() { return pool_.try_take(*this); }
+  // A block (one it kept, if any), or an empty one while this user must wait for one of its own
+  // to come back.
+  block try_take() {
+    for (auto& k : kept_)
+      if (k.load(std::memory_order_relaxed))
+        if (std::byte* p = k.exchange(nullptr, std::memory_order_acquire)) return block(p, block_return{this});
+    return pool_.try_take(*this);
+  }
   // The bytes of a block: a chunk, at most.
   std::size_t block_bytes() const { return pool_.block_bytes(); }
 
  private:
   friend class pinned_pool;
+  // A block given back, kept if a slot is free: false when all are taken.
+  bool keep(std::byte* p) noexcept {
+    for (auto& k : kept_) {
+      std::byte* none = nullptr;
+      if (k.compare_exchange_strong(none, p, std::memory_order_release, std::memory_order_relaxed)) return true;
+    }
+    return false;
+  }
+
   pinned_pool& pool_;
-  std::size_t held_ = 0;  // blocks taken, under the pool's mutex
+  std::size_t held_ = 0;  // blocks taken (those kept too), under the pool's mutex
+  std::array<std::atomic<std::byte*>, 16> kept_{};  // blocks kept for the next chunks (null: none)
 };
 
-inline void pinned_pool::block_return::operator()(std::byte* p) const noexcept { owner->pool_.give_back(p, *owner); }
+inline void pinned_pool::block_return::operator()(std::byte* p) const noexcept {
+  if (!owner->keep(p)) owner->pool_.give_back(p, *owner);
+}
 
+// A refusal first takes back the blocks users keep: a kept block never makes another user wait.
 inline pinned_pool::block pinned_pool::try_take(user& u) {
   std::lock_guard<flexcomm::mutex> lock(mutex_);
-  if (free_.empty() || (u.held_ > 0 && free_.size() <= idle_users_)) return block(nullptr, block_return{&u});
+  const auto refused = [&] { return free_.empty() || (u.held_ > 0 && free_.size() <= idle_users_); };
+  if (refused()) take_kept_locked();
+  if (refused()) return block(nullptr, block_return{&u});
   if (u.held_ == 0) --idle_users_;
   std::byte* p = free_.back();
   free_.pop_back();
@@ -211,13 +242,27 @@ inline pinned_pool::block pinned_pool::try_take(user& u) {
 
 inline void pinned_pool::give_back(std::byte* p, user& u) noexcept {
   std::lock_guard<flexcomm::mutex> lock(mutex_);
+  give_back_locked(p, u);
+}
+
+inline void pinned_pool::give_back_locked(std::byte* p, user& u) noexcept {
   free_.push_back(p);  // within the capacity reserved when it was pinned
   --taken_;
   if (--u.held_ == 0) ++idle_users_;
 }
 
-inline void pinned_pool::join(user&, std::size_t chunk_bytes, std::size_t cap_bytes, const std::string& what) {
+inline void pinned_pool::take_kept_locked() noexcept {
+  for (user* u : users_) take_kept_locked(*u);
+}
+
+inline void pinned_pool::take_kept_locked(user& u) noexcept {
+  for (auto& k : u.kept_)
+    if (std::byte* p = k.exchange(nullptr, std::memory_order_acquire)) give_back_locked(p, u);
+}
+
+inline void pinned_pool::join(user& u, std::size_t chunk_bytes, std::size_t cap_bytes, const std::string& what) {
   std::lock_guard<flexcomm::mutex> lock(mutex_);
+  users_.reserve(users_.size() + 1);  // before anything changes: a failure leaves the pool as it was
   if (block_bytes_ == 0) {
     if (cap_ == 0) cap_ = cap_bytes;
     check(cap_ >= chunk_bytes, what,
@@ -227,12 +272,16 @@ inline void pinned_pool::join(user&, std::size_t chunk_bytes, std::size_t cap_by
     stride_ = (chunk_bytes + alignment - 1) / alignment * alignment;
     pin_locked(std::max<std::size_t>(1, cap_ / stride_), what);
   }
+  take_kept_locked();  // before pinning more: kept blocks are free for the new user
   top_up_locked(idle_users_ + 1, what);
   ++idle_users_;
+  users_.push_back(&u);
 }
 
 inline void pinned_pool::leave(user& u) noexcept {
   std::lock_guard<flexcomm::mutex> lock(mutex_);
+  take_kept_locked(u);
+  users_.erase(std::remove(users_.begin(), users_.end(), &u), users_.end());
   if (u.held_ == 0) --idle_users_;  // a user leaves with every block back (its operations are over)
 }
 

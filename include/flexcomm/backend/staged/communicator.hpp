@@ -75,7 +75,8 @@ class staged_communicator {
   }
   std::chrono::milliseconds timeout() const { return lane_ ? lane_->transport.timeout() : default_timeout(); }
 
-  // The recent operations on this communicator, chunk by chunk as they went to MPI.
+  // The recent operations on this communicator, each staged operation once (its chunks' MPI
+  // calls are not recorded one by one).
   const flight_recorder* recorder() const noexcept { return lane_ ? lane_->transport.recorder() : nullptr; }
 
   detail::staged_lane& lane(const std::string& what) const {
@@ -98,6 +99,8 @@ class staged_communicator {
     lane->back = cuda::stream_handle::create(what, true);
     lane->chunk_bytes = detail::stage_chunk_bytes();
     lane->transport = std::move(comm);
+    lane->watch = lane->transport.watch_state().get();
+    lane->consistency.open(lane->watch ? lane->watch->side() : MPI_COMM_NULL);
     lane_ = std::move(lane);
   }
 

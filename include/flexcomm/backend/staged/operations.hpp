@@ -8,17 +8,21 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../../core/datatype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/hosts.hpp"
+#include "../../core/reduce.hpp"
 #include "../../core/span.hpp"
+#include "../../core/watchdog.hpp"
 #include "../contract.hpp"
 #include "../cuda/device_backend.hpp"
 #include "../cuda/capture.hpp"
@@ -27,6 +31,8 @@
 #include "../cuda/local_work.hpp"
 #include "../cuda/pinned_pool.hpp"
 #include "../mpi.hpp"
+#include "../mpi/types.hpp"
+#include "../mpi/watchdog.hpp"
 #include "../operations.hpp"
 #include "communicator.hpp"
 #include "lane.hpp"
@@ -35,26 +41,71 @@
 namespace flexcomm {
 
 namespace detail {
-// Builds one staged operation: its chunks, its pinned buffers, its copies to the host.
+// Builds one staged operation: its chunks, its pinned buffers, its copies to the host. It holds
+// its communicator's lock from the start of the post to its end, the one lock a post takes (but
+// the pinned pool's, for a chunk that finds no block its communicator kept, or for a new piece),
+// and builds on an operation the lane kept (staged_lane::spare), named in place. The operation,
+// not each chunk, is recorded in the transport's flight recorder and checked (one signature, in
+// the lane's batched check).
 template <bool Direct, class T>
-class staged_builder : public unchecked_calls {
+class staged_builder {
  public:
-  // The type, op, peer and tag are recorded by the MPI operations of each chunk.
-  staged_builder(const staged_communicator<Direct>& comm, device::stream_t s, const char* name, std::size_t count, dtype,
-                 const char*, int, int, const call_detail& extra)
+  staged_builder(const staged_communicator<Direct>& comm, device::stream_t s, const char* name, std::size_t count,
+                 dtype type, const char* redop, int peer, int tag, const call_detail& extra)
       : comm_(comm),
         lane_(lane_of(comm, name)),
-        guard_(lane_.device, comm.name()) {
-    op_ = std::make_shared<staged_op>();
-    op_->what = describe_operation(Direct ? "cuda_aware_mpi" : "staged", name, comm.name(),
-                                   mutable_comm(comm.transport()).next_sequence(), count, dtype_of<T>, extra);
+        lock_(lane_.mutex),
+        guard_(lane_.device, comm.name()),
+        op_(lane_.take_locked()) {
+    auto* watch = lane_.watch;
+    if (watch && watch->poisoned())
+      fail(cat(Direct ? "cuda_aware_mpi " : "staged ", name, " on ", comm.name()),
+           cat("communicator '", comm.name(), "' is unusable: ", watch->poison_reason()));
+    op_->sequence = watch ? watch->recorder().enqueue(op_record::posting(name, count, type, redop, peer, tag)) : 0;
+    describe_operation_into(op_->what, Direct ? "cuda_aware_mpi" : "staged", name, comm.name(),
+                            watch ? op_->sequence : mutable_comm(comm.transport()).next_sequence(), count, type, extra);
+    signature_.value = {mpi_op_code(name), static_cast<long long>(type), static_cast<long long>(count), -1, -1, 0,
+                        check_label::current()};
     stream_ = s ? s : lane_.own.get();
     // Its chunks go through MPI, called on the host when each copy lands: a graph replays kernels
     // and copies only. A caller's capturing stream is refused before anything is posted.
-    if (s)
-      cuda::refuse_capture(s, op_->what,
-                           "its chunks travel by MPI, called from the host as each copy lands, which a replay of "
-                           "the graph never does; capture steps on nccl");
+    try {
+      if (s)
+        cuda::refuse_capture(s, op_->what,
+                             "its chunks travel by MPI, called from the host as each copy lands, which a replay of "
+                             "the graph never does; capture steps on nccl");
+    } catch (...) {
+      lane_.finish_record(*op_, op_state::failed);
+      throw;
+    }
+  }
+  staged_builder(const staged_builder&) = delete;
+  staged_builder& operator=(const staged_builder&) = delete;
+  // Never launched: the post failed before its chunks were handed to the lane.
+  ~staged_builder() {
+    if (op_) lane_.finish_record(*op_, op_state::failed);
+  }
+
+  // Fields every rank must agree on, besides the operation, type and count.
+  void agree_on(op o) { signature_.value[mpi_signature::redop] = static_cast<long long>(o); }
+  void agree_on_root(int root) { signature_.value[mpi_signature::root] = root; }
+  void agree_on_counts(span<const int> counts) {
+    signature_.value[mpi_signature::counts_hash] = hash_counts(counts.data(), counts.size());
+  }
+  void count_varies() { signature_.value[mpi_signature::count] = -1; }
+  void check_collective(int comm_size) { checked_ = comm_size > 1 && checks_enabled(); }
+
+  // `n` as MPI counts it (an int), or an error naming the operation (formatted only then).
+  int mpi_count_of(std::size_t n) const {
+    return n <= static_cast<std::size_t>(INT_MAX) ? static_cast<int>(n) : mpi_count(n, op_->what);
+  }
+
+  // A v-collective's counts and offsets, held by the operation: MPI may read them when a chunk
+  // begins, after the call has returned.
+  std::pair<const int*, const int*> hold_layout(span<const int> counts, const std::vector<int>& offsets) {
+    op_->counts.assign(counts.begin(), counts.end());
+    op_->offsets.assign(offsets.begin(), offsets.end());
+    return {op_->counts.data(), op_->offsets.empty() ? nullptr : op_->offsets.data()};
   }
 
   const std::string& what() const { return op_->what; }
@@ -64,7 +115,7 @@ class staged_builder : public unchecked_calls {
   void chunks(std::size_t n, bool split) {
     const std::size_t per = split ? lane_.chunk_elements<T>() : (n ? n : 1);
     const std::size_t pieces = n == 0 ? 1 : (n + per - 1) / per;
-    op_->chunks.resize(pieces);
+    op_->reuse(pieces);
     for (std::size_t i = 0; i < pieces; ++i) {
       op_->chunks[i].offset = i * per;
       op_->chunks[i].count = std::min(per, n - std::min(n, i * per));
@@ -81,10 +132,7 @@ class staged_builder : public unchecked_calls {
   }
 
   // A host copy of a whole buffer, for an operation that moves as one piece.
-  T* host(std::size_t n) {
-    op_->pieces.push_back(cuda::pinned_pool::instance().take_piece(std::max<std::size_t>(n, 1) * sizeof(T), op_->what));
-    return reinterpret_cast<T*>(op_->pieces.back().get());
-  }
+  T* host(std::size_t n) { return reinterpret_cast<T*>(op_->piece(n * sizeof(T))); }
 
   // Each chunk's slice of `device` is copied to `host` on the caller's stream, marked by an event.
   void stage(T* host_buf, const T* device) {
@@ -114,27 +162,28 @@ class staged_builder : public unchecked_calls {
 
   template <class Start, class Finish>
   staged_request<Direct> launch(Start start, Finish finish) {
-    op_->issued = lane_.events.take(op_->what);
+    if (!op_->issued) op_->issued = cuda::event::create(op_->what);
     op_->issued.record(stream_, op_->what);
-    op_->start = std::move(start);
-    device::event_t issued = op_->issued.get();
-    const std::string what = op_->what;
-    op_->finish = [finish = std::move(finish), issued, what](staged_chunk& c, device::stream_t back) {
-      check_cuda(device::stream_wait(back, issued), what, ": cudaStreamWaitEvent");
-      return finish(c, back);
-    };
-    auto shared = comm_.shared_lane();
-    {
-      std::lock_guard<flexcomm::mutex> lock(lane_.mutex);
-      lane_.post_locked(op_, stream_);  // chunks go as far as they can now
-    }
-    return staged_request<Direct>(shared, op_);
+    op_->start.set(start);
+    op_->finish.set(finish);
+    if (checked_) check_locked();
+    lane_.post_locked(op_, stream_);  // chunks go as far as they can now
+    return staged_request<Direct>(comm_.shared_lane(), std::move(op_));
   }
 
  private:
-  void mark(staged_chunk& c) {
-    c.staged = lane_.events.take(op_->what);
-    c.staged.record(stream_, op_->what);
+  void mark(staged_chunk& c) { c.mark_staged(stream_, op_->what); }
+
+  // The call's signature: in the lane's batch, or, on Open MPI, in a check its chunks wait for.
+  void check_locked() {
+    if constexpr (mpi_implementation::defers_collectives) {
+      if (lane_.watch && lane_.watch->side() != MPI_COMM_NULL) {
+        op_->gate.mine = signature_;
+        op_->gated = op_->gate.post(lane_.watch->side());
+        return;
+      }
+    }
+    lane_.consistency.add(++lane_.collectives, signature_);
   }
 
   // The communicator's lane; an empty communicator is an error naming the operation (formatted
@@ -146,9 +195,12 @@ class staged_builder : public unchecked_calls {
 
   const staged_communicator<Direct>& comm_;
   staged_lane& lane_;
+  std::lock_guard<flexcomm::mutex> lock_;
   cuda::device_guard guard_;  // events and copies belong to the communicator's device
   std::shared_ptr<staged_op> op_;
   device::stream_t stream_ = nullptr;
+  mpi_signature signature_;
+  bool checked_ = false;
 };
 
 // Where a chunk's elements are on the wire: its pinned block when staged, `device` when direct.
@@ -189,7 +241,7 @@ template <bool Direct, class T>
 constexpr bool direct_reduction = Direct && std::is_integral_v<T>;
 
 // After a reduced chunk arrived: direct, MPI summed on the device and a kernel averages;
-// staged, MPI averaged on the host and the chunk is copied back. True when work was queued.
+// staged, MPI summed on the host, which averages, and the chunk is copied back. True when work was queued.
 template <bool Direct, class T>
 bool finish_reduced(T* device, op o, int ranks, const staged_chunk& c, device::stream_t back) {
   if constexpr (direct_reduction<Direct, T>) {
@@ -197,6 +249,7 @@ bool finish_reduced(T* device, op o, int ranks, const staged_chunk& c, device::s
     cuda::divide(device + c.offset, c.count, ranks, back);
     return true;
   } else {
+    if (o == op::avg && c.count) divide_by(c.host<T>(), c.count, ranks);
     return bring_back(c, device, back);
   }
 }
@@ -229,6 +282,10 @@ struct basic_staged : cuda::device_backend<mpi>,
   // bad pointer through the operation's own error.
   static void check_buffer(const void*, std::size_t, const std::string&, const char*) noexcept {}
 
+  // The chunks' MPI calls, made on the transport as the lane begins each chunk.
+  static MPI_Datatype type_of(dtype t) { return detail::mpi_type(t); }
+  static const void* or_in_place(const void* send, const void* recv) { return send == recv ? MPI_IN_PLACE : send; }
+
   template <class T>
   static request post_isend(const communicator& comm, op_start<T>& b, span<const T> buf, int dest, int tag, stream) {
     b.chunks(buf.size(), false);
@@ -240,10 +297,10 @@ struct basic_staged : cuda::device_backend<mpi>,
     } else {
       b.mark_all();
     }
-    const auto n = buf.size();
+    const int n = b.mpi_count_of(buf.size());
     return b.launch(
-        [t = &comm.transport(), from, n, dest, tag](detail::staged_chunk&) {
-          return mpi::isend(*t, span<const T>(from, n), dest, tag);
+        [c = comm.native(), from, n, dest, tag](detail::staged_chunk&, MPI_Request* r) {
+          return MPI_Isend(from, n, type_of(dtype_of<T>), dest, tag, c, r);
         },
         [](detail::staged_chunk&, device::stream_t) { return false; });
   }
@@ -260,10 +317,10 @@ struct basic_staged : cuda::device_backend<mpi>,
     } else {
       b.mark_all();
     }
-    const auto n = buf.size();
+    const int n = b.mpi_count_of(buf.size());
     return b.launch(
-        [t = &comm.transport(), into, n, source, tag](detail::staged_chunk&) {
-          return mpi::irecv(*t, span<T>(into, n), source, tag);
+        [c = comm.native(), into, n, source, tag](detail::staged_chunk&, MPI_Request* r) {
+          return MPI_Irecv(into, n, type_of(dtype_of<T>), source, tag, c, r);
         },
         [into, device](detail::staged_chunk& c, device::stream_t back) {
           return !Direct && detail::bring_back(into, device, c, back);
@@ -274,14 +331,16 @@ struct basic_staged : cuda::device_backend<mpi>,
   static request post_ibcast(const communicator& comm, op_start<T>& b, span<T> buf, int root, stream) {
     const bool at_root = comm.rank() == root;
     b.chunks(buf.size(), !Direct);
+    b.mpi_count_of(buf.size());  // chunks are no larger
     T* device = buf.data();
     if constexpr (!Direct)
       b.through_blocks(at_root ? device : nullptr);
     else
       b.mark_all();
     return b.launch(
-        [t = &comm.transport(), device, root](detail::staged_chunk& c) {
-          return mpi::ibcast(*t, span<T>(detail::on_wire<!Direct>(c, device), c.count), root);
+        [c = comm.native(), device, root](detail::staged_chunk& k, MPI_Request* r) {
+          return MPI_Ibcast(detail::on_wire<!Direct>(k, device), static_cast<int>(k.count), type_of(dtype_of<T>), root,
+                            c, r);
         },
         [device, at_root](detail::staged_chunk& c, device::stream_t back) {
           return !Direct && !at_root && detail::bring_back(c, device, back);
@@ -293,6 +352,7 @@ struct basic_staged : cuda::device_backend<mpi>,
                                  stream) {
     constexpr bool direct = detail::direct_reduction<Direct, T>;
     b.chunks(recv.size(), !direct);
+    b.mpi_count_of(recv.size());
     const T* from = send.data();
     T* device = recv.data();
     if constexpr (!direct)
@@ -300,13 +360,15 @@ struct basic_staged : cuda::device_backend<mpi>,
     else
       b.mark_all();
     const int ranks = comm.size();
-    // Direct: MPI sums on the device, a kernel averages; staged: MPI averages on the host, in place.
-    const op on_wire = direct && o == op::avg ? op::sum : o;
+    // avg is a sum on the wire: direct, a kernel divides on the device; staged, the host divides the
+    // chunk's block before it goes back.
+    const MPI_Op mop = detail::mpi_op(o, dtype_of<T>);
     return b.launch(
-        [t = &comm.transport(), from, device, on_wire](detail::staged_chunk& c) {
-          T* wire = detail::on_wire<!direct>(c, device);
-          const T* source = direct ? from + c.offset : wire;
-          return mpi::iallreduce<T>(*t, span<const T>(source, c.count), span<T>(wire, c.count), on_wire);
+        [c = comm.native(), from, device, mop](detail::staged_chunk& k, MPI_Request* r) {
+          T* wire = detail::on_wire<!direct>(k, device);
+          const T* source = direct ? from + k.offset : wire;
+          return MPI_Iallreduce(or_in_place(source, wire), wire, static_cast<int>(k.count), type_of(dtype_of<T>), mop,
+                                c, r);
         },
         [device, o, ranks](detail::staged_chunk& c, device::stream_t back) {
           return detail::finish_reduced<Direct, T>(device, o, ranks, c, back);
@@ -320,6 +382,7 @@ struct basic_staged : cuda::device_backend<mpi>,
     const bool at_root = comm.rank() == root;
     constexpr bool direct = detail::direct_reduction<Direct, T>;
     b.chunks(send.size(), !direct);
+    b.mpi_count_of(send.size());
     const T* from = send.data();
     T* device = recv.data();
     if constexpr (!direct)
@@ -327,13 +390,13 @@ struct basic_staged : cuda::device_backend<mpi>,
     else
       b.mark_all();
     const int ranks = comm.size();
-    const op on_wire = direct && o == op::avg ? op::sum : o;
+    const MPI_Op mop = detail::mpi_op(o, dtype_of<T>);
     return b.launch(
-        [t = &comm.transport(), from, device, on_wire, root, at_root](detail::staged_chunk& c) {
-          T* wire = detail::on_wire<!direct>(c, device);  // staged: sent from, and in place at the root
-          const T* source = direct ? from + c.offset : wire;
-          return mpi::ireduce<T>(*t, span<const T>(source, c.count), at_root ? span<T>(wire, c.count) : span<T>(),
-                                 on_wire, root);
+        [c = comm.native(), from, device, mop, root, at_root](detail::staged_chunk& k, MPI_Request* r) {
+          T* wire = detail::on_wire<!direct>(k, device);  // staged: sent from, and in place at the root
+          const T* source = direct ? from + k.offset : wire;
+          return MPI_Ireduce(at_root ? or_in_place(source, wire) : source, at_root ? wire : nullptr,
+                             static_cast<int>(k.count), type_of(dtype_of<T>), mop, root, c, r);
         },
         [device, o, ranks, at_root](detail::staged_chunk& c, device::stream_t back) {
           return at_root && detail::finish_reduced<Direct, T>(device, o, ranks, c, back);
@@ -343,15 +406,21 @@ struct basic_staged : cuda::device_backend<mpi>,
   template <class T>
   static request post_igatherv(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv,
                                span<const int> counts, detail::blocks layout, int root, stream) {
+    const bool at_root = comm.rank() == root;
     b.chunks(send.size(), false);
     T* device = recv.data();
-    const std::size_t n = send.size(), received = layout.total;  // zero except at the root
-    const auto buffers = b.gather_buffers(send.data(), n, device, received);
+    const std::size_t received = layout.total;  // zero except at the root
+    const int n = b.mpi_count_of(send.size());
+    const auto buffers = b.gather_buffers(send.data(), send.size(), device, received);
     const T* from = buffers.first;
     T* into = buffers.second;
+    const auto held = b.hold_layout(counts, layout.offsets);
+    const int* per_rank = at_root ? held.first : nullptr;
+    const int* at = held.second;
     return b.launch(
-        [t = &comm.transport(), from, n, into, received, counts, root](detail::staged_chunk&) {
-          return mpi::igatherv<T>(*t, span<const T>(from, n), span<T>(into, received), counts, root);
+        [c = comm.native(), from, n, into, per_rank, at, root](detail::staged_chunk&, MPI_Request* r) {
+          const auto type = type_of(dtype_of<T>);
+          return MPI_Igatherv(from, n, type, into, per_rank, at, type, root, c, r);
         },
         [into, device, received](detail::staged_chunk&, device::stream_t back) {
           return detail::copy_gathered_back<Direct>(into, device, received, back);
@@ -360,17 +429,23 @@ struct basic_staged : cuda::device_backend<mpi>,
 
   template <class T>
   static request post_iallgather(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv, stream) {
-    return post_gathered(comm, b, send, recv, recv.size(), [](auto* t, auto from, auto into) {
-      return mpi::iallgather<T>(*t, from, into);
+    const int n = b.mpi_count_of(send.size());
+    return post_gathered(comm, b, send, recv, recv.size(), [n](MPI_Comm c, const T* from, T* into, MPI_Request* r) {
+      const auto type = type_of(dtype_of<T>);
+      return MPI_Iallgather(from, n, type, into, n, type, c, r);
     });
   }
 
   template <class T>
   static request post_iallgatherv(const communicator& comm, op_start<T>& b, span<const T> send, span<T> recv,
                                   span<const int> counts, detail::blocks layout, stream) {
-    return post_gathered(comm, b, send, recv, layout.total, [counts](auto* t, auto from, auto into) {
-      return mpi::iallgatherv<T>(*t, from, into, counts);
-    });
+    const int n = b.mpi_count_of(send.size());
+    const auto held = b.hold_layout(counts, layout.offsets);
+    return post_gathered(comm, b, send, recv, layout.total,
+                         [n, held](MPI_Comm c, const T* from, T* into, MPI_Request* r) {
+                           const auto type = type_of(dtype_of<T>);
+                           return MPI_Iallgatherv(from, n, type, into, held.first, held.second, type, c, r);
+                         });
   }
 
   // `recv` is exactly this rank's block.
@@ -380,6 +455,7 @@ struct basic_staged : cuda::device_backend<mpi>,
     constexpr bool direct = detail::direct_reduction<Direct, T>;
     const std::size_t mine = recv.size();
     b.chunks(send.size(), false);
+    b.mpi_count_of(send.size());
     const T* from = send.data();
     T* device = recv.data();
     T* into = device;
@@ -391,12 +467,12 @@ struct basic_staged : cuda::device_backend<mpi>,
     } else {
       b.mark_all();
     }
-    const std::size_t n = send.size();
     const int ranks = comm.size();
-    const op on_wire = direct && o == op::avg ? op::sum : o;
+    const int* per_rank = b.hold_layout(counts, {}).first;
+    const MPI_Op mop = detail::mpi_op(o, dtype_of<T>);
     return b.launch(
-        [t = &comm.transport(), from, n, into, mine, counts, on_wire](detail::staged_chunk&) {
-          return mpi::ireduce_scatter<T>(*t, span<const T>(from, n), span<T>(into, mine), counts, on_wire);
+        [c = comm.native(), from, into, per_rank, mop](detail::staged_chunk&, MPI_Request* r) {
+          return MPI_Ireduce_scatter(from, into, per_rank, type_of(dtype_of<T>), mop, c, r);
         },
         [into, device, mine, o, ranks](detail::staged_chunk&, device::stream_t back) {
           if (mine == 0) return false;
@@ -404,6 +480,7 @@ struct basic_staged : cuda::device_backend<mpi>,
             if (o != op::avg) return false;
             cuda::divide(device, mine, ranks, back);
           } else {
+            if (o == op::avg) divide_by(into, mine, ranks);
             cuda::copy(device, into, mine * sizeof(T), back);
           }
           return true;
@@ -416,13 +493,12 @@ struct basic_staged : cuda::device_backend<mpi>,
                                std::size_t total, Gather gather) {
     b.chunks(send.size(), false);
     T* device = recv.data();
-    const std::size_t n = send.size();
-    const auto buffers = b.gather_buffers(send.data(), n, device, total);
+    const auto buffers = b.gather_buffers(send.data(), send.size(), device, total);
     const T* from = buffers.first;
     T* into = buffers.second;
     return b.launch(
-        [t = &comm.transport(), from, n, into, total, gather](detail::staged_chunk&) {
-          return gather(t, span<const T>(from, n), span<T>(into, total));
+        [c = comm.native(), from, into, gather](detail::staged_chunk&, MPI_Request* r) mutable {
+          return gather(c, from, into, r);
         },
         [into, device, total](detail::staged_chunk&, device::stream_t back) {
           return detail::copy_gathered_back<Direct>(into, device, total, back);

@@ -45,18 +45,22 @@ class staged_request : public basic_request<staged_request<Direct>> {
       cuda::device_guard guard(lane_->device, op_->what);
       lane_->drive_locked(*op_);
       if (op_->error) std::rethrow_exception(op_->error);
+      lane_->agreed_locked(op_);
       if (!op_->done()) return false;
     } catch (...) {
       failed_ = true;
+      lane_->finish_record(*op_, op_state::failed);
+      lane_->keep_if_in_mpi_locked(op_);
       throw;
     }
-    lane_->recycle(*op_);
+    lane_->finish_record(*op_, op_state::completed);
+    lane_->recycle_locked(std::move(op_));
     op_.reset();
     return true;
   }
 
-  // A staged operation's chunks are MPI operations on the transport, each traced there as the
-  // MPI backend traces its collectives; the staged operation adds no span of its own.
+  // A staged operation's chunks are MPI operations on the transport, unrecorded and untraced there:
+  // the staged operation is recorded in the transport's flight recorder, and adds no span.
   void trace_collective(const char*, const staged_communicator<Direct>&) noexcept {}
 
  private:
@@ -75,13 +79,16 @@ class staged_request : public basic_request<staged_request<Direct>> {
   // end (see core/watchdog.hpp).
   [[noreturn]] void timed_out(std::chrono::milliseconds limit) {
     failed_ = true;
+    std::uint64_t seq = 0;
     {
       std::lock_guard<flexcomm::mutex> lock(lane_->mutex);
       lane_->forget_locked(op_);
+      lane_->keep_if_in_mpi_locked(op_);
+      seq = op_->sequence;
+      lane_->finish_record(*op_, op_state::timed_out);
     }
-    // Diagnosed on the transport, where the chunks' MPI operations are recorded.
+    // Diagnosed on the transport, where the staged operations are recorded.
     auto* state = lane_->transport.watch_state().get();
-    const std::uint64_t seq = state ? state->recorder().oldest_in_flight() : 0;
     const std::string report = watchdog::instance().timed_out(state, seq, limit);
     if (state) state->poison(cat("staged operation timed out (", what(), ")"));
     fail(what(), cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT)\n", report));
