@@ -100,7 +100,7 @@ class staged_communicator {
     lane->chunk_bytes = detail::stage_chunk_bytes();
     lane->transport = std::move(comm);
     lane->watch = lane->transport.watch_state().get();
-    lane->consistency.open(lane->watch ? lane->watch->side() : MPI_COMM_NULL);
+    lane->consistency.open(lane->watch ? lane->watch->side() : MPI_COMM_NULL, what);
     lane_ = std::move(lane);
   }
 
