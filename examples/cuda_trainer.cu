@@ -296,8 +296,7 @@ int main(int argc, char** argv) {
     fc::fail("cuda_trainer", fc::cat("unknown --pipeline '", pipeline, "' / --backend '", backend,
                                      "' (baseline|streamlined, mpi|nccl)"));
   } catch (const fc::error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    fc::abort_job(e.what());  // the other ranks wait on this one
   }
   return 1;
 }

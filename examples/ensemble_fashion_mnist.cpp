@@ -443,6 +443,7 @@ int main(int argc, char** argv) {
                   "batch %zu, %zu training images\n",
                   layout.members(), layout.str().c_str(), s.preset.c_str(), s.sync.c_str(), s.epochs, s.batch,
                   train_count);
+    std::fflush(stdout);  // the job's first line, out before set-up: a stall there follows it
     const outcome streamlined = fc::presets::visit(s.preset, s.sync, [&](auto preset) {
       return run_preset<decltype(preset)>(world, layout, s, data, train_count);
     });
@@ -469,8 +470,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const fc::error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    fc::abort_job(e.what());  // the other ranks wait on this one
   }
   return 0;
 }

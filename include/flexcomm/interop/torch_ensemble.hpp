@@ -526,12 +526,7 @@ void ending_job_on_error(const mpi::communicator& world, bool end_job, F&& f) {
     message = error(world.rank(), "interop::train_ensemble", e.what()).what();
   }
   std::cout.flush();
-  std::fflush(stdout);
-  std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(1)\n", message.c_str(), world.rank());
-  std::fflush(stderr);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets the other ranks print theirs
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
+  abort_job(message);
 }
 
 // Where libtorch sees a GPU, every trainer rank uses the one of its node-local rank from here on

@@ -219,7 +219,31 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
   state->returned.notify_one();
   guard.join();
 }
+// Lets the launcher forward what the ranks wrote last before MPI_Abort tears the job down: Hydra
+// may act on an abort first, and a job that ends without its first flexcomm line hides its cause.
+// This rank answers peers' stall questions meanwhile (core/stall.hpp).
+inline void before_abort() noexcept {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds{200};
+  while (std::chrono::steady_clock::now() < until) {
+    stall_registry::instance().answer();
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+}
+
 }  // namespace detail
+
+// Ends every rank of the job after a failure this rank cannot handle: what a trainer's main does
+// with a flexcomm::error it catches (its peers wait on it, and only MPI_Abort ends them). Prints
+// `message` and the ending, then aborts with `code`.
+[[noreturn]] inline void abort_job(const std::string& message, int code = 1) noexcept {
+  std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(%d)\n", message.c_str(),
+               process_rank(), code);
+  detail::before_abort();
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
 
 // One per process, made before and destroyed after every flexcomm object that communicates.
 // MPI comes up with MPI_THREAD_MULTIPLE (the progress engine calls MPI from its own thread); if
@@ -410,12 +434,8 @@ class environment {
   }
 
   [[noreturn]] static void end_at_start(const std::exception& e, int rank) {
-    std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(1): bad setting at start\n", e.what(),
-                 rank);
-    std::fflush(stderr);
-    std::this_thread::sleep_for(std::chrono::milliseconds{200});  // lets the other ranks print theirs
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);
+    detail::process_rank_slot().store(rank);
+    abort_job(e.what());
   }
 
   // Steps 1-2 of shutdown; returns why the job must end instead, or "".
@@ -472,9 +492,7 @@ class environment {
     if (!alive().load()) return;
     std::fprintf(stderr, "flexcomm: rank %d: exit() called while flexcomm's environment is alive (mid-step?); "
                  "ending the job with MPI_Abort(1)\n", process_rank());
-    std::fflush(stderr);
-    // Lets mpiexec forward the message before MPI_Abort tears the job down.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    detail::before_abort();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Abort(MPI_COMM_WORLD, 1);
