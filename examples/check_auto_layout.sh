@@ -45,6 +45,7 @@ for c in "${cases[@]}"; do
   sed -n '/^member  ranks/,/^flexcomm ensemble/p' <<<"$out" | sed '$d' | sed 's/^/    /'
 done
 # Too few trainer ranks: 4 members, 3 ranks after the producer.
+# shellcheck disable=SC2086  # the flags are words
 out=$("$mpiexec" ${MPIEXEC_FLAGS:-} -n 4 "$example" --layout "producers=1 members=auto:4 aggregator=1" \
       --compare-baseline 0 "$@" 2>&1)
 rc=$?
