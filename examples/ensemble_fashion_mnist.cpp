@@ -4,8 +4,11 @@
 // included) and says where epochs end; there every member sends its test-set class probabilities
 // many_to_one to the aggregator, which scores every member and the ensemble as epochs finish.
 // The same run repeats with the baseline preset and prints the CPU time of both.
+// With --members-span wide the members' step costs differ some 16x; a layout "members=auto:N"
+// then lets flexcomm give each member its ranks from a warm-up that times each member's own step.
 //
 //   mpiexec -n 7 build/examples/ensemble_fashion_mnist --layout "producers=1 members=2,2,1,1 aggregator=1"
+//   mpiexec -n 9 build/examples/ensemble_fashion_mnist --members-span wide --layout "producers=1 members=auto:6 aggregator=1"
 #include <flexcomm/flexcomm.hpp>
 #include <flexcomm/pipeline/presets.hpp>
 
@@ -42,6 +45,7 @@ using sample_pixels = Eigen::Map<const matrix>;
 
 struct settings {
   std::string layout, preset, sync;
+  std::string members_span = "narrow";  // narrow: widths 24-64; wide: 32-512
   int epochs = 3;
   std::size_t batch = 64;
   std::size_t train_images = 0;  // 0: all
@@ -53,16 +57,20 @@ struct settings {
 };
 
 // Members differ in width, learning rate and seed, so their errors differ and averaging helps.
+// A wide span is a heterogeneous ensemble, as a hyper-parameter search makes: the widest
+// member's step costs some 16x the narrowest's.
 struct member_config {
   int hidden;
   float learning_rate;
   std::uint64_t seed;
 };
 
-member_config config_of(int member) {
-  static const int hidden[] = {32, 48, 40, 64, 56, 24};
+member_config config_of(int member, const settings& s) {
+  static const int narrow[] = {32, 48, 40, 64, 56, 24};
+  static const int wide[] = {32, 64, 128, 192, 320, 512};
   static const float rates[] = {0.01f, 0.008f, 0.012f, 0.006f, 0.01f, 0.007f};
-  return {hidden[member % 6], rates[member % 6], 1000u + static_cast<std::uint64_t>(member) * 7919u};
+  const int hidden = (s.members_span == "wide" ? wide : narrow)[member % 6];
+  return {hidden, rates[member % 6], 1000u + static_cast<std::uint64_t>(member) * 7919u};
 }
 
 // Two layers, ReLU, softmax cross-entropy; SGD with momentum. The gradients live in memory the
@@ -271,7 +279,7 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
       for (std::size_t i = 0; i < averaged.size(); ++i) averaged[i] += p[i] / static_cast<float>(layout.members());
       const double a = accuracy(p);
       best = std::max(best, a);
-      const auto c = config_of(m);
+      const auto c = config_of(m, s);
       if (last)
         std::printf("  member %d (%d ranks, hidden %3d, lr %.3f): test accuracy %.2f%%\n", m, layout.member_size(m),
                     c.hidden, static_cast<double>(c.learning_rate), 100 * a);
@@ -291,7 +299,7 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
   });
 
   auto train = [&](auto& ctx) {
-    const member_config config = config_of(ctx.member());
+    const member_config config = config_of(ctx.member(), s);
     // Collective over the member, before its first step.
     mlp model(config, ctx.sync().gradient_memory(mlp::gradient_bytes(config)));
     const bool report = ctx.is_aggregator();
@@ -380,6 +388,50 @@ data_sets load_data(const fc::mpi::communicator& world, const fc::ensemble_layou
   return d;
 }
 
+// A "members=auto:N" layout planned from the members' measured steps: each trainer rank times
+// one member's own model, built here for the warm-up and then dropped, on a few real training
+// batches of the whole batch size, alone (no communication); the plan gives a costlier member
+// more ranks. The aggregator prints the plan once; a layout with sizes is returned as written.
+fc::ensemble_layout planned(const fc::mpi::communicator& world, const fc::ensemble_layout& layout,
+                            const settings& s) {
+  if (layout.is_planned()) return layout;
+  // Ten timed steps: ranks that share a core take turns in slices of milliseconds, and a mean
+  // over a few such slices is steadier than one over three steps of a narrow member.
+  fc::measure_options measure;
+  measure.timed_steps = 10;
+  // Four batches, made before anyone times (a rank still decoding would slow the others' steps).
+  const std::size_t batches = 4, samples = batches * s.batch;
+  const auto images = fm::load(fm::split::train, fm::default_dir(),
+                               s.train_images > 0 ? std::min(s.train_images, samples) : samples);
+  std::vector<float> pixels(samples * fm::pixels);  // a column of pixels per sample
+  std::vector<std::int32_t> labels(samples);
+  for (std::size_t j = 0; j < samples; ++j) {
+    fm::augment(images.image(j % images.count), pixels.data() + j * fm::pixels, fm::seed_of(0, j), augmentation_of(s));
+    labels[j] = images.labels[j % images.count];
+  }
+  std::vector<float> gradients;
+  std::optional<mlp> model;  // the member this rank measures; built in the untimed first step
+  std::size_t calls = 0;
+  auto step = [&](int member) {
+    if (!model) {
+      const member_config config = config_of(member, s);
+      gradients.assign(mlp::gradient_bytes(config) / sizeof(float), 0.0f);
+      model.emplace(config, fc::span<std::byte>(reinterpret_cast<std::byte*>(gradients.data()),
+                                                gradients.size() * sizeof(float)));
+    }
+    const std::size_t first = (calls++ % batches) * s.batch;
+    const sample_pixels x(pixels.data() + first * fm::pixels, fm::pixels, static_cast<Eigen::Index>(s.batch));
+    model->forward_backward(x, labels.data() + first, [](int, fc::span<float>) {});
+    model->step();
+  };
+  const fc::layout_plan plan = fc::measure_and_plan(world, layout, step, measure);
+  if (world.rank() == plan.layout.aggregator()) {
+    std::printf("%s", plan.text().c_str());
+    std::fflush(stdout);
+  }
+  return plan.layout;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -391,7 +443,10 @@ int main(int argc, char** argv) {
   po::options_description flags("ensemble_fashion_mnist: an ensemble of MLPs on Fashion-MNIST through flexcomm");
   flags.add_options()("help,h", "this text")(
       "layout", po::value(&s.layout)->default_value("producers=1 members=2,2,1,1 aggregator=1"),
-      "ranks per role (FLEXCOMM_LAYOUT overrides); the aggregator prints")(
+      "ranks per role (FLEXCOMM_LAYOUT overrides); members=auto:N sizes N members from a warm-up of each; "
+      "the aggregator prints")(
+      "members-span", po::value(&s.members_span)->default_value("narrow"),
+      "narrow (hidden widths 24-64) or wide (32-512: step costs some 16x apart, for members=auto:N)")(
       "preset", po::value(&s.preset)->default_value("single_broadcast"),
       "baseline, single_broadcast, multi_broadcast, all_shared or adaptive")(
       "sync", po::value(&s.sync)->default_value("allreduce"), "allreduce (subgroup_allreduce) or ring (overlapped_ring)")(
@@ -421,7 +476,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    const auto parsed = fc::ensemble_layout::from_env(s.layout);
+    fc::check(s.members_span == "narrow" || s.members_span == "wide", "ensemble_fashion_mnist",
+              fc::cat("--members-span is '", s.members_span, "'; it takes narrow or wide"));
+    const auto parsed = planned(world, fc::ensemble_layout::from_env(s.layout), s);  // members=auto:N
     parsed.validate(world.size());
     const auto layout = fc::placed_on_hosts(world, parsed);  // producers=per-host: on this job's hosts
     layout.validate(world.size());
