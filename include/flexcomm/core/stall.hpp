@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,6 +74,11 @@ class stall_registry {
   // "world rank 5 (member 2's rank 0)"
   std::string named(int world_rank) const;
 
+  // The process of each world rank on this host (the environment learns them at start). A rank
+  // that gives no answer is looked up in /proc: a stopped or dead one is then named for sure, and
+  // told from one that runs but cannot answer (its MPI stuck on a dead peer, on some MPIs).
+  void set_local_processes(std::map<int, int> world_rank_to_pid);
+
   void set_channel(std::shared_ptr<stall_channel> c);
   // Replies to peers' questions; every long wait calls it (wait.hpp's wait_answering).
   void answer();
@@ -99,12 +106,16 @@ class stall_registry {
   }
   void ask_all(stall_channel& ch, const std::vector<int>& ranks, std::chrono::milliseconds grace);
   std::string chain_text(const std::vector<int>& start, std::chrono::milliseconds grace) const;
+  std::string end_text(int r, std::chrono::milliseconds grace, bool asked) const;
+  // Ranks on this host whose process is stopped or gone, with how ("stopped", "gone: dead").
+  std::vector<std::pair<int, std::string>> down_here() const;
 
   mutable std::mutex mutex_;
   std::map<std::uint64_t, std::pair<std::string, std::vector<int>>> notes_;
   std::uint64_t next_id_ = 0;
   std::map<int, std::string> roles_;
   std::shared_ptr<stall_channel> channel_;
+  std::map<int, int> local_pids_;
   std::mutex follow_mutex_;          // one follow at a time; later ones reuse its answers
   std::map<int, stall_answer> known_;  // answers (or silences) learnt: the job is ending
 };
@@ -178,6 +189,38 @@ inline std::string stall_registry::named(int world_rank) const {
   return cat("world rank ", world_rank, r.empty() ? "" : cat(" (", r, ")"));
 }
 
+inline void stall_registry::set_local_processes(std::map<int, int> world_rank_to_pid) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  local_pids_ = std::move(world_rank_to_pid);
+}
+
+namespace detail {
+// A process's state letter in /proc/<pid>/stat ('R', 'S', 'D'; 'T' stopped; 'Z' zombie), or 0
+// where it is gone.
+inline char process_state(int pid) {
+  std::ifstream f(cat("/proc/", pid, "/stat"));
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  return close == std::string::npos || close + 2 >= text.size() ? 0 : text[close + 2];
+}
+}  // namespace detail
+
+inline std::vector<std::pair<int, std::string>> stall_registry::down_here() const {
+  std::map<int, int> pids;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pids = local_pids_;
+  }
+  std::vector<std::pair<int, std::string>> down;
+  for (const auto& [r, pid] : pids) {
+    if (r == process_rank()) continue;
+    const char state = detail::process_state(pid);
+    if (state == 'T' || state == 't') down.emplace_back(r, cat("stopped (process ", pid, ", state ", state, ")"));
+    else if (state == 0 || state == 'Z' || state == 'X') down.emplace_back(r, cat("dead (process ", pid, " gone)"));
+  }
+  return down;
+}
+
 inline void stall_registry::set_channel(std::shared_ptr<stall_channel> c) {
   std::lock_guard<std::mutex> lock(mutex_);
   channel_ = std::move(c);
@@ -249,26 +292,53 @@ inline std::string stall_registry::chain_text(const std::vector<int>& start, std
   }
   const bool asked = !known_.empty();
   const auto& ends = !silent.empty() ? silent : !idle.empty() ? idle : order;
+  // A rank seen stopped or dead on this host is the cause for sure: it comes first.
   std::string out;
-  for (int r : ends) {
-    const auto it = known_.find(r);
-    std::string state;
-    if (it == known_.end() || !it->second.answered) {
-      if (asked) state = cat("no answer within ", grace.count(), " ms: stopped or dead");
-    } else {
-      state = cat("answered: ", it->second.waiting_in.empty() ? "busy, waiting on no rank" : cat("waits in ", it->second.waiting_in),
-                  "; last completed ", it->second.last_completed);
-    }
+  std::set<int> down;
+  for (const auto& [r, how] : down_here()) {
+    down.insert(r);
     const std::string role = this->role(r);
-    std::string item = cat("world rank ", r);
-    if (!role.empty() || !state.empty()) item += cat(" (", role, !role.empty() && !state.empty() ? "; " : "", state, ")");
+    out += cat(out.empty() ? "" : "; and ", "world rank ", r, " (", role, role.empty() ? "" : "; ", "seen on this host: ",
+               how, ")");
+  }
+  std::string chain;
+  for (int r : ends) {
+    if (down.count(r)) continue;
+    std::string item = end_text(r, grace, asked);
     for (int via = before[r]; via >= 0; via = before[via]) {
       const auto& a = known_.at(via);
       item += cat(", which ", named(via), " waits on in ", a.waiting_in, " (last completed ", a.last_completed, ")");
     }
-    out += cat(out.empty() ? "" : "; and ", item);
+    chain += cat(chain.empty() ? "" : "; and ", item);
   }
-  return out;
+  if (out.empty() || chain.empty()) return out.empty() ? chain : out;
+  return cat(out, "; waited on: ", chain);
+}
+
+// "world rank 5 (member 2's rank 0; no answer within 500 ms: stopped or dead)"
+inline std::string stall_registry::end_text(int r, std::chrono::milliseconds grace, bool asked) const {
+  const auto it = known_.find(r);
+  std::string state;
+  if (it == known_.end() || !it->second.answered) {
+    int pid = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto p = local_pids_.find(r); p != local_pids_.end()) pid = p->second;
+    }
+    const char ps = pid ? detail::process_state(pid) : 0;
+    if (asked && pid && ps && ps != 'T' && ps != 't' && ps != 'Z' && ps != 'X')
+      state = cat("no answer within ", grace.count(), " ms, though its process runs on this host: its MPI may ",
+                  "wait on a stopped or dead rank");
+    else if (asked)
+      state = cat("no answer within ", grace.count(), " ms: stopped or dead");
+  } else {
+    state = cat("answered: ", it->second.waiting_in.empty() ? "busy, waiting on no rank" : cat("waits in ", it->second.waiting_in),
+                "; last completed ", it->second.last_completed);
+  }
+  const std::string role = this->role(r);
+  std::string item = cat("world rank ", r);
+  if (!role.empty() || !state.empty()) item += cat(" (", role, !role.empty() && !state.empty() ? "; " : "", state, ")");
+  return item;
 }
 
 }  // namespace flexcomm

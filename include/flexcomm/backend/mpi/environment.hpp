@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <cstdio>
@@ -391,11 +392,16 @@ class environment {
               "environment: split by node");
     node_.emplace(node, "node");
     ranks_on_node_ = node_->size();
-    // Learnt once, so that the host checks of adapters made later need no split of their own.
-    int first_on_host = rank;
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first_on_host, 1, MPI_INT, MPI_MIN, node_->native()),
-              "environment: the host's first rank");
-    detail::host_key_slot().store(first_on_host, std::memory_order_release);
+    // Learnt once: the host's first rank, so that the host checks of adapters made later need no
+    // split of their own, and the processes here, which a stall report looks up (core/stall.hpp).
+    const int mine[2] = {rank, static_cast<int>(::getpid())};
+    std::vector<int> here(2 * static_cast<std::size_t>(ranks_on_node_));
+    check_mpi(MPI_Allgather(mine, 2, MPI_INT, here.data(), 2, MPI_INT, node_->native()),
+              "environment: the ranks and processes on this host");
+    std::map<int, int> processes;
+    for (std::size_t i = 0; i < here.size(); i += 2) processes[here[i]] = here[i + 1];
+    detail::host_key_slot().store(processes.begin()->first, std::memory_order_release);
+    stall_registry::instance().set_local_processes(std::move(processes));
     learn_host_names();
   }
 
