@@ -164,12 +164,28 @@ int main(int argc, char** argv) {
       ("repeat,n", counts::at_least<1>(&repeat), "runs of every row (the fastest is kept)")
       ("json,j", po::value(&json), "write the rows as JSON here");
   if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
-  const auto costs = numbers(costs_text, "--costs");
-  const auto stops = numbers(steps_text, "--steps");
-  fc::check(costs.size() == stops.size() && costs.size() >= 2, "hetero",
-            fc::cat("--costs has ", costs.size(), " members and --steps ", stops.size(), "; give both, for 2 or more"));
+  std::vector<double> costs, stops;
+  std::vector<std::vector<int>> given;
+  try {  // the same text on every rank: every rank refuses it alike, rank 0 says why
+    numbers(fc::cat(unit_ms), "--unit-ms");
+    costs = numbers(costs_text, "--costs");
+    stops = numbers(steps_text, "--steps");
+    fc::check(costs.size() == stops.size() && costs.size() >= 2, "hetero",
+              fc::cat("--costs has ", costs.size(), " members and --steps ", stops.size(), "; give both, for 2 or more"));
+    fc::check(world.size() >= static_cast<int>(costs.size()), "hetero",
+              fc::cat(costs.size(), " members need at least as many ranks; the job has ", world.size()));
+    for (const auto& s : splits) {
+      std::vector<int> sizes;
+      for (double v : numbers(s, "--split")) sizes.push_back(static_cast<int>(v));
+      fc::ensemble_layout(0, sizes, 0).validate(world.size());
+      fc::check(sizes.size() == costs.size(), "hetero", fc::cat("--split ", s, " has ", sizes.size(), " members, --costs ", costs.size()));
+      given.push_back(sizes);
+    }
+  } catch (const fc::error& e) {
+    if (world.rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
   const int n = static_cast<int>(costs.size());
-  fc::check(world.size() >= n, "hetero", fc::cat(n, " members need at least ", n, " ranks; the job has ", world.size()));
   std::vector<member_spec> members;
   std::vector<double> work;
   for (int m = 0; m < n; ++m) {
@@ -179,11 +195,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, std::vector<int>>> fixed{
       {"even", proportional(std::vector<double>(costs.size(), 1.0), world.size())},
       {"by work", proportional(work, world.size())}};
-  for (const auto& s : splits) {
-    std::vector<int> sizes;
-    for (double v : numbers(s, "--split")) sizes.push_back(static_cast<int>(v));
-    fixed.push_back({"split " + s, sizes});
-  }
+  for (std::size_t i = 0; i < splits.size(); ++i) fixed.push_back({"split " + splits[i], given[i]});
   const auto planned = fc::plan_from_hints(world, fc::ensemble_layout::parse(fc::cat("members=auto:", n)), costs);
   if (world.rank() == 0) std::printf("# %s\n", planned.text().c_str());
 
