@@ -405,6 +405,36 @@ BOOST_AUTO_TEST_CASE(a_chosen_layout_is_the_users_and_says_what_the_preset_added
                       "fewer than the " + std::to_string(n + 1) + " members"));
 }
 
+// A layout flexcomm sizes ("members=auto:N") comes back unplanned with the preset's producers in
+// front where the world has room for them beside a rank per member (the aggregator on its
+// trainer), the baseline where it has not, and a world too small for the members refused.
+BOOST_AUTO_TEST_CASE(a_chosen_auto_layout_gets_the_presets_producers_and_stays_unplanned) {
+  using fc::testing::contains;
+  using fc::testing::error_of;
+  const auto roomy = fc::presets::choose("single_broadcast", "members=auto:3", 0, 6);
+  BOOST_TEST((roomy.preset == "single_broadcast" && !roomy.layout.is_planned() && roomy.note.empty()));
+  BOOST_TEST(roomy.layout.str() == "producers=1 members=auto:3 aggregator=1");
+  BOOST_TEST(roomy.layout.rank_budget(6) == 5);
+  const auto moved = fc::presets::choose("multi_broadcast", "members=auto:2 aggregator=1", 0, 6);
+  BOOST_TEST(moved.layout.str() == "producers=2 members=auto:2 aggregator=3");
+  const auto kept = fc::presets::choose("adaptive", "producers=2 members=auto:2", 0, 6);
+  BOOST_TEST(kept.layout.str() == "producers=2 members=auto:2");
+  const auto plain = fc::presets::choose("single_broadcast", "members=auto:3", 0, 3);
+  BOOST_TEST((plain.preset == "baseline" && plain.layout.str() == "members=auto:3"));
+  BOOST_TEST(contains(plain.note, "no room for single_broadcast's 1 producer beside layout 'members=auto:3' on 3 ranks"));
+  BOOST_TEST(fc::presets::choose("baseline", "members=auto:3", 0, 4).layout.str() == "members=auto:3");
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("multi_broadcast", "members=auto:4 aggregator=1", 0, 5); }),
+                      "layout 'members=auto:4 aggregator=1' with preset multi_broadcast (which adds producers=2, making "
+                      "'producers=2 members=auto:4 aggregator=3') sizes 4 members from 3 trainer ranks: each needs "
+                      "one at least (world has 5)"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("single_broadcast", "producers=2 members=auto:2", 0, 6); }),
+                      "has 2 producers; preset single_broadcast takes 1 producer"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("baseline", "members=auto:3", 0, 2); }),
+                      "sizes 3 members from 2 trainer ranks"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("baseline", "members=auto:3", 2, 4); }),
+                      "has 3 members; the trainer asks for 2"));
+}
+
 BOOST_AUTO_TEST_CASE(run_happens_once) {
   const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(world().size()), 1), 0);
   fc::presets::baseline<>::options options;
