@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+from plot_feed_sweep import has_cairo  # beside this script
+
 
 def table(run):
     out = ['| config | layout | wall (s) | CPU (s) | speedup over even |', '| --- | --- | --- | --- | --- |']
@@ -18,11 +20,6 @@ def table(run):
         name = f"{r['config']} (best fixed)" if r['config'] == run['best_fixed'] else r['config']
         out.append(f"| {name} | `{r['layout']}` | {r['wall_s']:.3f} | {r['cpu_s']:.3f} | {r['speedup_vs_even']:.2f} |")
     return '\n'.join(out)
-
-
-def has_cairo():
-    out = subprocess.run(['gnuplot', '-e', 'set terminal'], capture_output=True, text=True)
-    return 'pngcairo' in out.stdout + out.stderr
 
 
 def plot(run, png):
