@@ -83,7 +83,7 @@ class member_handover {
   // The running member's root takes the pending joiners at `step`: tells its member's other
   // ranks and the finished member's root, and returns the new member.
   handover_accept take(std::int64_t step, const std::vector<int>& ranks);
-  // A running member's other ranks, told by the sync's check: their root's accept.
+  // A running member's other ranks, told by the sync's check: their root's accept (or none).
   handover_accept told(int root) { return read_accept(wait_message(root, outcome_tag, "the member's root")); }
   // The target a finished member asks (explicit: `target` >= 0), or -1 when none can take `count`.
   int choose(int finished, int count, int target, const std::vector<char>& skip = {}) const;
@@ -223,6 +223,12 @@ handover_accept member_handover<B>::take(std::int64_t step, const std::vector<in
   }
   handover_accept a{own_, step, ranks};
   for (std::int64_t i = 0; i < asked[3]; ++i) a.ranks.push_back(static_cast<int>(asked[5 + static_cast<std::size_t>(i)]));
+  if (static_cast<int>(a.ranks.size()) > shards_) {  // asked while the member grew: no room now
+    send(message(refuse, own_, 0, {}), root_of(finished), inbox_tag);
+    for (std::size_t i = 1; i < ranks.size(); ++i) send(message(none, own_, step, {}), ranks[i], outcome_tag);
+    return {};
+  }
+  set_size(own_, static_cast<int>(a.ranks.size()));  // a request arriving meanwhile sees the room left
   const auto m = message(accept, own_, step, a.ranks);
   send(m, root_of(finished), inbox_tag);
   for (std::size_t i = 1; i < ranks.size(); ++i) send(m, ranks[i], outcome_tag);
