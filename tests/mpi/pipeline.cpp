@@ -545,7 +545,7 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
                     },
                     {}});
   std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
-  std::vector<fc::handover_record> records;
+  std::vector<fc::handover_record> records, ends;  // ends: the aggregator's report
   // Member 0 asks only once member 1 has trained step 0, so that the state it receives is not the
   // initial one (it joins at step 1 or later). Member 1 must still run when the request comes:
   // before the hand-over, at step 2, its rank 0 waits for member 0's word that it has finished,
@@ -580,7 +580,7 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     records = ctx.handovers();
-  });
+  }, [&](auto& ctx) { ends = ctx.member_ends(); });
   if (world().rank() == 1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
   // Every rank's member at the end and its parameters; member 0's rank says where it went.
   const int me = pipe.layout().role_of(world().rank()).member;
@@ -598,6 +598,14 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
   }
   mpi::iallreduce(world(), fc::span<std::int64_t>(&joined_at, 1), fc::op::max).wait();
   ok = ok && joined_at >= 1;
+  if (pipe.is_aggregator()) {  // member 0 ended at step 2 into member 1; the others ran to the end
+    ok = ok && static_cast<int>(ends.size()) == layout.members();
+    for (int m = 0; ok && m < layout.members(); ++m) {
+      const auto& e = ends[static_cast<std::size_t>(m)];
+      ok = e.member == m && (m == 0 ? e.ended_at == 2 && e.joined == 1 && e.joined_at == joined_at
+                                    : e.ended_at == -1 && e.joined == -1);
+    }
+  }
   // Member 1's ranks hold the same bits, those of the serial run across the hand-over.
   const std::size_t width = all.size() / static_cast<std::size_t>(n);
   const auto want = reference_across(layout.shards_per_step(), before, before + 1, joined_at);
@@ -696,6 +704,7 @@ BOOST_AUTO_TEST_CASE(finish_member_is_refused_on_a_producer_and_at_different_ste
   pipe.on_handover({});
   std::int64_t batches = 0;
   std::string e, aggregate_error;
+  std::vector<fc::handover_record> ends;
   pipe.run(
       load,
       [&](auto& ctx) {
@@ -705,10 +714,15 @@ BOOST_AUTO_TEST_CASE(finish_member_is_refused_on_a_producer_and_at_different_ste
           ++batches;
         }
       },
-      [&](auto& ctx) { aggregate_error = error_of([&] { ctx.finish_member(); }); });
+      [&](auto& ctx) {
+        aggregate_error = error_of([&] { ctx.finish_member(); });
+        ends = ctx.member_ends();  // the producer hears every root's bye: all ran to the end
+      });
   const auto role = pipe.layout().role_of(world().rank());
   const bool ok = role.kind == fc::role::producer
-                      ? contains(aggregate_error, "is for trainers; this rank is a producer")
+                      ? contains(aggregate_error, "is for trainers; this rank is a producer") &&
+                            static_cast<int>(ends.size()) == layout.members() &&
+                            std::all_of(ends.begin(), ends.end(), [](const auto& x) { return x.ended_at == -1; })
                       : batches == 4 && (role.member == 0 ? contains(e, "called it at different steps, from 1 to 2")
                                                           : e.empty());
   BOOST_TEST(fc::testing::all_ranks(ok), e << aggregate_error);

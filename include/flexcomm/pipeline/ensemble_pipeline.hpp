@@ -128,6 +128,13 @@ class pipeline_context {
   void finish_member(int target = -1) { pipe_.finish_member(target); }
   // The hand-overs of the members this rank finished (each: ended at, joined which, from when).
   const std::vector<handover_record>& handovers() const { return pipe_.handovers(); }
+  // On the aggregator, in the aggregate function: how each member ended, member by member
+  // ({member, ended_at, joined, joined_at}; ended_at -1: it ran to the end of the stream).
+  const std::vector<handover_record>& member_ends() const {
+    check(is_aggregator() && pipe_.handover_.has_value(), "ensemble_pipeline: member_ends",
+          "is for the aggregator of a run with on_handover()");
+    return pipe_.handover_->member_ends();
+  }
 
  private:
   Pipeline& pipe_;

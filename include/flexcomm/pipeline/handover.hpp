@@ -73,6 +73,9 @@ class member_handover {
   const handover_options& options() const noexcept { return options_; }
   std::vector<handover_record>& records() noexcept { return records_; }
   const std::vector<handover_record>& records() const noexcept { return records_; }
+  // On the aggregator, after leave(): how each member ended, member by member, from the roots'
+  // byes (ended_at -1: it ran to the end of the stream).
+  const std::vector<handover_record>& member_ends() const noexcept { return ends_; }
   int known_size(int member) const { return sizes_[static_cast<std::size_t>(member)]; }
   void set_size(int member, int n) { sizes_[static_cast<std::size_t>(member)] = n; }
 
@@ -119,8 +122,10 @@ class member_handover {
   std::vector<int> sizes_;
   std::vector<char> ended_;
   int own_ = -1;          // the member this rank is the root of, or -1
+  bool listens_ = false;  // the aggregator, not a root: it hears the roots' byes too
   bool taking_ = false;   // this root's member runs and takes joiners
   bool said_bye_ = false;
+  int aggregator_ = -1;
   int shards_ = 1;
   std::int64_t steps_ = 0;
   handover_options options_;
@@ -130,6 +135,7 @@ class member_handover {
   std::optional<std::vector<std::int64_t>> pending_;  // a request this root takes
   std::deque<std::pair<std::vector<std::int64_t>, typename B::request>> sent_;
   std::vector<handover_record> records_;
+  std::vector<handover_record> ends_;  // per member, as its root's bye said
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -153,6 +159,9 @@ member_handover<B>::member_handover(const communicator& world, const ensemble_la
     if (roots_.back() == control_.rank()) own_ = m;
   }
   taking_ = own_ >= 0;
+  listens_ = own_ < 0 && layout.aggregator() == control_.rank();
+  aggregator_ = layout.aggregator();
+  for (int m = 0; m < members; ++m) ends_.push_back({m, -1, -1, -1});
 }
 
 template <class B>
@@ -185,8 +194,10 @@ void member_handover<B>::serve(int m) {
   if (box[0] == bye) {
     bye_from_[static_cast<std::size_t>(m)] = 1;
     ended_[static_cast<std::size_t>(m)] = 1;
+    ends_[static_cast<std::size_t>(m)] = {m, box[2], box[3] == 2 ? static_cast<int>(box[5]) : -1, box[3] == 2 ? box[6] : -1};
     return;
   }
+  if (box[0] == request && own_ < 0) return;  // the aggregator hears byes only
   if (box[0] == request) {
     const int n = known_size(own_) + static_cast<int>(box[3]);
     if (taking_ && !pending_ && n <= shards_) {
@@ -202,7 +213,7 @@ void member_handover<B>::serve(int m) {
 
 template <class B>
 void member_handover<B>::poll() {
-  if (own_ < 0) return;
+  if (own_ < 0 && !listens_) return;
   while (const auto source = B::probe(control_, inbox_tag)) {
     const auto root = std::find(roots_.begin(), roots_.end(), *source);
     check(root != roots_.end(), "ensemble_pipeline: hand-over",
@@ -366,8 +377,15 @@ template <class B>
 void member_handover<B>::done() {
   if (own_ < 0 || said_bye_) return;
   if (taking_) stop_taking();
-  for (int m = 0; m < static_cast<int>(roots_.size()); ++m)
-    if (m != own_) send(message(bye, own_, 0, {}), root_of(m), inbox_tag);
+  // The bye says how this root's member ended, for the aggregator's report.
+  auto& end = ends_[static_cast<std::size_t>(own_)];
+  for (const auto& r : records_)
+    if (r.member == own_) end = r;
+  const std::vector<int> joined{end.joined, static_cast<int>(end.joined_at)};
+  const auto m = message(bye, own_, end.ended_at, end.joined >= 0 ? joined : std::vector<int>{});
+  for (int other = 0; other < static_cast<int>(roots_.size()); ++other)
+    if (other != own_) send(m, root_of(other), inbox_tag);
+  if (std::find(roots_.begin(), roots_.end(), aggregator_) == roots_.end()) send(m, aggregator_, inbox_tag);
   said_bye_ = true;
 }
 
@@ -382,7 +400,7 @@ void member_handover<B>::quit() noexcept {
 template <class B>
 void member_handover<B>::leave() {
   done();
-  if (own_ >= 0) {
+  if (own_ >= 0 || listens_) {
     std::string silent;
     const auto all_left = [&] {
       poll();
