@@ -226,6 +226,12 @@ FAULTS = {
         expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
         reports='rank 0: `mpi iallreduce on \'member 0 from step N\': timed out after 2000 ms (FLEXCOMM_TIMEOUT); '
                 'stalled at world rank {f} ...`'),
+    'handover-dies': dict(
+        driver='adapter', what="the same, but rank {f} dies in its state callback (mpiexec told to keep the job: "
+                               "{keep_going})", min_ranks=4,
+        mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
+        reports='as handover-stall: rank 0 names world rank {f}'),
     'claim-stall-messages': dict(
         driver='adapter', what="adaptive feed over 'producers=1 members={f}x1' with shared memory off (claims go "
                                "to the producer by message): trainer rank {f} stalls for 4x the timeout in the loader "
