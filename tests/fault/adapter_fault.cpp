@@ -78,8 +78,8 @@ bool run_adaptive(const mpi::communicator& world, const std::string& fault,
 // A hand-over (pipeline/handover.hpp) over "members=1,2,1..." (n >= 4): the last rank's member
 // ends after step fault_step - 1 and joins member 0 (one rank, the longest expected step), then
 // stalls in its state callback for 4x the timeout (as under SIGSTOP; handover-dies: ends its
-// process there) once their communicator is made: member 0's rank, sending it the state, names it. Member 0 takes 30 ms a step, so that it
-// still runs when the request comes.
+// process there) once their communicator is made: member 0's rank, sending it the state, names
+// it. Member 0 takes 30 ms a step, so that it still runs when the request comes.
 bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady_clock::time_point& start) {
   const int n = world.size();
   std::vector<int> sizes{1, 2};

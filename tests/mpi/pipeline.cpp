@@ -483,7 +483,7 @@ std::vector<float> reference_across(int shards, int before, int after, std::int6
         sum_w = model.grad_weights;
         sum_b = model.grad_bias;
       } else {
-        for (int f = 0; f < features; ++f) sum_w[static_cast<std::size_t>(f)] += model.grad_weights[static_cast<std::size_t>(f)];
+        for (std::size_t f = 0; f < features; ++f) sum_w[f] += model.grad_weights[f];
         sum_b[0] += model.grad_bias[0];
       }
     }
@@ -619,7 +619,8 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
       const auto b = static_cast<std::uint32_t>(row[1 + i]);
       std::memcpy(&got, &b, sizeof got);
       ok = ok && row[1 + i] == first[1 + i] &&
-           (tolerance == 0 ? row[1 + i] == bits(want[i]) : std::abs(got - want[i]) <= tolerance * (1 + std::abs(want[i])));
+           (tolerance == 0 ? row[1 + i] == bits(want[i])
+                           : std::abs(got - want[i]) <= tolerance * (1 + std::abs(want[i])));
     }
   }
   // Each member's steps: every shard once per step, each rank's steps in order; member 0 stops at 2.

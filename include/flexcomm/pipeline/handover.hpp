@@ -95,7 +95,9 @@ class member_handover {
   // The finished member's root asks targets in turn and tells its member's other ranks the
   // outcome; they wait for it (a none outcome: member -1).
   handover_accept negotiate(int finished, const std::vector<int>& ranks, int target);
-  handover_accept outcome(int root) { return read_accept(wait_message(root, outcome_tag, "the finished member's root")); }
+  handover_accept outcome(int root) {
+    return read_accept(wait_message(root, outcome_tag, "the finished member's root"));
+  }
   // Every rank of the new member: all alive (a handshake under FLEXCOMM_TIMEOUT), then its
   // communicator, made by its ranks alone.
   communicator form(const handover_accept& a, int world_rank);
@@ -194,7 +196,8 @@ void member_handover<B>::serve(int m) {
   if (box[0] == bye) {
     bye_from_[static_cast<std::size_t>(m)] = 1;
     ended_[static_cast<std::size_t>(m)] = 1;
-    ends_[static_cast<std::size_t>(m)] = {m, box[2], box[3] == 2 ? static_cast<int>(box[5]) : -1, box[3] == 2 ? box[6] : -1};
+    const bool joined = box[3] == 2;  // the member's ranks joined another: its index and step
+    ends_[static_cast<std::size_t>(m)] = {m, box[2], joined ? static_cast<int>(box[5]) : -1, joined ? box[6] : -1};
     return;
   }
   if (box[0] == request && own_ < 0) return;  // the aggregator hears byes only
@@ -233,7 +236,8 @@ handover_accept member_handover<B>::take(std::int64_t step, const std::vector<in
     return {};
   }
   handover_accept a{own_, step, ranks};
-  for (std::int64_t i = 0; i < asked[3]; ++i) a.ranks.push_back(static_cast<int>(asked[5 + static_cast<std::size_t>(i)]));
+  for (std::int64_t i = 0; i < asked[3]; ++i)
+    a.ranks.push_back(static_cast<int>(asked[5 + static_cast<std::size_t>(i)]));
   if (static_cast<int>(a.ranks.size()) > shards_) {  // asked while the member grew: no room now
     send(message(refuse, own_, 0, {}), root_of(finished), inbox_tag);
     for (std::size_t i = 1; i < ranks.size(); ++i) send(message(none, own_, step, {}), ranks[i], outcome_tag);

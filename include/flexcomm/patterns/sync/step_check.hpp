@@ -39,9 +39,9 @@ struct first_handed {
 
 // The cross-rank check of one step, one small max-reduction: the step's fingerprint, the
 // highest misusing rank + 1, and a word the pipeline carries to every rank of the member (its
-// hand-over notice, pipeline/handover.hpp: it rides here rather than in a collective of its own). Either nonblocking on the control communicator (start), or through
-// the shared-memory route's segment (through: blocking, one round of flags instead of an MPI
-// collective per step).
+// hand-over notice, pipeline/handover.hpp: it rides here rather than in a collective of its
+// own). Either nonblocking on the control communicator (start), or through the shared-memory
+// route's segment (through: blocking, one round of flags instead of an MPI collective per step).
 template <class B>
 class signature_check {
  public:
