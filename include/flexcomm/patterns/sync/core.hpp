@@ -121,6 +121,7 @@ class sync_core {
     trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
     signature_check<typename control_channel<B>::backend> step_check;
+    step_check.carry = std::exchange(carry_, 0);
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
       plan_.seal(options_.last_bucket_bytes);
@@ -129,6 +130,7 @@ class sync_core {
       for (const char placed : in_place_) planned.add(static_cast<std::uint64_t>(placed));
       start_check(step_check, planned);
       verdict = step_check.verdict(misuse_, sequence_);
+      carried_ = step_check.carried();
       if (!verdict.empty()) {
         plan_.clear();
         pointers_.clear();
@@ -162,6 +164,7 @@ class sync_core {
         start_check(step_check, step_hash_);
       }
       verdict = step_check.verdict(misuse_, sequence_);
+      carried_ = step_check.carried();
     }
     const std::exception_ptr failure = end_flights();
     if (!failure && verdict.empty()) copy_out();
@@ -183,6 +186,12 @@ class sync_core {
     check(sequence_.handed == 0, cat(who_, ": on_stream"), "called mid-step; name the stream between steps");
     capture_.use(s);
   }
+
+  // A word for every rank of the member, carried by the next finish()'s check (the highest of
+  // the ranks' words); carried() is what the last finish() brought, 0 once taken
+  // (the pipeline's hand-over notice, pipeline/handover.hpp).
+  void carry(std::int64_t word) noexcept { carry_ = word; }
+  std::int64_t carried() noexcept { return std::exchange(carried_, 0); }
 
   const bucket_plan& plan() const noexcept { return plan_; }
   const sync_options& options() const noexcept { return options_; }
@@ -443,6 +452,8 @@ class sync_core {
   fingerprint step_hash_;
   first_handed sequence_;
   std::string misuse_;
+  std::int64_t carry_ = 0;    // carry(): rides in the next step's check
+  std::int64_t carried_ = 0;  // the last check's highest carry, until carried() takes it
 };
 
 }  // namespace flexcomm::detail
