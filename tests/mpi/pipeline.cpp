@@ -758,3 +758,43 @@ BOOST_AUTO_TEST_CASE(finish_member_is_refused_on_a_producer_and_at_different_ste
                                                           : e.empty());
   BOOST_TEST(fc::testing::all_ranks(ok), e << aggregate_error);
 }
+
+// A member that returns before the end of a one_to_many stream (1 and 2 producers; steps in
+// shared memory and by message) lets the producers go on without it (release()): the other
+// members get every step, each the loader's bytes once and in order, and nobody waits for it
+// (before, its missing credits stalled every producer, and the run with them).
+BOOST_AUTO_TEST_CASE(a_member_that_returns_early_releases_the_producers) {
+  const int n = world().size();
+  if (n < 3) return;
+  using one_to_many_pipeline = fc::ensemble_pipeline<fc::one_to_many<mpi>, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
+  constexpr std::int64_t long_steps = 12;
+  for (int producers = 1; producers <= 2 && n - producers >= 2; ++producers)
+    for (const auto shm : {fc::shared_memory_use::off, fc::shared_memory_use::automatic}) {
+      const fc::ensemble_layout layout(producers, std::vector<int>(static_cast<std::size_t>(n - producers), 1), 0);
+      one_to_many_pipeline::options options;
+      options.feed.steps = long_steps;
+      options.feed.shard_capacity = records_per_shard * record_bytes;
+      options.feed.shared_memory = shm;
+      one_to_many_pipeline pipe(world(), layout, options);
+      std::vector<std::int64_t> seen;
+      bool same_bytes = true;
+      pipe.run(load, [&](auto& ctx) {
+        while (auto batch = ctx.feed().next()) {
+          seen.push_back(batch->step());
+          same_bytes = same_bytes && batch->shards() == layout.shards_per_step();
+          for (int k = 0; same_bytes && k < batch->shards(); ++k) {
+            std::vector<std::byte> want(records_per_shard * record_bytes);
+            load(batch->step(), batch->first_shard() + k, fc::span<std::byte>(want));
+            const auto got = batch->shard(k);
+            same_bytes = got.size() == want.size() && std::memcmp(want.data(), got.data(), want.size()) == 0;
+          }
+          if (ctx.member() == 0 && batch->step() == 1) return;  // ends early, long before the stream
+        }
+      });
+      const auto role = pipe.layout().role_of(world().rank());
+      std::vector<std::int64_t> want;
+      for (std::int64_t s = 0; s < (role.member == 0 ? 2 : long_steps); ++s) want.push_back(s);
+      const bool ok = role.kind == fc::role::producer || (same_bytes && seen == want);
+      BOOST_TEST(fc::testing::all_ranks(ok), "producers " << producers << ", shared memory " << fc::name_of(shm));
+    }
+}

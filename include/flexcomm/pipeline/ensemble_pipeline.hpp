@@ -72,6 +72,11 @@ struct hands_over<T, std::void_t<decltype(std::declval<T&>().between_steps(std::
                                  decltype(std::declval<T&>().reshard(shard_range{}, std::int64_t{})),
                                  decltype(std::declval<T&>().position())>> : std::true_type {};
 
+// Feeds whose trainer can leave the stream early (one_to_many): a member that ended stops
+// holding the producers back (release()).
+template <class T, class = void> struct releases : std::false_type {};
+template <class T> struct releases<T, std::void_t<decltype(std::declval<T&>().release())>> : std::true_type {};
+
 template <class T, class = void> struct is_collect : std::false_type {};
 template <class T>
 struct is_collect<T, std::void_t<decltype(std::declval<T&>().submit(std::declval<span<const float>>())),
@@ -377,6 +382,11 @@ void ensemble_pipeline<Feed, Sync, Collect>::run_roles(Train& train, Aggregate& 
   } else {
     train_members(train, ctx);
     if (handover_) handover_->done();
+    // A trainer that returned before the end of a shared stream lets the producers go on without it.
+    if constexpr (detail::releases<Feed>::value) {
+      if (feed_) feed_->release();
+      if (typed_) typed_->bytes_feed().release();
+    }
     if (!collect_.closed()) collect_.close();
     collect_.flush();
   }

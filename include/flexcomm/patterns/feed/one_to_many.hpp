@@ -76,6 +76,11 @@ class one_to_many : private detail::agreed_feed {
 
   // On trainer ranks: the next step of this trainer's shards, or nothing at the end of the stream.
   std::optional<batch> next();
+  // On trainer ranks: this trainer takes no more steps (its member ended early). It receives the
+  // steps it has already asked for, then answers each producer's credits that are still to come
+  // with "none", so that no producer waits for it or ships to it again: the others train on.
+  // Not under claims (adaptive by message). next() then gives nothing.
+  void release();
 
   // Steps this trainer's member skipped under flow_control::skip_ahead (the same on its ranks).
   std::int64_t skipped() const noexcept { return skipped_; }
@@ -89,6 +94,7 @@ class one_to_many : private detail::agreed_feed {
   using request = typename B::request;
   using source = detail::step_source<B>;
   static constexpr int piece_tag = 17, credit_tag = 18;
+  static constexpr int credit_none = 0;  // a credit that says "no more steps for me" (release())
 
   // A producer's k-th step in flight: the credits it waits for and the sends of its pieces.
   struct shipment {
@@ -151,6 +157,9 @@ class one_to_many : private detail::agreed_feed {
   source source_;
   std::int64_t next_post_ = 0, next_step_ = 0, lent_ = -1, skipped_ = 0;
   bool produced_ = false;
+  bool released_ = false;
+  std::vector<int> none_;                      // release(): the "none" credits it sends
+  std::vector<request> none_sent_;
 
   bool claims_ = false;
   std::vector<detail::claimant<B>> claimants_;  // [producer], trainer under claims
@@ -296,6 +305,7 @@ std::int64_t one_to_many<B>::choose_step() {
 template <class B>
 std::optional<batch> one_to_many<B>::next() {
   check(role_.kind == role::trainer, "one_to_many", "next() is for trainer ranks; this rank is a producer");
+  if (released_) return std::nullopt;
   if (lent_ >= 0) {
     source_.release(lent_);
     lent_ = -1;
@@ -460,6 +470,14 @@ struct one_to_many<B>::production {
   std::vector<int> credit_peers;
   std::vector<std::vector<int>> piece_peers;
   bool messages = false;  // credits come as messages only from the trainers that are sent messages
+  // The trainers that said "none" (release()), by credit rank and by world rank: not asked,
+  // not waited for, not shipped to again.
+  std::vector<char> gone;
+  std::vector<int> gone_world;
+  bool asked(int trainer) const {
+    return !gone[static_cast<std::size_t>(trainer)] && !in_place(credit_peers[static_cast<std::size_t>(trainer)]);
+  }
+  void note_gone(shipment& t);
   std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
   // Under claims every wait of this producer answers them (claims.hpp): a trainer's claim comes
   // when its step has not, which is when the producer is making or waiting.
@@ -484,6 +502,7 @@ one_to_many<B>::production::production(one_to_many& f, const communicator& credi
     return out;
   };
   credit_peers = world_ranks(credits);
+  gone.assign(credit_peers.size(), 0);
   for (int c : mine) piece_peers.push_back(world_ranks(feed.comm_of(me, c)));
   for (std::size_t trainer = 1; trainer < credit_peers.size(); ++trainer) messages = messages || !in_place(credit_peers[trainer]);
   if (feed.claims_) {
@@ -502,10 +521,21 @@ void one_to_many<B>::production::ask_credits(std::int64_t s, std::int64_t k) {
   shipment& r = ring.at(k);
   r.credits.clear();
   for (int trainer = 1; trainer < credits.size(); ++trainer)
-    if (!in_place(credit_peers[static_cast<std::size_t>(trainer)]))
+    if (asked(trainer))
       r.credits.post(B::irecv(credits, span<int>(&r.credits_in[static_cast<std::size_t>(trainer)], 1), trainer, credit_tag),
                      credit_peers[static_cast<std::size_t>(trainer)]);
-  ring.start(k, r.credits, cat("one_to_many: credits of step ", s));
+  if (!r.credits.requests.empty()) ring.start(k, r.credits, cat("one_to_many: credits of step ", s));
+}
+
+// After the credits of a step came: a trainer that sent "none" is gone from this step on. Its
+// "none" answered every credit this producer had asked of it, the later ones included.
+template <class B>
+void one_to_many<B>::production::note_gone(shipment& t) {
+  for (int trainer = 1; trainer < credits.size(); ++trainer)
+    if (asked(trainer) && t.credits_in[static_cast<std::size_t>(trainer)] == credit_none) {
+      gone[static_cast<std::size_t>(trainer)] = 1;
+      gone_world.push_back(credit_peers[static_cast<std::size_t>(trainer)]);
+    }
 }
 
 // Piece i of mine for step s into `slot`; a failed one travels as that step's verdict, and the
@@ -552,12 +582,16 @@ void one_to_many<B>::production::ship(std::int64_t s, std::int64_t k) {
     return;
   }
   await(t.credits, cat("one_to_many: credits of step ", s));
+  note_gone(t);
+  const auto shipped_to = [&](int world_rank) {
+    return !in_place(world_rank) && std::find(gone_world.begin(), gone_world.end(), world_rank) == gone_world.end();
+  };
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const span<std::byte> slot = piece_memory(k, i);
     const std::size_t bytes = slot.size() - detail::guard_bytes;
     const communicator& comm = feed.comm_of(me, mine[i]);
     for (int r = 1; r < comm.size(); ++r)
-      if (!in_place(piece_peers[i][static_cast<std::size_t>(r)]))
+      if (shipped_to(piece_peers[i][static_cast<std::size_t>(r)]))
         t.sends.post(B::isend(comm, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(slot.data()), bytes), r,
                               piece_tag),
                      piece_peers[i][static_cast<std::size_t>(r)]);
@@ -646,10 +680,43 @@ void one_to_many<B>::setup_host_slots(const communicator& world) {
   }
 }
 
+// The steps already asked for are received (their credits went out, so their producers ship
+// them); a producer asks for a trainer's credits `depth` of its steps ahead (production), so the
+// "none" credits answer its next `depth` steps from the first not asked for, and it asks no more.
+template <class B>
+void one_to_many<B>::release() {
+  check(role_.kind == role::trainer, "one_to_many", "release() is for trainer ranks; this rank is a producer");
+  check(!claims_, "adaptive", "a trainer cannot leave the stream early under claims by message (not built)");
+  if (released_) return;
+  released_ = true;
+  if (lent_ >= 0) source_.release(lent_);
+  lent_ = -1;
+  const std::int64_t from = next_post_;
+  source_.drain([] {});  // leaves the shared slots; awaits what is posted, posts nothing more
+  std::vector<std::int64_t> told(static_cast<std::size_t>(layout_.producers()), 0);
+  std::vector<std::pair<int, int>> to;  // (producer, world rank) of each "none"
+  for (std::int64_t s = from; s < options_.steps && s < from + options_.depth * layout_.producers(); ++s) {
+    const int p = producer_of(s);
+    auto& n = told[static_cast<std::size_t>(p)];
+    if (n == options_.depth || source_.in_shared_memory(s)) continue;
+    ++n;
+    to.emplace_back(p, producer_world_rank_[static_cast<std::size_t>(p)]);
+  }
+  none_.assign(to.size(), credit_none);  // sized before any send points into it
+  for (std::size_t i = 0; i < to.size(); ++i)
+    none_sent_.push_back(B::isend(credit_comms_[static_cast<std::size_t>(to[i].first)],
+                                  span<const int>(&none_[i], 1), 0, credit_tag));
+  next_post_ = next_step_ = options_.steps;
+}
+
 // Receives what is left of the stream, so that producers and the other members can finish.
 template <class B>
 void one_to_many<B>::drain() noexcept {
   try {
+    if (released_) {  // only its "none" credits are still out
+      for (auto& r : none_sent_) r.wait();
+      return;
+    }
     // A claim out is answered, and a piece it grants made, before the rest of the stream is
     // received: its producer ships nothing more until it has that piece.
     for (auto& c : claimants_)
