@@ -695,6 +695,82 @@ BOOST_AUTO_TEST_CASE(a_member_of_two_takes_the_joiner_at_the_step_its_check_agre
   BOOST_TEST(fc::testing::all_ranks(hand_over_and_check({1, 2, 3}, 1e-5f)));
 }
 
+// The typed feed hands over too (run(dataset, ...), ctx.batches()): member 0 ends after step 1
+// and joins member 1, whose batches from the agreed step are sliced by the new split. Every step's
+// samples reach each member exactly once and in order, each rank's slice as the split says.
+BOOST_AUTO_TEST_CASE(the_typed_feed_hands_a_finished_members_rank_on) {
+  const int n = world().size();
+  if (n < 4) return;  // below: no member with room
+  const fc::ensemble_layout layout(0, handover_sizes(n), 0);  // a step has 2 shards
+  handover_pipeline pipe(world(), layout, {});
+  pipe.on_handover({});
+  fc::dataset data;
+  data.size = 4 * steps;  // one epoch of `steps` steps, 2 samples a shard
+  data.batch = 4;
+  data.sample = fc::field::of<float>({1});
+  data.load_sample = [](std::int64_t index, const fc::sample_slot& out) {
+    out.sample<float>()[0] = static_cast<float>(index);
+  };
+  std::vector<std::int64_t> seen;  // per sample: member, step, index (from the sample's bytes)
+  bool sizes = true;  // each batch holds the samples of its rank's share of the member's split
+  std::int64_t token = 0;
+  const int before = layout.member_size(1);
+  bool waited = false;
+  pipe.run(data, [&](auto& ctx) {
+    while (auto b = ctx.batches().next()) {
+      const auto x = b->template as<float>();
+      for (std::int64_t i = 0; i < b->samples(); ++i)
+        seen.insert(seen.end(), {ctx.member(), b->step(), static_cast<std::int64_t>(x[static_cast<std::size_t>(i)])});
+      sizes = sizes && b->samples() == 4 / ctx.member_size() && b->first_sample() == 4 / ctx.member_size() * ctx.rank_in_member();
+      if (ctx.member() == 1 && b->step() == 0 && ctx.rank_in_member() == 0)  // so that both splits are seen
+        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 0, 78).wait();
+      if (ctx.member() == 0 && b->step() == 1) {  // member 1's rank 0 waits for this word at its step 2
+        std::int64_t trained = 0;
+        mpi::irecv(world(), fc::span<std::int64_t>(&trained, 1), 1, 78).wait();
+        ctx.finish_member();
+        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 1, 77).wait();
+        return;
+      }
+      if (ctx.member() == 1 && b->step() == 2 && ctx.member_size() == before && ctx.rank_in_member() == 0) {
+        mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+        waited = true;
+      }
+      if (ctx.member() == 1 && b->step() >= 2 && ctx.member_size() == before)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  if (world().rank() == 1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+  const auto all = everyone(seen);
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<std::int64_t>> got;  // (member, step) -> indices
+  bool ordered = true;
+  const std::size_t per_rank = all.size() / static_cast<std::size_t>(n);
+  for (int r = 0; r < n; ++r) {
+    std::map<std::int64_t, std::int64_t> last;  // member -> last step this rank had
+    for (std::size_t i = 0; i + 2 < per_rank; i += 3) {
+      const auto* d = all.data() + static_cast<std::size_t>(r) * per_rank + i;
+      if (d[0] < 0) break;
+      ordered = ordered && (!last.count(d[0]) || d[1] >= last[d[0]]);
+      last[d[0]] = d[1];
+      got[{d[0], d[1]}].push_back(d[2]);
+    }
+  }
+  bool once = true;
+  for (int m = 0; m < layout.members(); ++m)
+    for (std::int64_t s = 0; s < steps; ++s) {
+      auto& indices = got[{m, s}];
+      std::sort(indices.begin(), indices.end());
+      const std::vector<std::int64_t> want{4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3};
+      once = once && (m == 0 && s >= 2 ? indices.empty() : indices == want);
+    }
+  const auto& records = pipe.handovers();
+  const bool joined = pipe.layout().role_of(world().rank()).member != 0 ||
+                      (records.size() == 1 && records[0].joined == 1 && records[0].joined_at >= 1);
+  BOOST_TEST(fc::testing::all_ranks(sizes && ordered && once && joined),
+             "sizes " << sizes << " ordered " << ordered << " once " << once << " joined " << joined << " records "
+                      << records.size() << " " << (records.empty() ? -9 : records[0].joined) << " at "
+                      << (records.empty() ? -9 : records[0].joined_at));
+}
+
 // Refusals, on every rank of the member: no member left to join (one member, or every other
 // member without room), a producer's ctx, ranks of a member ending at different steps.
 BOOST_AUTO_TEST_CASE(a_member_with_nowhere_to_go_is_refused) {

@@ -302,6 +302,8 @@ class ensemble_pipeline {
   }
 
   void start_handover();
+  // The byte feed, the typed feed's where run(dataset, ...) made one: the hand-over hooks it.
+  Feed& bytes_feed() { return typed_ ? typed_->bytes_feed() : *feed_; }
   void finish_member(int target);
   void between_steps(std::int64_t step);
   bool join();
@@ -360,9 +362,8 @@ template <class Train, class Aggregate>
 void ensemble_pipeline<Feed, Sync, Collect>::run(dataset data, Train&& train, Aggregate&& aggregate) {
   check(!ran_, "ensemble_pipeline", "run() runs once per pipeline (a feed's stream is consumed once)");
   ran_ = true;
-  check(!handover_options_, "ensemble_pipeline",
-        "on_handover() needs run(loader, ...) for now: the typed feed does not hand ranks over yet");
   typed_.emplace(feed_world_, layout_, std::move(data), feed_options_);
+  if (handover_options_) start_handover();  // on the byte feed underneath: typed batches follow its split
   if (rounds_ && collect_.is_aggregator()) typed_->between_steps([this] { rounds_(false); });
   run_roles(train, aggregate);
 }
@@ -419,11 +420,11 @@ void ensemble_pipeline<Feed, Sync, Collect>::start_handover() {
   if constexpr (!detail::hands_over<Feed>::value) {
     fail("ensemble_pipeline: on_handover", "this feed does not hand ranks over yet (local_feed does)");
   } else {
-    handover_.emplace(feed_world_, layout_, feed_options_.steps, *handover_options_);
+    handover_.emplace(feed_world_, layout_, typed_ ? typed_->plan().steps() : feed_options_.steps, *handover_options_);
     if (role_.kind != role::trainer) return;
     for (int r = 0; r < layout_.member_size(role_.member); ++r)
       member_ranks_.push_back(layout_.trainer_rank(role_.member, r));
-    feed_->between_steps([this](std::int64_t step) { between_steps(step); });
+    bytes_feed().between_steps([this](std::int64_t step) { between_steps(step); });
   }
 }
 
@@ -431,13 +432,13 @@ template <class Feed, class Sync, class Collect>
 void ensemble_pipeline<Feed, Sync, Collect>::finish_member(int target) {
   const std::string what = cat("ensemble_pipeline: finish_member (member ", role_.member, ")");
   check(role_.kind == role::trainer, "ensemble_pipeline: finish_member", "is for trainers; this rank is a producer");
-  check(handover_.has_value(), what, "needs pipe.on_handover(...) before run(loader, ...)");
+  check(handover_.has_value(), what, "needs pipe.on_handover(...) before run()");
   check(finished_at_ < 0, what, cat("called twice (the member ended at step ", finished_at_, ")"));
   check(target >= -1 && target < layout_.members() && target != role_.member, what,
         cat("target ", target, ": not another member of the ", layout_.members()));
   if constexpr (detail::hands_over<Feed>::value) {
     auto& h = *handover_;
-    const std::int64_t at = feed_->position();
+    const std::int64_t at = bytes_feed().position();
     const bool root = role_.rank_in_member == 0;
     const int n = member_comm_.size();
     agreement same({at, target, root ? h.choose(role_.member, n, target) + 1 : 0});
@@ -515,7 +516,7 @@ void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept
   sync_.emplace(member_comm_, sync_options_);
   const int n = static_cast<int>(a.ranks.size()), shards = h.shards_per_step(), r = role_.rank_in_member;
   const int first = r * shards / n;
-  if constexpr (detail::hands_over<Feed>::value) feed_->reshard({first, (r + 1) * shards / n - first}, a.step);
+  if constexpr (detail::hands_over<Feed>::value) bytes_feed().reshard({first, (r + 1) * shards / n - first}, a.step);
   h.set_size(a.member, n);
 }
 

@@ -332,6 +332,7 @@ class typed_feed {
   std::function<void(std::int64_t)> epoch_end_;
   std::function<void()> between_steps_;
   std::int64_t epochs_ended_ = 0, last_step_ = -1;
+  int sized_for_ = 0;  // the shards per batch samples_, labels_ and indices_ hold
   detail::aligned_bytes samples_, labels_;
   std::vector<std::int64_t> indices_;
 };
@@ -477,10 +478,11 @@ std::optional<typed_batch> typed_feed<Feed>::next() {
   const std::int64_t step = b->step();
   end_epochs_through(plan_.epoch_of(step) - 1);  // epochs whose ends were skipped (skip_ahead)
   last_step_ = step;
-  // Unpack the shard_records into contiguous, aligned tensors, sized once for the most samples
-  // this trainer's shards can hold.
+  // Unpack the shard_records into contiguous, aligned tensors, sized for the most samples this
+  // trainer's shards can hold: once, and again where a hand-over gives it more shards.
   const sample_range mine = plan_.shards_samples(step, b->first_shard(), b->shards());
-  if (indices_.empty()) {
+  if (b->shards() > sized_for_) {
+    sized_for_ = b->shards();
     const auto most = static_cast<std::size_t>(plan_.max_shard_samples()) * static_cast<std::size_t>(b->shards());
     samples_.resize(detail::round_up(most * record_.sample_bytes, batch_alignment));
     if (label_) labels_.resize(detail::round_up(most * record_.label_bytes, batch_alignment));
