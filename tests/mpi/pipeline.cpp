@@ -873,4 +873,26 @@ BOOST_AUTO_TEST_CASE(a_member_that_returns_early_releases_the_producers) {
       const bool ok = role.kind == fc::role::producer || (same_bytes && seen == want);
       BOOST_TEST(fc::testing::all_ranks(ok), "producers " << producers << ", shared memory " << fc::name_of(shm));
     }
+  // The same through the typed feed (run(dataset, ...), as the main example runs single_broadcast).
+  const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(n - 1), 1), 0);
+  one_to_many_pipeline pipe(world(), layout, {});
+  fc::dataset data;
+  data.size = 2 * long_steps;
+  data.batch = 2;
+  data.sample = fc::field::of<float>({1});
+  data.load_sample = [](std::int64_t index, const fc::sample_slot& out) {
+    out.sample<float>()[0] = static_cast<float>(index);
+  };
+  std::vector<std::int64_t> seen;  // the samples' indices, from their bytes
+  pipe.run(data, [&](auto& ctx) {
+    while (auto b = ctx.batches().next()) {
+      const auto x = b->template as<float>();
+      for (std::int64_t i = 0; i < b->samples(); ++i) seen.push_back(static_cast<std::int64_t>(x[static_cast<std::size_t>(i)]));
+      if (ctx.member() == 0 && b->step() == 1) return;
+    }
+  });
+  const auto role = pipe.layout().role_of(world().rank());
+  std::vector<std::int64_t> want;
+  for (std::int64_t i = 0; i < (role.member == 0 ? 4 : data.size); ++i) want.push_back(i);
+  BOOST_TEST(fc::testing::all_ranks(role.kind == fc::role::producer || seen == want), "typed feed");
 }
