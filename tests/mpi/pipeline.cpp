@@ -11,6 +11,7 @@
 #include <cstring>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <thread>
 #include <string>
 #include <type_traits>
@@ -844,35 +845,42 @@ BOOST_AUTO_TEST_CASE(a_member_that_returns_early_releases_the_producers) {
   if (n < 3) return;
   using one_to_many_pipeline = fc::ensemble_pipeline<fc::one_to_many<mpi>, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
   constexpr std::int64_t long_steps = 12;
-  for (int producers = 1; producers <= 2 && n - producers >= 2; ++producers)
-    for (const auto shm : {fc::shared_memory_use::off, fc::shared_memory_use::automatic}) {
-      const fc::ensemble_layout layout(producers, std::vector<int>(static_cast<std::size_t>(n - producers), 1), 0);
-      one_to_many_pipeline::options options;
-      options.feed.steps = long_steps;
-      options.feed.shard_capacity = records_per_shard * record_bytes;
-      options.feed.shared_memory = shm;
-      one_to_many_pipeline pipe(world(), layout, options);
-      std::vector<std::int64_t> seen;
-      bool same_bytes = true;
-      pipe.run(load, [&](auto& ctx) {
-        while (auto batch = ctx.feed().next()) {
-          seen.push_back(batch->step());
-          same_bytes = same_bytes && batch->shards() == layout.shards_per_step();
-          for (int k = 0; same_bytes && k < batch->shards(); ++k) {
-            std::vector<std::byte> want(records_per_shard * record_bytes);
-            load(batch->step(), batch->first_shard() + k, fc::span<std::byte>(want));
-            const auto got = batch->shard(k);
-            same_bytes = got.size() == want.size() && std::memcmp(want.data(), got.data(), want.size()) == 0;
-          }
-          if (ctx.member() == 0 && batch->step() == 1) return;  // ends early, long before the stream
+  const auto releases = [&](const fc::ensemble_layout& layout, fc::shared_memory_use shm, const std::string& hosts) {
+    one_to_many_pipeline::options options;
+    options.feed.steps = long_steps;
+    options.feed.shard_capacity = records_per_shard * record_bytes;
+    options.feed.shared_memory = shm;
+    std::optional<pretend_hosts> pretend;  // none: the hosts as they are (a cluster run's stay set)
+    if (!hosts.empty()) pretend.emplace(hosts);
+    one_to_many_pipeline pipe(world(), layout, options);
+    std::vector<std::int64_t> seen;
+    bool same_bytes = true;
+    pipe.run(load, [&](auto& ctx) {
+      while (auto batch = ctx.feed().next()) {
+        seen.push_back(batch->step());
+        same_bytes = same_bytes && batch->shards() == layout.shards_per_step();
+        for (int k = 0; same_bytes && k < batch->shards(); ++k) {
+          std::vector<std::byte> want(records_per_shard * record_bytes);
+          load(batch->step(), batch->first_shard() + k, fc::span<std::byte>(want));
+          const auto got = batch->shard(k);
+          same_bytes = got.size() == want.size() && std::memcmp(want.data(), got.data(), want.size()) == 0;
         }
-      });
-      const auto role = pipe.layout().role_of(world().rank());
-      std::vector<std::int64_t> want;
-      for (std::int64_t s = 0; s < (role.member == 0 ? 2 : long_steps); ++s) want.push_back(s);
-      const bool ok = role.kind == fc::role::producer || (same_bytes && seen == want);
-      BOOST_TEST(fc::testing::all_ranks(ok), "producers " << producers << ", shared memory " << fc::name_of(shm));
-    }
+        if (ctx.member() == 0 && batch->step() == 1) return;  // ends early, long before the stream
+      }
+    });
+    const auto role = pipe.layout().role_of(world().rank());
+    std::vector<std::int64_t> want;
+    for (std::int64_t s = 0; s < (role.member == 0 ? 2 : long_steps); ++s) want.push_back(s);
+    const bool ok = role.kind == fc::role::producer || (same_bytes && seen == want);
+    BOOST_TEST(fc::testing::all_ranks(ok), layout.str() << " hosts '" << hosts << "', shared memory " << fc::name_of(shm));
+  };
+  for (const auto shm : {fc::shared_memory_use::off, fc::shared_memory_use::automatic}) {
+    for (int producers = 1; producers <= 2 && n - producers >= 2; ++producers)
+      releases(fc::ensemble_layout(producers, std::vector<int>(static_cast<std::size_t>(n - producers), 1), 0), shm, "");
+    if (n >= 4)  // a producer per host, on two pretend hosts
+      releases(fc::ensemble_layout(fc::producers_per_host, std::vector<int>(static_cast<std::size_t>(n - 2), 1), 0), shm,
+               fc::cat("2+", n - 2));
+  }
   // The same through the typed feed (run(dataset, ...), as the main example runs single_broadcast).
   const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(n - 1), 1), 0);
   one_to_many_pipeline pipe(world(), layout, {});
