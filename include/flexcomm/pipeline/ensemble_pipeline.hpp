@@ -241,6 +241,10 @@ class ensemble_pipeline {
   // before run(loader, ...), on every rank alike (run() then makes the hand-over's communicator).
   void on_handover(handover_options o) {
     check(!ran_, "ensemble_pipeline", "on_handover() goes before run()");
+    // Refused here, before run() makes the feed: a feed made and never run would wait for its stream.
+    check(detail::hands_over<Feed>::value, "ensemble_pipeline: on_handover",
+          "this feed does not hand ranks over yet (local_feed does; a one_to_many member that returns early "
+          "releases the producers without it)");
     handover_options_ = std::move(o);
   }
   const std::vector<handover_record>& handovers() const {
@@ -417,9 +421,7 @@ void ensemble_pipeline<Feed, Sync, Collect>::train_members(Train& train, context
 // Collective over the world (the hand-over's communicator); trainers hook the feed's steps.
 template <class Feed, class Sync, class Collect>
 void ensemble_pipeline<Feed, Sync, Collect>::start_handover() {
-  if constexpr (!detail::hands_over<Feed>::value) {
-    fail("ensemble_pipeline: on_handover", "this feed does not hand ranks over yet (local_feed does)");
-  } else {
+  if constexpr (detail::hands_over<Feed>::value) {  // on_handover() refused the others
     handover_.emplace(feed_world_, layout_, typed_ ? typed_->plan().steps() : feed_options_.steps, *handover_options_);
     if (role_.kind != role::trainer) return;
     for (int r = 0; r < layout_.member_size(role_.member); ++r)
