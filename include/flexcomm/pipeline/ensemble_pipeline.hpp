@@ -124,7 +124,8 @@ class pipeline_context {
   // The trainer function then returns; the pipeline hands this rank to `target` (default: the
   // running member with the longest expected step) with that member's state
   // (handover_options::state) and calls the trainer function again, ctx.member() now that
-  // member. Needs pipe.on_handover(...) and a feed that hands over (local_feed).
+  // member; with no member left to join, not again. Needs pipe.on_handover(...) and a feed that
+  // hands over (local_feed).
   void finish_member(int target = -1) { pipe_.finish_member(target); }
   // The hand-overs of the members this rank finished (each: ended at, joined which, from when).
   const std::vector<handover_record>& handovers() const { return pipe_.handovers(); }
@@ -437,12 +438,11 @@ void ensemble_pipeline<Feed, Sync, Collect>::finish_member(int target) {
               " (every rank ends the member at the same step boundary)"));
     check(same.agreed(1), what, cat("the member's ranks named different targets, from ", same.lowest(1), " to ",
                                     same.highest(1)));
-    check(same.highest(2) > 0, what,
-          target >= 0 ? cat("member ", target, " has ended or has no room for ", n, " more rank(s) (a step has ",
-                            h.shards_per_step(), " shards)")
-                      : cat("no member is left to join (every other member has ended or has no room for ", n,
-                            " more rank(s); a step has ", h.shards_per_step(),
-                            " shards); to end without joining, return from the trainer function"));
+    // With no member left to join the member ends all the same (its ranks stop training); a
+    // target the trainer named that cannot take it is its mistake, refused.
+    check(target < 0 || same.highest(2) > 0, what,
+          cat("member ", target, " has ended or has no room for ", n, " more rank(s) (a step has ",
+              h.shards_per_step(), " shards)"));
     finished_at_ = at;
     target_ = target;
     if (root) h.stop_taking();
