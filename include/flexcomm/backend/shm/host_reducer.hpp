@@ -942,7 +942,11 @@ class host_reducer {
                                              sizeof(T), seg.small_bytes + 1, who);
     if (!range) return nullptr;
     const std::size_t edges = n * sizeof(T) - range->interior();
-    seg.registered.push_back(std::make_unique<detail::shared_arena>(*seg.group, std::move(range), edges, who));
+    try {
+      seg.registered.push_back(std::make_unique<detail::shared_arena>(*seg.group, std::move(range), edges, who));
+    } catch (const error&) {
+      return nullptr;  // no room in /dev/shm for the descriptions: every rank failed alike
+    }
     return seg.registered.back().get();
   }
   // Local: forgets a registration whose tasks are done (the user's pages stay as they are).
