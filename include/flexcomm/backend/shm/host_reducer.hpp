@@ -32,6 +32,11 @@
 //     all have, every rank holds the result. Per rank that reads the data once and writes it once,
 //     where the slots above read and write it about twice. A rank whose data is not where it
 //     should be, or that reduces something else, is an error on every rank before anyone writes.
+//   registered (start_registered): the same in a trainer's own memory made shared where it lies
+//     (register_range, registered_range.hpp), each rank's at its own address; the partial edge
+//     pages are copied next to the description and reduced by every rank in the second step. A
+//     rank whose memory is no longer the registered pages says so in its description, and the
+//     whole allreduce then takes the large path, in steps it reserved for that.
 // An allreduce may carry a landing: what to do with its result (a fused bucket's copy back into
 // its gradients), run by the thread that finishes it, right then, so that a bucket the engine
 // reduces during backward is also copied out during backward, not in finish().
