@@ -538,6 +538,12 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(own_vectors_at_any_offset_equal_the_reference, Syn
       int mapped = 0;
       for (const auto& m : memory) mapped += registered_mappings(m->at, m->at + m->bytes);
       BOOST_TEST(fc::testing::all_ranks(mapped == (registers ? 3 : 0)), mapped << " registered");
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        ok = ok && same(std::vector<float>(at[i], at[i] + sizes[i]),
+                        reference<float>(o, everyone, 2, static_cast<int>(i), sizes[i]));
+        std::fill(at[i], at[i] + sizes[i], 1.0f);  // still the trainer's, writable
+        ok = ok && std::count(at[i], at[i] + sizes[i], 1.0f) == static_cast<std::ptrdiff_t>(sizes[i]);
+      }
       BOOST_TEST(fc::testing::all_ranks(ok), (early ? "launched when full, " : "") << fc::name_of(o) << ": " << detail);
     }
 }
