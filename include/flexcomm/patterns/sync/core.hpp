@@ -256,7 +256,7 @@ class sync_core {
   // Collective, after the ranks agreed on the plan (they register the same buckets in order).
   bool own_memory(std::size_t b) const {
     const auto& spec = plan_.buckets()[b];
-    return route_ == route::shared_memory && spec.last - spec.first == 1 && !in_place_[b] &&
+    return route_ == route::shared_memory && options_.share_own_memory && spec.last - spec.first == 1 && !in_place_[b] &&
            shared_.in_place_gains(spec.count * size_of(spec.type));
   }
   void register_own() {

@@ -30,7 +30,8 @@ class host_shared {
     // The choice must be the same on every rank, and so must the op: each rank reduces its own
     // share of every bucket with its own.
     agreement same({static_cast<std::int64_t>(options.shared_memory), static_cast<std::int64_t>(options.op),
-                    static_cast<std::int64_t>(options.shared_memory_slot_bytes)});
+                    static_cast<std::int64_t>(options.shared_memory_slot_bytes),
+                    static_cast<std::int64_t>(options.share_own_memory)});
     B::iallreduce(member, same.buffer(), op::max).wait();
     check(same.agreed(0), who,
           cat("sync_options.shared_memory (FLEXCOMM_SHM) differs across the member's ranks; this rank has '",
@@ -38,6 +39,7 @@ class host_shared {
     check(same.agreed(1), who,
           cat("sync_options.op differs across the member's ranks; this rank has '", name_of(options.op), "'"));
     check(same.agreed(2), who, "sync_options.shared_memory_slot_bytes differs across the member's ranks");
+    check(same.agreed(3), who, "sync_options.share_own_memory differs across the member's ranks");
     if (options.shared_memory == shared_memory_use::off || tiered) return;
     if (options.shared_memory == shared_memory_use::on)
       check(hosts.hosts() <= 1, who,
