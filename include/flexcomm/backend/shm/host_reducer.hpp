@@ -78,8 +78,9 @@ namespace flexcomm {
 namespace detail {
 
 // How long a task has waited for its peers at one stage, against the communicator's timeout. The
-// clock is read when a wait begins (the first poll that finds the peers not there) and then one
-// poll in 64: reading it on every step and poll cost a third of a 4-byte allreduce.
+// clock is read at the second poll that finds the peers not there and then one poll in 64:
+// reading it on every step and poll cost a third of a 4-byte allreduce, and at the first miss
+// still a tenth (most small waits end before a second full poll, see drive_until_done).
 class stall_clock {
  public:
   // The task moved on: the next wait starts afresh.
@@ -90,8 +91,9 @@ class stall_clock {
   // Another poll found the peers not there: true once that wait has lasted longer than `limit`
   // (zero: no limit).
   bool past(std::chrono::milliseconds limit) {
-    if (polls_++ == 0) {
-      since_ = std::chrono::steady_clock::now();
+    const std::uint64_t poll = polls_++;
+    if (poll <= 1) {
+      if (poll == 1) since_ = std::chrono::steady_clock::now();
       return false;
     }
     if (polls_ % 64 != 0) return false;
@@ -372,6 +374,13 @@ class host_allreduce final : public segment_task {
     seg_->drive();
     return done();
   }
+  // True when a poll would find nothing to do: this task waits for a step its peers have still
+  // not all reached (the counters only grow, so it cannot have moved past that wait). Two loads
+  // where a poll takes the segment's locks; any thread.
+  bool waiting_on_peers() const noexcept {
+    const std::uint64_t needed = awaited_.load(std::memory_order_acquire);
+    return needed != 0 && !seg_->reached(needed);
+  }
 
  private:
   bool step() override {
@@ -511,6 +520,7 @@ class host_allreduce final : public segment_task {
 
   bool ready(std::uint64_t needed, const char* for_what) {
     if (seg_->reached(needed)) return true;
+    awaited_.store(needed, std::memory_order_release);
     const auto limit = seg_->group->timeout();
     if (stalled_.past(limit)) fail_waiting(seg_, who(), limit, for_what, needed);
     // Long: noted, for peers that follow a stall through this rank (core/stall.hpp).
@@ -660,6 +670,7 @@ class host_allreduce final : public segment_task {
   stall_clock stalled_;
   waiting_note noted_;
   std::chrono::steady_clock::time_point timed_from_;
+  std::atomic<std::uint64_t> awaited_{0};  // the step ready() last found missing (waiting_on_peers)
 };
 
 // One broadcast through a host_segment from `root`: two steps per chunk of at most a large slot.
@@ -825,9 +836,9 @@ class host_reducer {
   template <class T>
   void allreduce_in_place_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried,
                                    std::function<void()> landing = {}) {
-    check(carries_in_place(n * sizeof(T), carried.size()), "shared-memory allreduce",
-          cat("an in-place allreduce carries up to ", in_place_carried_words, " words and some data, not ",
-              carried.size(), " and ", n, " elements"));
+    if (!carries_in_place(n * sizeof(T), carried.size()))  // the message is built only on failure
+      fail("shared-memory allreduce", cat("an in-place allreduce carries up to ", in_place_carried_words,
+                                          " words and some data, not ", carried.size(), " and ", n, " elements"));
     drive_until_done(start_in_place_carrying(data, n, o, std::move(landing), carried));
   }
 
@@ -872,9 +883,9 @@ class host_reducer {
   // synchronisation instead of two.
   template <class T>
   void allreduce_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried, std::function<void()> landing = {}) {
-    check(carries(n * sizeof(T), carried.size()), "shared-memory allreduce",
-          cat(n, " x ", name_of(dtype_of<T>), " and ", carried.size(), " carried words do not fit a small slot of ",
-              small_bytes(), " bytes"));
+    if (!carries(n * sizeof(T), carried.size()))  // the message is built only on failure (it cost a tenth of a step)
+      fail("shared-memory allreduce", cat(n, " x ", name_of(dtype_of<T>), " and ", carried.size(),
+                                          " carried words do not fit a small slot of ", small_bytes(), " bytes"));
     drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
   }
 
@@ -902,10 +913,17 @@ class host_reducer {
     seg.enqueue(t);
     return t;
   }
+  // The first rounds of the wait only peek at the peers' counters while the task waits on them,
+  // polling (the segment's locks, the queue, the stall clock) once they moved: a small
+  // allreduce's wait is a few hundred ns, and full polls in it doubled the time from a peer's
+  // publish to this rank's reduction. Past them every round polls, as the timeout needs.
   template <class Task>
   static void drive_until_done(const std::shared_ptr<Task>& t) {
-    wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
-                   [] { watchdog::instance().answer_queries(); });
+    unsigned peeks = 0;
+    wait_answering(
+        default_wait().driving(), std::chrono::milliseconds{0},
+        [&] { return peeks < 64 && ++peeks && t->waiting_on_peers() ? false : t->poll(); },
+        [] { watchdog::instance().answer_queries(); });
   }
 
  public:

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,13 +49,13 @@ class signature_check {
   static constexpr std::size_t words = 2;
 
   void start(const typename B::communicator& comm, const fingerprint& f, bool misused) {
-    same_.emplace(std::vector<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
+    same_.emplace(std::initializer_list<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
     request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
   }
   // `route.agree(span<int64_t>)` max-reduces over the member's ranks, blocking.
   template <class Route>
   void through(Route& route, const typename B::communicator& comm, const fingerprint& f, bool misused) {
-    same_.emplace(std::vector<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
+    same_.emplace(std::initializer_list<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
     route.agree(same_->buffer());
   }
   // Waits; an empty string when every rank handed over the same gradients and none misused.
