@@ -264,6 +264,32 @@ class host_segment {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     queue_.push_back(task);
   }
+  // The driver's lock, owned, when no task is queued and no other thread drives: a blocking
+  // task may then run unqueued (run_alone). Nothing can be queued meanwhile (tasks are started
+  // on the thread that would wait), so the order holds.
+  std::unique_lock<std::mutex> alone() {
+    std::unique_lock<std::mutex> driving(driving_, std::try_to_lock);
+    if (driving.owns_lock()) {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (!queue_.empty()) driving.unlock();
+    }
+    return driving;
+  }
+  // Runs `t` to its end on the calling thread under alone()'s lock: no queue entry, shared
+  // ownership or lock per poll. `wait(step)` calls step() (true once finished) until it returns
+  // true. What it throws breaks the segment (where the task's failure did not already), as a
+  // queued task dropped unfinished does.
+  template <class Wait>
+  void run_alone(segment_task& t, const std::unique_lock<std::mutex>& alone, Wait&& wait) {
+    static_cast<void>(alone);
+    try {
+      wait([&] { return t.step(); });
+    } catch (...) {
+      break_with("a task failed before it finished (its caller has the error)");
+      throw;
+    }
+    t.finished();
+  }
   // Drives the queued tasks in start order as far as they go without waiting, unless another
   // thread is driving them now. Throws what a task's step throws (that task stays queued, and
   // throws again when next driven).
@@ -886,10 +912,22 @@ class host_reducer {
     if (!carries(n * sizeof(T), carried.size()))  // the message is built only on failure (it cost a tenth of a step)
       fail("shared-memory allreduce", cat(n, " x ", name_of(dtype_of<T>), " and ", carried.size(),
                                           " carried words do not fit a small slot of ", small_bytes(), " bytes"));
-    drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    run_here(data, n, o, std::move(landing), carried);
   }
 
  private:
+  // A blocking allreduce: on the stack and unqueued where the segment is idle (run_alone),
+  // else started and driven as any other.
+  template <class T>
+  void run_here(T* data, std::size_t n, op o, std::function<void()> landing, span<std::int64_t> carried) {
+    static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
+    auto& seg = usable("shared-memory allreduce");
+    if (n == 0) return drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    const auto alone = seg.alone();
+    if (!alone.owns_lock()) return drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    task<T> t(segment_, data, n, o, plan_for<T>(n), std::move(landing), carried);
+    seg.run_alone(t, alone, [&](auto&& step) { wait_driving(t, step); });
+  }
   template <class T>
   std::shared_ptr<task<T>> start_carrying(T* data, std::size_t n, op o, std::function<void()> landing,
                                           span<std::int64_t> carried) {
@@ -898,6 +936,14 @@ class host_reducer {
     if (n == 0)
       return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, {0, 0}, -1, detail::slot_writer::cached},
                                        std::move(landing));
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, plan_for<T>(n), std::move(landing), carried);
+    seg.enqueue(t);
+    return t;
+  }
+  // The next allreduce's steps and slots (n > 0), in start order: the same on every rank.
+  template <class T>
+  typename task<T>::plan plan_for(std::size_t n) {
+    auto& seg = *segment_;
     typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
     if (n * sizeof(T) <= seg.small_bytes) {
       p.small_slot = static_cast<int>(smalls_++ % 2);
@@ -909,20 +955,23 @@ class host_reducer {
       const int cls = detail::slot_writer::size_class(n * sizeof(T));
       p.stores = seg.writer.choose(cls, timed_[cls]++);
     }
-    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing), carried);
-    seg.enqueue(t);
-    return t;
+    return p;
   }
-  // The first rounds of the wait only peek at the peers' counters while the task waits on them,
-  // polling (the segment's locks, the queue, the stall clock) once they moved: a small
-  // allreduce's wait is a few hundred ns, and full polls in it doubled the time from a peer's
-  // publish to this rank's reduction. Past them every round polls, as the timeout needs.
   template <class Task>
   static void drive_until_done(const std::shared_ptr<Task>& t) {
+    wait_driving(*t, [&] { return t->poll(); });
+  }
+  // Calls poll() until it returns true, answering the watchdog's queries meanwhile. The first
+  // rounds only peek at the peers' counters while the task waits on them, polling once they
+  // moved: a small allreduce's wait is a few hundred ns, and full polls in it (the segment's
+  // locks, the queue, the stall clock) doubled the time from a peer's publish to this rank's
+  // reduction. Past them every round polls, as the timeout needs.
+  template <class Task, class Poll>
+  static void wait_driving(const Task& t, Poll&& poll) {
     unsigned peeks = 0;
     wait_answering(
         default_wait().driving(), std::chrono::milliseconds{0},
-        [&] { return peeks < 64 && ++peeks && t->waiting_on_peers() ? false : t->poll(); },
+        [&] { return peeks < 64 && ++peeks && t.waiting_on_peers() ? false : poll(); },
         [] { watchdog::instance().answer_queries(); });
   }
 
@@ -948,7 +997,7 @@ class host_reducer {
   // watchdog's queries while waiting.
   template <class T>
   void allreduce(T* data, std::size_t n, op o) {
-    drive_until_done(start(data, n, o));
+    run_here(data, n, o, {}, {});
   }
 
  protected:
