@@ -180,7 +180,7 @@ class host_segment {
         ranks(group->size()),
         large_bytes(round_up(std::max(large_bytes, line))),
         small_bytes(round_up(small_bytes)),
-        window(*group, line + 2 * this->small_bytes + 2 * this->large_bytes,
+        window(*group, line + 2 * (this->small_bytes + line) + 2 * this->large_bytes,
                cat(group->name(), ": shared-memory setup")) {
     const std::string who = cat(group->name(), ": shared-memory setup");
     for (int r = 0; r < ranks; ++r)
@@ -201,11 +201,14 @@ class host_segment {
   std::atomic<std::uint64_t>& progress(int r) const noexcept {
     return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions[static_cast<std::size_t>(r)]));
   }
+  // A small slot is small_bytes of data and a line beside it for carried words: a full slot
+  // still carries a step's check (host_reducer::carries).
+  std::size_t small_stride() const noexcept { return small_bytes + line; }
   std::byte* small_slot(int r, int which) const noexcept {
-    return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_bytes;
+    return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_stride();
   }
   std::byte* large_slot(int r, int which) const noexcept {
-    return regions[static_cast<std::size_t>(r)] + line + 2 * small_bytes + static_cast<std::size_t>(which) * large_bytes;
+    return regions[static_cast<std::size_t>(r)] + line + 2 * small_stride() + static_cast<std::size_t>(which) * large_bytes;
   }
   // Chunks of an n-element task of T: at most a large slot each.
   template <class T>
@@ -563,11 +566,11 @@ class host_allreduce final : public segment_task {
   const T* small_of(int r) const {
     return reinterpret_cast<const T*>(seg_->small_slot(r, plan_.small_slot));
   }
-  // Where rank r's carried words lie: the end of its small slot, whatever the data's size, or
-  // after its description.
+  // Where rank r's carried words lie: the end of its small slot's stride, whatever the data's
+  // size, or after its description.
   std::byte* carried_of(int r) const {
     if (plan_.in_place) return plan_.arena->carried(r);
-    return seg_->small_slot(r, plan_.small_slot) + seg_->small_bytes - carried_.size() * sizeof(std::int64_t);
+    return seg_->small_slot(r, plan_.small_slot) + seg_->small_stride() - carried_.size() * sizeof(std::int64_t);
   }
   void reduce_small() {
     std::memcpy(data_, small_of(0), n_ * sizeof(T));
@@ -802,7 +805,7 @@ class host_reducer {
 
   // Collective over `group` (the reducer's own, kept for its names and timeout), whose ranks must
   // all share one host (the backend decides: otherwise an error on every rank). Allocates
-  // 2 x slot_bytes + 2 x small_bytes (and a cache line) of shared memory per rank.
+  // 2 x slot_bytes + 2 x small_bytes (and three cache lines) of shared memory per rank.
   explicit host_reducer(std::unique_ptr<host_group> group, std::size_t slot_bytes = default_slot_bytes,
                         std::size_t small_bytes = default_small_bytes)
       : segment_(std::make_shared<detail::host_segment>(std::move(group), slot_bytes, small_bytes)) {}
@@ -899,9 +902,12 @@ class host_reducer {
     drive_until_done(start_in_place(data, n, o));
   }
 
-  // Whether an allreduce of `bytes` can carry `words` more int64 words in its one round.
+  // Whether an allreduce of `bytes` can carry `words` more int64 words in its one round: it
+  // takes the small path, and the words fit the rest of its slot's stride (a step's check fits
+  // beside a full slot, so a 16 KiB step is one round, not two).
   bool carries(std::size_t bytes, std::size_t words) const noexcept {
-    return segment_ && bytes > 0 && bytes + words * sizeof(std::int64_t) <= segment_->small_bytes;
+    return segment_ && bytes > 0 && bytes <= segment_->small_bytes &&
+           bytes + words * sizeof(std::int64_t) <= segment_->small_stride();
   }
 
   // Blocking allreduce that also max-reduces `carried` in the same round (where carries(): every

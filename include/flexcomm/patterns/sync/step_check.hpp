@@ -45,8 +45,9 @@ struct first_handed {
 template <class B>
 class signature_check {
  public:
-  // The numbers exchanged: the fingerprint and the misuse mark.
-  static constexpr std::size_t words = 2;
+  // The int64 words exchanged: the fingerprint and the misuse mark, each with its negation
+  // (agreement), what a bucket that carries the check must make room for.
+  static constexpr std::size_t words = 4;
 
   void start(const typename B::communicator& comm, const fingerprint& f, bool misused) {
     same_.emplace(std::initializer_list<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
