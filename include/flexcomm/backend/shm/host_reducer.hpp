@@ -572,9 +572,18 @@ class host_allreduce final : public segment_task {
     if (plan_.in_place) return plan_.arena->carried(r);
     return seg_->small_slot(r, plan_.small_slot) + seg_->small_stride() - carried_.size() * sizeof(std::int64_t);
   }
+  // Every rank folds the slots in rank order: the same bits everywhere. The rule makes each op
+  // commutative bit for bit (reduce_rule.hpp), so ranks 0 and 1 start from their own data (their
+  // slot's bits) and fold in the other of the first two, instead of copying slot 0 back first.
   void reduce_small() {
-    std::memcpy(data_, small_of(0), n_ * sizeof(T));
-    for (int r = 1; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
+    const int me = seg_->rank;
+    if (me >= 2) {
+      std::memcpy(data_, small_of(0), n_ * sizeof(T));
+      combine(op_, data_, small_of(1), n_);
+    } else if (seg_->ranks >= 2) {
+      combine(op_, data_, small_of(1 - me), n_);
+    }
+    for (int r = 2; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
     if (op_ == op::avg) divide_by(data_, n_, seg_->ranks);
     reduce_carried();
   }
