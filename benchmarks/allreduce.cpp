@@ -186,30 +186,36 @@ class shm_probe {
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string begin, end, type_name, op_name, json, segment, shm_slot;
-  double factor;
+  std::string type_name, op_name, json;
+  std::size_t lo = 0, hi = 0, segment = 0, shm_slot = 0;
+  double factor = 2;
   int iters = 20, warmup = 5, check = 1, lanes = 2, tiers = 0;
   po::options_description opts("allreduce (nccl-tests flags)");
   opts.add_options()("help,h", "this help")
-      ("minbytes,b", po::value(&begin)->default_value("4K"), "smallest size")
-      ("maxbytes,e", po::value(&end)->default_value("64M"), "largest size")
-      ("stepfactor,f", po::value(&factor)->default_value(2), "size multiplier")
+      ("minbytes,b", benchmark_flags::bytes(&lo, "4K"), "smallest size")
+      ("maxbytes,e", benchmark_flags::bytes(&hi, "64M"), "largest size")
+      ("stepfactor,f", benchmark_flags::above_one(&factor), "size multiplier")
       ("iters,n", counts::at_least<1>(&iters), "timed iterations")
       ("warmup_iters,w", counts::at_least<0>(&warmup), "warmup iterations (the first plans the bucket)")
       ("check,c", counts::at_least<0>(&check), "check results (#wrong)")
       ("datatype,d", po::value(&type_name)->default_value("float"), "float double int32 int64 uint8 half bfloat16")
       ("op,o", po::value(&op_name)->default_value("sum"), "sum prod min max avg")
-      ("segment,s", po::value(&segment)->default_value("1M"), "overlapped_ring segment bytes")
+      ("segment,s", benchmark_flags::bytes(&segment, "1M"), "overlapped_ring segment bytes")
       ("lanes,l", counts::at_least<1>(&lanes), "overlapped_ring segments in flight")
-      ("shm_slot,S", po::value(&shm_slot)->default_value("1M"), "the shm columns: bytes of each rank's slot")
+      ("shm_slot,S", benchmark_flags::bytes(&shm_slot, "1M"), "the shm columns: bytes of each rank's slot")
       ("hierarchical,H", counts::at_least<0>(&tiers),
        "1: also both adapters forced hierarchical (the flat ones forced flat)")
       ("json,j", po::value(&json), "write results as JSON here (rank 0)");
   if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
-  const fc::dtype type = parse_type(type_name);
-  const fc::op o = parse_op(op_name);
-  const std::size_t lo = fc::parse_bytes(begin, "-b"), hi = fc::parse_bytes(end, "-e");
-  fc::check(factor > 1, "allreduce", "-f must be > 1");
+  fc::dtype type{};
+  fc::op o{};
+  try {  // the same on every rank: rank 0 says why
+    type = parse_type(type_name);
+    o = parse_op(op_name);
+  } catch (const fc::error& e) {
+    if (world.rank() == 0) std::cerr << e.what() << "\n";
+    return 2;
+  }
   const bool root = world.rank() == 0;
   std::vector<std::string> names{"MPI_Allreduce",   "subgroup_allreduce",  "subgroup_allreduce shm",
                                  "overlapped_ring", "overlapped_ring shm", "probe",
@@ -224,10 +230,10 @@ int main(int argc, char** argv) {
   const std::size_t impls = names.size();
   const auto hosts = fc::hosts_of(world);  // collective
   if (root) {
-    std::printf("# flexcomm allreduce on %s: %d ranks on %d host(s) (%s), %d per node, wait %s, in place, segment %s x %d "
+    std::printf("# flexcomm allreduce on %s: %d ranks on %d host(s) (%s), %d per node, wait %s, in place, segment %zuK x %d "
                 "in flight\n", fc::mpi_implementation::name, world.size(), hosts.hosts(), hosts.str().c_str(),
                 env.ranks_on_node(), fc::name_of(env.wait().kind),
-                segment.c_str(), lanes);
+                segment >> 10, lanes);
     std::printf("# %10s %12s %8s %6s %5s |", "size", "count", "type", "redop", "root");
     for (const auto& n : names) std::printf(" %-39s |", n.c_str());
     std::printf(" busbw ratio vs MPI\n");
@@ -249,12 +255,12 @@ int main(int argc, char** argv) {
       fc::sync_options options;
       options.op = o;
       options.bucket_bytes = bytes;
-      options.segment_bytes = fc::parse_bytes(segment, "-s");
+      options.segment_bytes = segment;
       options.segments_in_flight = lanes;
       // Without -H the adapters choose as a user's would (FLEXCOMM_HIERARCHICAL, else automatic).
       if (tiers) options.hierarchical = fc::hierarchy::off;
       options.shared_memory = fc::shared_memory_use::automatic;
-      options.shared_memory_slot_bytes = fc::parse_bytes(shm_slot, "-S");
+      options.shared_memory_slot_bytes = shm_slot;
       fc::subgroup_allreduce<mpi> subgroup_shm(world, options);
       fc::overlapped_ring<mpi> ring_shm(world, options);
       fc::subgroup_allreduce<mpi> subgroup_placed(world, options);

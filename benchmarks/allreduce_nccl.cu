@@ -154,31 +154,28 @@ std::string report(const std::vector<line>& lines, std::size_t n, double bus, bo
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string min_text, max_text, json;
+  std::string json;
+  std::size_t min_bytes = 0, max_bytes = 0;
   double factor = 2;
   int iters = 20, warmup = 5, check_result = 1;
   po::options_description opts(
       "allreduce_nccl: flexcomm's device allreduces against ncclAllReduce and the copies that bound them");
-  opts.add_options()("help,h", "this text")("minbytes,b", po::value(&min_text)->default_value("8"), "smallest size")(
-      "maxbytes,e", po::value(&max_text)->default_value("32M"), "largest size")(
-      "stepfactor,f", po::value(&factor)->default_value(2), "size multiplier")(
+  opts.add_options()("help,h", "this text")("minbytes,b", benchmark_flags::bytes(&min_bytes, "8"), "smallest size")(
+      "maxbytes,e", benchmark_flags::bytes(&max_bytes, "32M"), "largest size")(
+      "stepfactor,f", benchmark_flags::above_one(&factor), "size multiplier")(
       "iters,n", counts::at_least<1>(&iters), "timed iterations")(
       "warmup_iters,w", counts::at_least<0>(&warmup), "warmup iterations")(
       "check,c", counts::at_least<0>(&check_result), "check results (#wrong)")(
       "json,J", po::value(&json)->default_value("allreduce_nccl.json"), "JSON output (rank 0)");
   if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
-  if (!(factor > 1)) {
-    if (world.rank() == 0) std::cerr << "allreduce_nccl: -f must be above 1, not " << factor << "\n";
-    return 2;
-  }
   if (!fc::cuda_device_present()) {
     if (world.rank() == 0) std::puts("# no CUDA device: nothing to measure");
     return 0;
   }
   fc::cuda::use_local_device(world);
   const int rank = world.rank(), ranks = world.size();
-  const std::size_t min_bytes = std::max<std::size_t>(fc::parse_bytes(min_text, "-b"), 4),
-                    max_bytes = std::max(fc::parse_bytes(max_text, "-e"), min_bytes);
+  min_bytes = std::max<std::size_t>(min_bytes, 4);
+  max_bytes = std::max(max_bytes, min_bytes);
 
   fc::nccl::communicator comm(world, "bench");
   fc::staged::communicator scomm(world, "bench staged");

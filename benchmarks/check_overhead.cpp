@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 
 namespace fc = flexcomm;
 namespace po = boost::program_options;
@@ -48,31 +49,17 @@ int main(int argc, char** argv) {
   std::size_t min_bytes = 8, max_bytes = 1 << 20;
   double factor = 4;
   int iters = 200, warmup = 20, check = 1;
-  std::string json = "check_overhead.json", min_text = "8", max_text = "1M";
+  std::string json = "check_overhead.json";
   po::options_description flags("check_overhead: allreduce with FLEXCOMM_CHECK off and on (nccl-tests flags)");
   flags.add_options()("help,h", "this text")
-      ("minbytes,b", po::value(&min_text)->default_value(min_text), "smallest size")
-      ("maxbytes,e", po::value(&max_text)->default_value(max_text), "largest size")
-      ("stepfactor,f", po::value(&factor)->default_value(factor), "size multiplier")
+      ("minbytes,b", benchmark_flags::bytes(&min_bytes, "8"), "smallest size")
+      ("maxbytes,e", benchmark_flags::bytes(&max_bytes, "1M"), "largest size")
+      ("stepfactor,f", benchmark_flags::above_one(&factor), "size multiplier")
       ("iters,n", counts::at_least<1>(&iters), "timed iterations")
       ("warmup_iters,w", counts::at_least<0>(&warmup), "warmup iterations")
       ("check,c", counts::at_least<0>(&check), "check results (#wrong)")
       ("json,J", po::value(&json)->default_value(json), "JSON output file (rank 0)");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, flags), vm);
-    po::notify(vm);
-    min_bytes = fc::parse_bytes(min_text, "-b");
-    max_bytes = fc::parse_bytes(max_text, "-e");
-    fc::check(factor > 1, "-f", "the size multiplier must be above 1");
-  } catch (const std::exception& e) {
-    if (world.rank() == 0) std::cerr << e.what() << "\n" << flags;
-    return 2;
-  }
-  if (vm.count("help")) {
-    if (world.rank() == 0) std::cout << flags;
-    return 0;
-  }
+  if (const auto status = benchmark_flags::parse(argc, argv, flags, world.rank())) return *status;
   const int n = world.size();
   const double bus = n > 1 ? 2.0 * (n - 1) / n : 1.0;  // allreduce's bus-bandwidth factor
   FILE* out = world.rank() == 0 ? std::fopen(json.c_str(), "w") : nullptr;

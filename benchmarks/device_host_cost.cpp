@@ -120,13 +120,14 @@ struct pending {
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string min_text, max_text, json;
+  std::string json;
+  std::size_t min_bytes = 0, max_bytes = 0;
   double factor = 8;
   int iters = 200, warmup = 20;
   po::options_description opts("device_host_cost: flexcomm's host time per device operation over the raw calls");
-  opts.add_options()("help,h", "this text")("minbytes,b", po::value(&min_text)->default_value("8"), "smallest size")(
-      "maxbytes,e", po::value(&max_text)->default_value("64K"), "largest size")(
-      "stepfactor,f", po::value(&factor)->default_value(8), "size multiplier")(
+  opts.add_options()("help,h", "this text")("minbytes,b", benchmark_flags::bytes(&min_bytes, "8"), "smallest size")(
+      "maxbytes,e", benchmark_flags::bytes(&max_bytes, "64K"), "largest size")(
+      "stepfactor,f", benchmark_flags::above_one(&factor), "size multiplier")(
       "iters,n", counts::at_least<1>(&iters), "operations timed per row")(
       "warmup_iters,w", counts::at_least<0>(&warmup), "warmup operations per row")(
       "json,J", po::value(&json)->default_value("device_host_cost.json"), "JSON output (rank 0)");
@@ -137,7 +138,7 @@ int main(int argc, char** argv) {
   }
   fc::cuda::use_local_device(world);
   const int rank = world.rank(), ranks = world.size();
-  const std::size_t min_bytes = std::max<std::size_t>(fc::parse_bytes(min_text, "-b"), 4), max_bytes = fc::parse_bytes(max_text, "-e");
+  min_bytes = std::max<std::size_t>(min_bytes, 4);
   const int to = (rank + 1) % ranks, from = (rank + ranks - 1) % ranks;
 
   fc::nccl::communicator comm(world, "bench");

@@ -17,6 +17,7 @@
 #include <flexcomm/core/setting_values.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -228,30 +229,22 @@ void header(const options& opt) {
 
 int main(int argc, char** argv) {
   options opt;
-  std::string min_text, max_text, json;
+  std::string json;
   po::options_description desc("device_kernels: the reduction kernels against a device-to-device copy");
-  desc.add_options()("help,h", "this text")("minbytes,b", po::value(&min_text)->default_value("4K"), "smallest size")(
-      "maxbytes,e", po::value(&max_text)->default_value("256M"), "largest size")(
-      "stepfactor,f", po::value(&opt.factor)->default_value(4), "size multiplier")(
+  desc.add_options()("help,h", "this text")("minbytes,b", benchmark_flags::bytes(&opt.min_bytes, "4K"), "smallest size")(
+      "maxbytes,e", benchmark_flags::bytes(&opt.max_bytes, "256M"), "largest size")(
+      "stepfactor,f", benchmark_flags::above_one(&opt.factor), "size multiplier")(
       "iters,n", counts::at_least<1>(&opt.iters), "timed iterations")(
       "warmup_iters,w", counts::at_least<0>(&opt.warmup), "warmup iterations")(
       "check,c", counts::at_least<0>(&opt.check), "compare with the host loops (sizes <= 16 MiB)")(
       "ranks,r", counts::at_least<2>(&opt.ranks), "the divide's rank count")(
       "json,J", po::value(&json)->default_value("device_kernels.json"), "JSON output");
-  po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (const auto status = benchmark_flags::parse(argc, argv, desc, 0)) return *status;
   if (!fc::cuda_device_present()) {
     std::puts("# no CUDA device: nothing to measure");
     return 0;
   }
-  opt.min_bytes = std::max<std::size_t>(fc::parse_bytes(min_text, "-b"), 16);
-  opt.max_bytes = fc::parse_bytes(max_text, "-e");
-  fc::check(opt.factor > 1, "device_kernels", "-f must be above 1");
+  opt.min_bytes = std::max<std::size_t>(opt.min_bytes, 16);
   buffers m;
   for (void** p : {&m.a, &m.b, &m.c}) fc::check_cuda(cudaMalloc(p, opt.max_bytes + 64), "cudaMalloc");
   fc::check_cuda(cudaStreamCreateWithFlags(&m.s, cudaStreamNonBlocking), "cudaStreamCreate");

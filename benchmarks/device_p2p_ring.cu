@@ -69,29 +69,26 @@ std::int64_t wrong_elements(const float* device_buf, std::size_t n, float want, 
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string min_text, max_text, json;
-  double factor = 2;
+  std::string json;
+  std::size_t min_bytes = 0, max_bytes = 0;
+  double factor = 8;
   int iters = 20, warmup = 5;
   po::options_description opts("device_p2p_ring: a ring step over flexcomm's nccl sends and receives against raw NCCL");
-  opts.add_options()("help,h", "this text")("minbytes,b", po::value(&min_text)->default_value("8"), "smallest size")(
-      "maxbytes,e", po::value(&max_text)->default_value("16M"), "largest size")(
-      "stepfactor,f", po::value(&factor)->default_value(8), "size multiplier")(
+  opts.add_options()("help,h", "this text")("minbytes,b", benchmark_flags::bytes(&min_bytes, "8"), "smallest size")(
+      "maxbytes,e", benchmark_flags::bytes(&max_bytes, "16M"), "largest size")(
+      "stepfactor,f", benchmark_flags::above_one(&factor), "size multiplier")(
       "iters,n", counts::at_least<1>(&iters), "timed steps")("warmup_iters,w", counts::at_least<0>(&warmup),
                                                              "warmup steps")(
       "json,J", po::value(&json)->default_value("device_p2p_ring.json"), "JSON output (rank 0)");
   if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
-  if (!(factor > 1)) {
-    if (world.rank() == 0) std::cerr << "device_p2p_ring: -f must be above 1, not " << factor << "\n";
-    return 2;
-  }
   if (!fc::cuda_device_present()) {
     if (world.rank() == 0) std::puts("# no CUDA device: nothing to measure");
     return 0;
   }
   fc::cuda::use_local_device(world);
   const int rank = world.rank(), ranks = world.size(), next = (rank + 1) % ranks, prev = (rank + ranks - 1) % ranks;
-  const std::size_t min_bytes = std::max<std::size_t>(fc::parse_bytes(min_text, "-b"), 4),
-                    max_bytes = std::max(fc::parse_bytes(max_text, "-e"), min_bytes);
+  min_bytes = std::max<std::size_t>(min_bytes, 4);
+  max_bytes = std::max(max_bytes, min_bytes);
 
   fc::nccl::communicator comm(world, "p2p ring");
   const dv::nccl_comm_t plain = baseline::nccl_comm(world);

@@ -9,6 +9,7 @@
 #include <flexcomm/flexcomm.hpp>
 
 #include "../examples/common/counts.hpp"
+#include "flags.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -122,12 +123,11 @@ outcome run(const fc::mpi::communicator& world, const settings& s, variant v, st
 
 int main(int argc, char** argv) {
   settings s;
-  std::string min_text = "1M", max_text = "16M";
   po::options_description opts("gaps [options]");
-  opts.add_options()("help,h", "this help")("minbytes,b", po::value(&min_text)->default_value(min_text),
+  opts.add_options()("help,h", "this help")("minbytes,b", benchmark_flags::bytes(&s.min_bytes, "1M"),
                                             "smallest checkpoint (K, M, G suffixes)")(
-      "maxbytes,e", po::value(&max_text)->default_value(max_text), "largest checkpoint")(
-      "stepfactor,f", po::value(&s.factor)->default_value(s.factor), "size multiplier between rows")(
+      "maxbytes,e", benchmark_flags::bytes(&s.max_bytes, "16M"), "largest checkpoint")(
+      "stepfactor,f", counts::at_least<2>(&s.factor), "size multiplier between rows")(
       "iters,n", counts::at_least<1>(&s.iters), "steps timed per variant and repeat")(
       "warmup_iters,w", counts::at_least<0>(&s.warmup), "steps before timing")(
       "check,c", counts::at_least<0>(&s.check), "verify the checkpoint copies")(
@@ -137,20 +137,8 @@ int main(int argc, char** argv) {
       "grad", counts::at_least<1>(&s.grad_floats), "gradient floats per step")(
       "json,J", po::value(&s.json)->default_value(s.json), "JSON results file")(
       "trace-dir", po::value(&s.trace_dir)->default_value(s.trace_dir), "where the traced variant writes");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, opts), vm);
-    po::notify(vm);
-    s.min_bytes = fc::parse_bytes(min_text, "-b");
-    s.max_bytes = fc::parse_bytes(max_text, "-e");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gaps: %s\n%s", e.what(), vm.count("help") ? "" : "try --help\n");
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::printf("%s", (std::ostringstream() << opts).str().c_str());
-    return 0;
-  }
+  // Before MPI starts: every rank would say it, as every rank parses the same.
+  if (const auto status = benchmark_flags::parse(argc, argv, opts, 0)) return *status;
 
   fc::environment env(argc, argv);
   const auto& world = env.world();

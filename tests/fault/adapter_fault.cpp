@@ -6,7 +6,7 @@
 //   mpiexec -n N adapter_fault <fault>
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
 //           gradient-order sync-stall sync-stall-messages claim-stall claim-dies claim-stall-messages
-//           claim-dies-messages claim-stall-hosts claim-dies-hosts
+//           claim-dies-messages claim-stall-hosts claim-dies-hosts handover-stall handover-dies
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -73,6 +73,49 @@ bool run_adaptive(const mpi::communicator& world, const std::string& fault,
     for (auto byte : b->bytes()) ok = ok && byte == std::byte{static_cast<unsigned char>(b->step())};
   }
   return ok;
+}
+
+// A hand-over (pipeline/handover.hpp) over "members=1,2,1..." (n >= 4): the last rank's member
+// ends after step fault_step - 1 and joins member 0 (one rank, the longest expected step), then
+// stalls in its state callback for 4x the timeout (as under SIGSTOP; handover-dies: ends its
+// process there) once their communicator is made: member 0's rank, sending it the state, names
+// it. Member 0 takes 30 ms a step, so that it still runs when the request comes.
+bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady_clock::time_point& start) {
+  const int n = world.size();
+  std::vector<int> sizes{1, 2};
+  for (int left = n - 3; left > 0; --left) sizes.push_back(1);
+  fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>::options options;
+  options.feed.steps = 40;
+  options.feed.shard_capacity = capacity;
+  fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>> pipe(
+      world, fc::ensemble_layout(0, sizes, 0), options);
+  const bool faulty = world.rank() == n - 1;
+  std::vector<float> weights(16, 1.0f);
+  pipe.on_handover({[&](int) {
+                      if (faulty) {
+                        report(world.rank(), fc::cat("injected: ", dies ? "dies" : "stalls",
+                                                     " in its state callback while joining member 0"));
+                        if (dies) std::_Exit(9);
+                        std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
+                      } else {
+                        start = std::chrono::steady_clock::now();
+                      }
+                      return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(weights))};
+                    },
+                    {}});
+  const int last = static_cast<int>(sizes.size()) - 1;
+  pipe.run(
+      [](std::int64_t step, int, fc::span<std::byte> out) -> std::size_t {
+        for (auto& b : out) b = std::byte{static_cast<unsigned char>(step)};
+        return out.size();
+      },
+      [&](auto& ctx) {
+        while (auto b = ctx.feed().next()) {
+          if (ctx.member() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          if (ctx.member() == last && b->step() == fault_step - 1) return ctx.finish_member();
+        }
+      });
+  return true;
 }
 
 // Runs a shared feed over "producers=1 members=(n-1)x1"; the loader misbehaves on fault_step.
@@ -174,6 +217,7 @@ int main(int argc, char** argv) {
   try {
     const bool ok = fault.rfind("sync", 0) == 0 || fault == "gradient-order" ? run_sync(world, fault, start)
                     : fault.rfind("claim", 0) == 0                           ? run_adaptive(world, fault, start)
+                    : fault.rfind("handover", 0) == 0 ? run_handover(world, fault == "handover-dies", start)
                                                                              : run_feed(world, fault, start);
     report(rank, ok ? "finished every step" : "WRONG DATA");
     status = ok ? 0 : 1;
@@ -184,7 +228,7 @@ int main(int argc, char** argv) {
   // The sync reduces in place in the trainer's gradients: their guard words must survive. (The
   // feed's slots carry guard words of their own, which one_to_many checks.)
   if (!(fault.rfind("feed", 0) == 0 || fault.rfind("loader", 0) == 0 || fault == "layout-feed" ||
-        fault == "trainer-stall" || fault.rfind("claim", 0) == 0))
+        fault == "trainer-stall" || fault.rfind("claim", 0) == 0 || fault.rfind("handover", 0) == 0))
     report(rank, guards_intact() ? "guards intact" : "GUARD BROKEN: an operation wrote past its buffer");
   return status;
 }

@@ -216,6 +216,22 @@ FAULTS = {
         mpiexec='keep_going', survivors='others', kind='timeout', guards=False,
         expect=CLAIM_ACROSS_HOSTS,
         reports='as claim-stall-hosts: every rank of host 0 names world rank {f}, host 1'),
+    # A hand-over (pipeline/handover.hpp): the joining rank stops once the joined member's
+    # communicator is made; the member's rank 0, sending it the member's state, names it.
+    'handover-stall': dict(
+        driver='adapter', what="pipeline over 'members=1,2,...' with hand-overs: member {p}'s rank {f} ends it "
+                               "and joins member 0 (rank 0), then stalls for 4x the timeout in its state callback "
+                               "(as under SIGSTOP)", min_ranks=4,
+        mpiexec=[], survivors='target', kind='timeout', guards=False,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
+        reports='rank 0: `mpi iallreduce on \'member 0 from step N\': timed out after 2000 ms (FLEXCOMM_TIMEOUT); '
+                'stalled at world rank {f} ...`'),
+    'handover-dies': dict(
+        driver='adapter', what="the same, but rank {f} dies in its state callback (mpiexec told to keep the job: "
+                               "{keep_going})", min_ranks=4,
+        mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
+        reports='as handover-stall: rank 0 names world rank {f}'),
     'claim-stall-messages': dict(
         driver='adapter', what="adaptive feed over 'producers=1 members={f}x1' with shared memory off (claims go "
                                "to the producer by message): trainer rank {f} stalls for 4x the timeout in the loader "
@@ -434,6 +450,8 @@ def run(launch, fault, n):
     spec = spec_for(fault, launch['mpi'])
     if 'skip' in spec:
         return dict(fault=fault, n=n, skipped=spec['skip'], problems=[], output='')
+    if n < spec.get('min_ranks', 1):
+        return dict(fault=fault, n=n, skipped=f"needs {spec['min_ranks']} ranks", problems=[], output='')
     driver = launch['drivers'][spec.get('driver', 'backend')]
     timeout = timeout_seconds()
     extra = LAUNCHERS[launch['mpi']][spec['mpiexec']] if isinstance(spec['mpiexec'], str) else spec['mpiexec']
@@ -459,7 +477,7 @@ def run(launch, fault, n):
         problems.append('a rank wrote past a buffer')
     f = fields(n, launch['mpi'])
     survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'producer': [0], 'none': [],
-                 'faulty': [], 'partner': [n - 2]}[spec['survivors']]
+                 'faulty': [], 'partner': [n - 2], 'target': [0]}[spec['survivors']]
     for r in range(n) if 'every_rank_expect' in spec else []:
         if not re.search(spec['every_rank_expect'].format(r=r, **f), out):
             problems.append(f"rank {r}: no match for /{spec['every_rank_expect'].format(r=r, **f)}/")

@@ -5,8 +5,13 @@
 #include <flexcomm/pipeline/preset_layout.hpp>
 #include <flexcomm/pipeline/presets.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -405,6 +410,36 @@ BOOST_AUTO_TEST_CASE(a_chosen_layout_is_the_users_and_says_what_the_preset_added
                       "fewer than the " + std::to_string(n + 1) + " members"));
 }
 
+// A layout flexcomm sizes ("members=auto:N") comes back unplanned with the preset's producers in
+// front where the world has room for them beside a rank per member (the aggregator on its
+// trainer), the baseline where it has not, and a world too small for the members refused.
+BOOST_AUTO_TEST_CASE(a_chosen_auto_layout_gets_the_presets_producers_and_stays_unplanned) {
+  using fc::testing::contains;
+  using fc::testing::error_of;
+  const auto roomy = fc::presets::choose("single_broadcast", "members=auto:3", 0, 6);
+  BOOST_TEST((roomy.preset == "single_broadcast" && !roomy.layout.is_planned() && roomy.note.empty()));
+  BOOST_TEST(roomy.layout.str() == "producers=1 members=auto:3 aggregator=1");
+  BOOST_TEST(roomy.layout.rank_budget(6) == 5);
+  const auto moved = fc::presets::choose("multi_broadcast", "members=auto:2 aggregator=1", 0, 6);
+  BOOST_TEST(moved.layout.str() == "producers=2 members=auto:2 aggregator=3");
+  const auto kept = fc::presets::choose("adaptive", "producers=2 members=auto:2", 0, 6);
+  BOOST_TEST(kept.layout.str() == "producers=2 members=auto:2");
+  const auto plain = fc::presets::choose("single_broadcast", "members=auto:3", 0, 3);
+  BOOST_TEST((plain.preset == "baseline" && plain.layout.str() == "members=auto:3"));
+  BOOST_TEST(contains(plain.note, "no room for single_broadcast's 1 producer beside layout 'members=auto:3' on 3 ranks"));
+  BOOST_TEST(fc::presets::choose("baseline", "members=auto:3", 0, 4).layout.str() == "members=auto:3");
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("multi_broadcast", "members=auto:4 aggregator=1", 0, 5); }),
+                      "layout 'members=auto:4 aggregator=1' with preset multi_broadcast (which adds producers=2, making "
+                      "'producers=2 members=auto:4 aggregator=3') sizes 4 members from 3 trainer ranks: each needs "
+                      "one at least (world has 5)"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("single_broadcast", "producers=2 members=auto:2", 0, 6); }),
+                      "has 2 producers; preset single_broadcast takes 1 producer"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("baseline", "members=auto:3", 0, 2); }),
+                      "sizes 3 members from 2 trainer ranks"));
+  BOOST_TEST(contains(error_of([] { fc::presets::choose("baseline", "members=auto:3", 2, 4); }),
+                      "has 3 members; the trainer asks for 2"));
+}
+
 BOOST_AUTO_TEST_CASE(run_happens_once) {
   const fc::ensemble_layout layout(0, std::vector<int>(static_cast<std::size_t>(world().size()), 1), 0);
   fc::presets::baseline<>::options options;
@@ -444,4 +479,292 @@ BOOST_AUTO_TEST_CASE(the_constructor_refuses_bad_feed_options_on_every_rank) {
   const std::string split = error_of([&] { fc::presets::baseline<>::pipeline pipe(world(), layout, differ); });
   BOOST_TEST(fc::testing::all_ranks(world().size() == 1 ? split.empty() : contains(split, "ranks disagree on steps")),
              split);
+}
+
+// ---- members that finish early hand their ranks on (pipeline/handover.hpp)
+
+namespace {
+
+// Members 0 and 1 of one rank, then members of two (and one of one for an odd world): a step has
+// 2 shards, so member 0's rank can join member 1, the running member with the longest expected
+// step (cost 1 / 1 rank).
+std::vector<int> handover_sizes(int world_size) {
+  std::vector<int> sizes{1, 1};
+  for (int left = world_size - 2; left > 0; left -= 2) sizes.push_back(left >= 2 ? 2 : 1);
+  return sizes;
+}
+
+// What member m must end with when it ran on `before` ranks up to step `joined_at`, then on
+// `after` (the layout's shards split as the hand-over splits them).
+std::vector<float> reference_across(int shards, int before, int after, std::int64_t joined_at) {
+  linear_model model;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const int n = s < joined_at ? before : after;
+    std::vector<float> sum_w, sum_b;
+    for (int r = 0; r < n; ++r) {
+      const int first = r * shards / n, count = (r + 1) * shards / n - first;
+      std::vector<std::byte> bytes(static_cast<std::size_t>(count) * records_per_shard * record_bytes);
+      for (int k = 0; k < count; ++k)
+        load(s, first + k,
+             fc::span<std::byte>(bytes.data() + static_cast<std::size_t>(k) * records_per_shard * record_bytes,
+                                 records_per_shard * record_bytes));
+      model.gradient(reinterpret_cast<const std::int8_t*>(bytes.data()), bytes.size() / record_bytes);
+      if (r == 0) {
+        sum_w = model.grad_weights;
+        sum_b = model.grad_bias;
+      } else {
+        for (std::size_t f = 0; f < features; ++f) sum_w[f] += model.grad_weights[f];
+        sum_b[0] += model.grad_bias[0];
+      }
+    }
+    model.grad_weights = sum_w;
+    model.grad_bias = sum_b;
+    fc::divide_by(model.grad_weights.data(), features, n);
+    fc::divide_by(model.grad_bias.data(), 1, n);
+    model.step();
+  }
+  return model.parameters();
+}
+
+// Every rank's words, on every rank (rank order).
+std::vector<std::int64_t> everyone(const std::vector<std::int64_t>& mine) {
+  std::vector<std::int64_t> count{static_cast<std::int64_t>(mine.size())};
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(world().size()));
+  mpi::iallgather(world(), fc::span<const std::int64_t>(count), fc::span<std::int64_t>(counts)).wait();
+  const auto most = *std::max_element(counts.begin(), counts.end());
+  std::vector<std::int64_t> padded(static_cast<std::size_t>(most), -1), all(counts.size() * padded.size());
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  mpi::iallgather(world(), fc::span<const std::int64_t>(padded), fc::span<std::int64_t>(all)).wait();
+  return all;
+}
+
+using handover_pipeline = fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
+
+std::int64_t bits(float x) {
+  std::uint32_t b = 0;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+handover_pipeline::options handover_options_for(std::int64_t n_steps) {
+  handover_pipeline::options options;
+  options.feed.steps = n_steps;
+  options.feed.shard_capacity = records_per_shard * record_bytes;
+  return options;
+}
+
+}  // namespace
+
+// Member 0 ends at step 2; its rank joins member 1 with member 1's model, the member's steps
+// from then on are split over both ranks, each step's shards delivered once per member and in
+// order; the other members train on untouched.
+namespace {
+
+// Member 0 (one rank) ends after step 1 and joins member 1 (`sizes`: the layout's members, on the
+// whole world). Member 1's parameters must match the serial run across the hand-over within
+// `tolerance` (0: bit for bit), and be the same bits on each of its ranks.
+bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
+  const int n = world().size();
+  const fc::ensemble_layout layout(0, sizes, 0);
+  handover_pipeline pipe(world(), layout, handover_options_for(steps));
+  std::map<int, linear_model> models;
+  pipe.on_handover({[&](int m) {
+                      auto& model = models[m];
+                      return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(model.weights)),
+                                                              fc::as_writable_bytes(fc::span<float>(model.bias))};
+                    },
+                    {}});
+  std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
+  std::vector<fc::handover_record> records, ends;  // ends: the aggregator's report
+  // Member 0 asks only once member 1 has trained step 0, so that the state it receives is not the
+  // initial one (it joins at step 1 or later). Member 1 must still run when the request comes:
+  // before the hand-over, at step 2, its rank 0 waits for member 0's word that it has finished,
+  // then its ranks take 10 ms a step (the request follows that word at once, on the hand-over's
+  // own communicator).
+  const int before = layout.member_size(1);
+  std::int64_t token = 0;
+  bool waited = false;
+  pipe.run(load, [&](auto& ctx) {
+    auto& model = models[ctx.member()];
+    while (auto batch = ctx.feed().next()) {
+      seen.insert(seen.end(), {ctx.member(), batch->step(), batch->first_shard(), batch->shards()});
+      model.gradient(reinterpret_cast<const std::int8_t*>(batch->bytes().data()), batch->size() / record_bytes);
+      ctx.sync().ready(1, fc::span<float>(model.grad_bias));
+      ctx.sync().ready(0, fc::span<float>(model.grad_weights));
+      ctx.sync().finish();
+      model.step();
+      if (ctx.member() == 1 && batch->step() == 0 && ctx.rank_in_member() == 0)
+        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 0, 78).wait();
+      if (ctx.member() == 0 && batch->step() == 1) {
+        std::int64_t trained = 0;  // member 1 has a step behind it: its state is not the initial one
+        mpi::irecv(world(), fc::span<std::int64_t>(&trained, 1), 1, 78).wait();
+        ctx.finish_member();
+        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 1, 77).wait();
+        return;
+      }
+      if (ctx.member() == 1 && batch->step() == 2 && ctx.member_size() == before && ctx.rank_in_member() == 0) {
+        mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+        waited = true;
+      }
+      if (ctx.member() == 1 && batch->step() >= 2 && ctx.member_size() == before)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    records = ctx.handovers();
+  }, [&](auto& ctx) { ends = ctx.member_ends(); });
+  if (world().rank() == 1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+  // Every rank's member at the end and its parameters; member 0's rank says where it went.
+  const int me = pipe.layout().role_of(world().rank()).member;
+  const int now = me == 0 ? 1 : me;
+  std::vector<std::int64_t> mine{now};
+  for (const float p : models[now].parameters()) mine.push_back(bits(p));
+  const auto all = everyone(mine);
+  const auto deliveries = everyone(seen);
+  bool ok = true;
+  std::int64_t joined_at = -1;
+  if (me == 0) {
+    ok = records.size() == 1 && records[0].member == 0 && records[0].ended_at == 2 && records[0].joined == 1 &&
+         records[0].joined_at >= 1 && records[0].joined_at < steps;
+    if (ok) joined_at = records[0].joined_at;
+  }
+  mpi::iallreduce(world(), fc::span<std::int64_t>(&joined_at, 1), fc::op::max).wait();
+  ok = ok && joined_at >= 1;
+  if (pipe.is_aggregator()) {  // member 0 ended at step 2 into member 1; the others ran to the end
+    ok = ok && static_cast<int>(ends.size()) == layout.members();
+    for (int m = 0; ok && m < layout.members(); ++m) {
+      const auto& e = ends[static_cast<std::size_t>(m)];
+      ok = e.member == m && (m == 0 ? e.ended_at == 2 && e.joined == 1 && e.joined_at == joined_at
+                                    : e.ended_at == -1 && e.joined == -1);
+    }
+  }
+  // Member 1's ranks hold the same bits, those of the serial run across the hand-over.
+  const std::size_t width = all.size() / static_cast<std::size_t>(n);
+  const auto want = reference_across(layout.shards_per_step(), before, before + 1, joined_at);
+  const std::int64_t* first = nullptr;
+  for (int r = 0; r < n; ++r) {
+    const auto* row = all.data() + static_cast<std::size_t>(r) * width;
+    if (row[0] != 1) continue;
+    if (!first) first = row;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      float got = 0;
+      const auto b = static_cast<std::uint32_t>(row[1 + i]);
+      std::memcpy(&got, &b, sizeof got);
+      ok = ok && row[1 + i] == first[1 + i] &&
+           (tolerance == 0 ? row[1 + i] == bits(want[i])
+                           : std::abs(got - want[i]) <= tolerance * (1 + std::abs(want[i])));
+    }
+  }
+  // Each member's steps: every shard once per step, each rank's steps in order; member 0 stops at 2.
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<int>> shards;  // (member, step) -> counts
+  const std::size_t per_rank = deliveries.size() / static_cast<std::size_t>(n);
+  for (int r = 0; r < n; ++r) {
+    std::map<std::int64_t, std::int64_t> last;  // member -> last step this rank had
+    for (std::size_t i = 0; i + 3 < per_rank; i += 4) {
+      const auto* d = deliveries.data() + static_cast<std::size_t>(r) * per_rank + i;
+      if (d[0] < 0) break;
+      ok = ok && (!last.count(d[0]) || d[1] > last[d[0]]);
+      last[d[0]] = d[1];
+      auto& counts = shards[{d[0], d[1]}];
+      counts.resize(static_cast<std::size_t>(layout.shards_per_step()));
+      for (std::int64_t k = 0; k < d[3]; ++k) ++counts[static_cast<std::size_t>(d[2] + k)];
+    }
+  }
+  for (int m = 0; m < layout.members(); ++m)
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const auto it = shards.find({m, s});
+      const bool delivered = it != shards.end();
+      ok = ok && delivered == (m != 0 || s < 2);
+      if (delivered) ok = ok && std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; });
+    }
+  BOOST_TEST_INFO("layout " << layout.str() << ", joined at " << joined_at);
+  return ok;
+}
+
+}  // namespace
+
+// A member of one rank takes the joiner at once; members of two and one, sums of two: bit for bit.
+BOOST_AUTO_TEST_CASE(a_finished_member_hands_its_rank_on_with_the_state) {
+  if (world().size() < 4) return;  // below: no member with room (a_member_with_nowhere_to_go_is_refused)
+  BOOST_TEST(fc::testing::all_ranks(hand_over_and_check(handover_sizes(world().size()), 0)));
+}
+
+// A member of two learns of the joiner in its sync's per-step check word and takes it at the step
+// after (members=1,2,3: a step has 6 shards, member 1 grows to 3 ranks of 2 shards each). Sums of
+// three may round in another order than the serial one's: within 1e-5.
+BOOST_AUTO_TEST_CASE(a_member_of_two_takes_the_joiner_at_the_step_its_check_agreed) {
+  if (world().size() != 6) return;
+  BOOST_TEST(fc::testing::all_ranks(hand_over_and_check({1, 2, 3}, 1e-5f)));
+}
+
+// A member with nowhere to go (one member, or every other member without room) ends all the
+// same: its ranks stop at that step and the aggregator hears that no member took them. A target
+// named that cannot take it is refused, and changes nothing.
+BOOST_AUTO_TEST_CASE(a_member_with_nowhere_to_go_ends_and_a_named_target_without_room_is_refused) {
+  using fc::testing::contains;
+  using fc::testing::error_of;
+  const int n = world().size();
+  if (n > 3) return;  // from 4 ranks a member has room (a_finished_member_hands_its_rank_on_with_the_state)
+  // members=1,1 or 1,2: a step has 1 or 2 shards, too few for member 0's rank to join another.
+  const fc::ensemble_layout layout(0, n == 1 ? std::vector<int>{1} : std::vector<int>{1, n - 1}, 0);
+  handover_pipeline pipe(world(), layout, handover_options_for(4));
+  pipe.on_handover({});
+  std::int64_t batches = 0;
+  std::string named;
+  std::vector<fc::handover_record> ends;
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        while (auto batch = ctx.feed().next()) {
+          ++batches;
+          if (ctx.member() != 0 || batch->step() != 1) continue;
+          if (n > 1) named = error_of([&] { ctx.finish_member(1); });
+          return ctx.finish_member();
+        }
+      },
+      [&](auto& ctx) { ends = ctx.member_ends(); });
+  const bool first = pipe.layout().role_of(world().rank()).member == 0;
+  const bool heard = world().rank() != 0 || (ends.size() == static_cast<std::size_t>(layout.members()) &&
+                                             ends[0].ended_at >= 1 && ends[0].joined == -1 &&
+                                             (n == 1 || ends[1].ended_at == -1));
+  BOOST_TEST(fc::testing::all_ranks(heard && batches == (first ? 2 : 4) &&
+                                    (first && n > 1 ? contains(named, "member 1 has ended or has no room")
+                                                    : named.empty())),
+             named);
+}
+
+BOOST_AUTO_TEST_CASE(finish_member_is_refused_on_a_producer_and_at_different_steps) {
+  using fc::testing::contains;
+  using fc::testing::error_of;
+  const int n = world().size();
+  if (n < 3) return;
+  // A producer (the aggregator, idle under local_feed) asks; member 0's two ranks end at
+  // different steps; the other members train on.
+  std::vector<int> sizes{2};
+  for (int left = n - 3; left > 0; --left) sizes.push_back(1);
+  const fc::ensemble_layout layout(1, sizes, 0);
+  handover_pipeline pipe(world(), layout, handover_options_for(4));
+  pipe.on_handover({});
+  std::int64_t batches = 0;
+  std::string e, aggregate_error;
+  std::vector<fc::handover_record> ends;
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        while (auto batch = ctx.feed().next()) {
+          if (ctx.member() == 0 && batch->step() == ctx.rank_in_member())
+            e = error_of([&] { ctx.finish_member(); });
+          ++batches;
+        }
+      },
+      [&](auto& ctx) {
+        aggregate_error = error_of([&] { ctx.finish_member(); });
+        ends = ctx.member_ends();  // the producer hears every root's bye: all ran to the end
+      });
+  const auto role = pipe.layout().role_of(world().rank());
+  const bool ok = role.kind == fc::role::producer
+                      ? contains(aggregate_error, "is for trainers; this rank is a producer") &&
+                            static_cast<int>(ends.size()) == layout.members() &&
+                            std::all_of(ends.begin(), ends.end(), [](const auto& x) { return x.ended_at == -1; })
+                      : batches == 4 && (role.member == 0 ? contains(e, "called it at different steps, from 1 to 2")
+                                                          : e.empty());
+  BOOST_TEST(fc::testing::all_ranks(ok), e << aggregate_error);
 }

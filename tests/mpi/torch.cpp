@@ -903,3 +903,41 @@ BOOST_AUTO_TEST_CASE(plain_data_parallel_runs_under_a_preset_with_producers) {
                                          "'producers=1 members=" + m + " aggregator=1') needs " +
                                          std::to_string(n + 2) + " ranks, world has " + std::to_string(n))));
 }
+
+// "members=auto:2" sized from the members' costs: under single_broadcast, its producer in front
+// where the world has room, the dearer member gets the spare ranks; without costs, refused
+// saying what to give.
+BOOST_AUTO_TEST_CASE(an_auto_layout_is_sized_from_the_member_costs) {
+  const int n = world().size();
+  if (n < 2) return;  // two members need two ranks
+  fi::ensemble_options options{"single_broadcast", 0};
+  options.layout = "members=auto:2";
+  options.member_costs = {1.0, 8.0};
+  options.end_job_on_error = false;
+  counting data;
+  std::vector<int> sizes(2, 0);
+  bool trained = false;
+  fi::train_ensemble(
+      world(), options, fi::dataset_of(data, 4), [&](fi::trainer& ctx) {
+        torch::nn::Linear model(6, 1);
+        ctx.average_gradients(*model);
+        auto loader = ctx.loader();
+        for (auto& batch : *loader) {
+          model->zero_grad();
+          model->forward(batch.data.view({-1, 6})).sum().backward();
+        }
+        sizes[static_cast<std::size_t>(ctx.member())] = ctx.member_size();
+        trained = true;
+      },
+      [](const fi::evaluation&) {});
+  fc::mpi::iallreduce(world(), fc::span<int>(sizes.data(), 2), fc::op::max).wait();
+  // Two ranks: no room for the producer, the baseline runs; more: one producer, the rest split.
+  const int budget = n == 2 ? 2 : n - 1;
+  BOOST_TEST(all_ranks(sizes[0] == 1 && sizes[1] == budget - 1));
+  BOOST_TEST(all_ranks(trained || (n > 2 && world().rank() == 0)));
+  options.member_costs.clear();
+  const auto message = error_of([&] {
+    fi::train_ensemble(world(), options, fi::dataset_of(data, 4), [](fi::trainer&) {}, [](const fi::evaluation&) {});
+  });
+  BOOST_TEST(all_ranks(contains(message, "asks flexcomm to size its members: give ensemble_options::member_costs")));
+}

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace flexcomm::snippets {
@@ -109,6 +110,32 @@ void typed_pipeline_block(const mpi::communicator& world, const ensemble_layout&
   pipe.run(data, [&](auto& ctx) {                      // a dataset instead of a loader: ctx.batches()
     ctx.batches().on_epoch_end([&](std::int64_t) { ctx.collect().submit(predict()); });
     while (auto batch = ctx.batches().next()) step(*batch);
+  });
+}
+
+// docs/heterogeneous.md's block: a member that converges hands its ranks on.
+struct handover_model {
+  std::vector<float> weights = std::vector<float>(4, 0.0f);
+  std::vector<span<std::byte>> state_spans() { return {as_writable_bytes(span<float>(weights))}; }
+};
+
+void handover_block(ensemble_pipeline<local_feed, subgroup_allreduce<mpi>, many_to_one<mpi>>& pipe, loader load,
+                    std::vector<double> costs) {
+  using Model = handover_model;
+  auto train_step = [](Model& model, const batch&, auto& sync) {
+    sync.ready(0, span<float>(model.weights));
+    sync.finish();
+  };
+  auto converged = [](const Model& model) { return model.weights[0] > 1.0f; };
+  std::map<int, Model> models;                        // this rank's model of each member it trains
+  pipe.on_handover({[&](int m) { return models[m].state_spans(); },  // parameters + optimizer state
+                    costs});                          // optional: plan costs, for the default target
+  pipe.run(load, [&](auto& ctx) {
+    auto& model = models[ctx.member()];               // called again after a hand-over: new member
+    while (auto batch = ctx.feed().next()) {
+      train_step(model, *batch, ctx.sync());
+      if (converged(model)) return ctx.finish_member();  // collective over the member, this step
+    }
   });
 }
 

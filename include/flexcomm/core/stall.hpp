@@ -203,6 +203,14 @@ inline char process_state(int pid) {
   const auto close = text.rfind(')');
   return close == std::string::npos || close + 2 >= text.size() ? 0 : text[close + 2];
 }
+// How a process is down, "stopped (process 5512, state T)" or "dead (process 5512 gone)", or
+// nothing while it runs.
+inline std::string process_down(int pid) {
+  const char state = process_state(pid);
+  if (state == 'T' || state == 't') return cat("stopped (process ", pid, ", state ", state, ")");
+  if (state == 0 || state == 'Z' || state == 'X') return cat("dead (process ", pid, " gone)");
+  return {};
+}
 }  // namespace detail
 
 inline std::vector<std::pair<int, std::string>> stall_registry::down_here() const {
@@ -214,9 +222,7 @@ inline std::vector<std::pair<int, std::string>> stall_registry::down_here() cons
   std::vector<std::pair<int, std::string>> down;
   for (const auto& [r, pid] : pids) {
     if (r == process_rank()) continue;
-    const char state = detail::process_state(pid);
-    if (state == 'T' || state == 't') down.emplace_back(r, cat("stopped (process ", pid, ", state ", state, ")"));
-    else if (state == 0 || state == 'Z' || state == 'X') down.emplace_back(r, cat("dead (process ", pid, " gone)"));
+    if (auto how = detail::process_down(pid); !how.empty()) down.emplace_back(r, std::move(how));
   }
   return down;
 }
@@ -320,13 +326,12 @@ inline std::string stall_registry::end_text(int r, std::chrono::milliseconds gra
   const auto it = known_.find(r);
   std::string state;
   if (it == known_.end() || !it->second.answered) {
-    int pid = 0;
+    bool here = false;  // on this host, and not down: chain_text names the down ones first
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (const auto p = local_pids_.find(r); p != local_pids_.end()) pid = p->second;
+      here = local_pids_.count(r) != 0;
     }
-    const char ps = pid ? detail::process_state(pid) : 0;
-    if (asked && pid && ps && ps != 'T' && ps != 't' && ps != 'Z' && ps != 'X')
+    if (asked && here)
       state = cat("no answer within ", grace.count(), " ms, though its process runs on this host: its MPI may ",
                   "wait on a stopped or dead rank");
     else if (asked)

@@ -60,6 +60,7 @@
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/settings.hpp"
+#include "../pipeline/member_costs.hpp"
 #include "../pipeline/preset_layout.hpp"
 #include "../pipeline/presets.hpp"
 #include "torch.hpp"
@@ -414,6 +415,10 @@ struct ensemble_options {
   // else the members spread over the ranks after the preset's producers (presets::choose: what
   // the preset adds, and plain data parallel on the baseline where the world has no room for it).
   std::string layout{};
+  // Where the layout is "members=auto:N" (flexcomm sizes the members), each member's step cost,
+  // relative (hints: seconds per step on one rank, or any unit): the ranks are split so that the
+  // members step at an even pace (pipeline/member_costs.hpp), and rank 0 prints the plan.
+  std::vector<double> member_costs{};
   // Stdout of a member's ranks but its first, and of the producers, goes to /dev/null while
   // train_ensemble runs: a member's prints come once (trainer::reports() says which rank prints).
   bool quiet_replicas = true;
@@ -552,6 +557,17 @@ inline presets::choice ensemble_choice_said(const mpi::communicator& world, cons
     std::fprintf(stderr, "flexcomm: rank 0: interop::train_ensemble: %s\n", chosen.note.c_str());
     std::fflush(stderr);
   }
+  if (chosen.layout.is_planned()) return chosen;
+  check(!o.member_costs.empty(), "interop::train_ensemble",
+        cat("layout '", chosen.layout.str(), "' asks flexcomm to size its members: give ensemble_options::member_costs "
+            "(each member's relative step cost), or plan it first (plan_from_hints, measure_and_plan) and pass the "
+            "planned layout"));
+  const auto plan = plan_from_hints(world, chosen.layout, o.member_costs);
+  if (world.rank() == 0) {
+    std::printf("%s", plan.text().c_str());
+    std::fflush(stdout);
+  }
+  chosen.layout = plan.layout;
   return chosen;
 }
 

@@ -19,12 +19,16 @@
 // placed on the world's hosts before all of them.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "../core/agreement.hpp"
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
 #include "../core/span.hpp"
@@ -35,6 +39,7 @@
 #include "../patterns/feed/dataset.hpp"
 #include "../patterns/sync/core.hpp"
 #include "../patterns/feed/typed_feed.hpp"
+#include "handover.hpp"
 
 namespace flexcomm {
 
@@ -59,6 +64,14 @@ struct round_element<R (C::*)(Round, gathered<T>&) const> { using type = T; };
 template <class C, class R, class Round, class T>
 struct round_element<R (C::*)(Round, gathered<T>&)> { using type = T; };
 
+// Feeds that can hand a finished member's ranks on (local_feed): a hook at each step, a new
+// split from a given step, and where the stream is (pipeline/handover.hpp).
+template <class T, class = void> struct hands_over : std::false_type {};
+template <class T>
+struct hands_over<T, std::void_t<decltype(std::declval<T&>().between_steps(std::function<void(std::int64_t)>{})),
+                                 decltype(std::declval<T&>().reshard(shard_range{}, std::int64_t{})),
+                                 decltype(std::declval<T&>().position())>> : std::true_type {};
+
 template <class T, class = void> struct is_collect : std::false_type {};
 template <class T>
 struct is_collect<T, std::void_t<decltype(std::declval<T&>().submit(std::declval<span<const float>>())),
@@ -80,7 +93,8 @@ class pipeline_context {
   // Which member this trainer trains (-1 on a producer), and its rank among the member's ranks.
   int member() const noexcept { return pipe_.role_.member; }
   int rank_in_member() const noexcept { return pipe_.role_.rank_in_member; }
-  int member_size() const { return member() < 0 ? 0 : pipe_.layout_.member_size(member()); }
+  // The member's ranks now (more than the layout's once other members' ranks joined it).
+  int member_size() const { return member() < 0 ? 0 : pipe_.member_comm_.size(); }
   int members() const noexcept { return pipe_.layout_.members(); }
   // Whether this rank trains: always in the trainer function; in the aggregate function, whether
   // the aggregator is also a trainer (true) or a producer (false).
@@ -104,6 +118,24 @@ class pipeline_context {
   collect_type& collect() { return pipe_.collect_; }
   // This member's communicator (empty on producers), for what the trainer does on its own.
   const communicator& comm() const noexcept { return pipe_.member_comm_; }
+
+  // Ends this member here, at a step boundary (after the step's sync().finish(), before the next
+  // feed().next()): collective over the member's ranks, which must call it at the same step.
+  // The trainer function then returns; the pipeline hands this rank to `target` (default: the
+  // running member with the longest expected step) with that member's state
+  // (handover_options::state) and calls the trainer function again, ctx.member() now that
+  // member; with no member left to join, not again. Needs pipe.on_handover(...) and a feed that
+  // hands over (local_feed).
+  void finish_member(int target = -1) { pipe_.finish_member(target); }
+  // The hand-overs of the members this rank finished (each: ended at, joined which, from when).
+  const std::vector<handover_record>& handovers() const { return pipe_.handovers(); }
+  // On the aggregator, in the aggregate function: how each member ended, member by member
+  // ({member, ended_at, joined, joined_at}; ended_at -1: it ran to the end of the stream).
+  const std::vector<handover_record>& member_ends() const {
+    check(is_aggregator() && pipe_.handover_.has_value(), "ensemble_pipeline: member_ends",
+          "is for the aggregator of a run with on_handover()");
+    return pipe_.handover_->member_ends();
+  }
 
  private:
   Pipeline& pipe_;
@@ -182,6 +214,8 @@ class ensemble_pipeline {
  private:
   template <class Train, class Aggregate>
   void run_roles(Train& train, Aggregate& aggregate);
+  template <class Train>
+  void train_members(Train& train, context& ctx);
 
  public:
   template <class Train>
@@ -197,6 +231,17 @@ class ensemble_pipeline {
   template <class Train>
   void run(dataset data, Train&& train) {
     run(std::move(data), std::forward<Train>(train), [](context&) {});
+  }
+
+  // Lets a member end early and hand its ranks on (ctx.finish_member(); docs/heterogeneous.md):
+  // before run(loader, ...), on every rank alike (run() then makes the hand-over's communicator).
+  void on_handover(handover_options o) {
+    check(!ran_, "ensemble_pipeline", "on_handover() goes before run()");
+    handover_options_ = std::move(o);
+  }
+  const std::vector<handover_record>& handovers() const {
+    static const std::vector<handover_record> none;
+    return handover_ ? handover_->records() : none;
   }
 
   // Per-round collection while training goes on: on the aggregator, each(round, gathered<T>&)
@@ -252,6 +297,13 @@ class ensemble_pipeline {
     return world.dup("ensemble_pipeline feed");
   }
 
+  void start_handover();
+  void finish_member(int target);
+  void between_steps(std::int64_t step);
+  bool join();
+  void adopt(const detail::handover_accept& a);
+  void exchange_state(const communicator& comm, int member);
+
   ensemble_layout layout_;
   rank_role role_;
   communicator member_comm_;
@@ -263,6 +315,13 @@ class ensemble_pipeline {
   Collect collect_;
   std::optional<Sync> sync_;
   bool ran_ = false;
+  sync_options sync_options_;
+  std::optional<handover_options> handover_options_;
+  std::optional<detail::member_handover<backend>> handover_;  // made by run() after on_handover()
+  std::vector<int> member_ranks_;  // this rank's member's world ranks, in member order
+  std::int64_t finished_at_ = -1;  // the step at which finish_member() ended this rank's member
+  int target_ = -1;                // finish_member()'s target
+  bool announced_ = false;         // this member's root has told its ranks that joiners come
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -276,7 +335,8 @@ ensemble_pipeline<Feed, Sync, Collect>::ensemble_pipeline(const communicator& wo
                                role_.rank_in_member, cat("member ", role_.member))),
       feed_world_(feed_world(world, layout_, opt.feed)),
       feed_options_(opt.feed),
-      collect_(world, layout_) {
+      collect_(world, layout_),
+      sync_options_(opt.sync) {
   if (role_.kind == role::trainer) sync_.emplace(member_comm_, opt.sync);
 }
 
@@ -287,6 +347,7 @@ void ensemble_pipeline<Feed, Sync, Collect>::run(loader load, Train&& train, Agg
   check(static_cast<bool>(load), "ensemble_pipeline", "run() needs a loader");
   ran_ = true;
   feed_.emplace(feed_world_, layout_, std::move(load), feed_options_);
+  if (handover_options_) start_handover();
   run_roles(train, aggregate);
 }
 
@@ -295,6 +356,8 @@ template <class Train, class Aggregate>
 void ensemble_pipeline<Feed, Sync, Collect>::run(dataset data, Train&& train, Aggregate&& aggregate) {
   check(!ran_, "ensemble_pipeline", "run() runs once per pipeline (a feed's stream is consumed once)");
   ran_ = true;
+  check(!handover_options_, "ensemble_pipeline",
+        "on_handover() needs run(loader, ...) for now: the typed feed does not hand ranks over yet");
   typed_.emplace(feed_world_, layout_, std::move(data), feed_options_);
   if (rounds_ && collect_.is_aggregator()) typed_->between_steps([this] { rounds_(false); });
   run_roles(train, aggregate);
@@ -313,14 +376,154 @@ void ensemble_pipeline<Feed, Sync, Collect>::run_roles(Train& train, Aggregate& 
       feed_->produce();
     }
   } else {
-    train(ctx);
+    train_members(train, ctx);
+    if (handover_) handover_->done();
     if (!collect_.closed()) collect_.close();
     collect_.flush();
   }
+  if (handover_) handover_->leave();
   if (!collect_.is_aggregator()) return;
   if (rounds_) rounds_(true);
   aggregate(ctx);
   collect_.finish();
+}
+
+// The trainer function, again for each member this rank joins after its own finished.
+template <class Feed, class Sync, class Collect>
+template <class Train>
+void ensemble_pipeline<Feed, Sync, Collect>::train_members(Train& train, context& ctx) {
+  try {
+    train(ctx);
+    while (finished_at_ >= 0) {
+      if (!join()) return;
+      train(ctx);
+    }
+  } catch (...) {
+    if (handover_) handover_->quit();
+    throw;
+  }
+}
+
+// Collective over the world (the hand-over's communicator); trainers hook the feed's steps.
+template <class Feed, class Sync, class Collect>
+void ensemble_pipeline<Feed, Sync, Collect>::start_handover() {
+  if constexpr (!detail::hands_over<Feed>::value) {
+    fail("ensemble_pipeline: on_handover", "this feed does not hand ranks over yet (local_feed does)");
+  } else {
+    handover_.emplace(feed_world_, layout_, feed_options_.steps, *handover_options_);
+    if (role_.kind != role::trainer) return;
+    for (int r = 0; r < layout_.member_size(role_.member); ++r)
+      member_ranks_.push_back(layout_.trainer_rank(role_.member, r));
+    feed_->between_steps([this](std::int64_t step) { between_steps(step); });
+  }
+}
+
+template <class Feed, class Sync, class Collect>
+void ensemble_pipeline<Feed, Sync, Collect>::finish_member(int target) {
+  const std::string what = cat("ensemble_pipeline: finish_member (member ", role_.member, ")");
+  check(role_.kind == role::trainer, "ensemble_pipeline: finish_member", "is for trainers; this rank is a producer");
+  check(handover_.has_value(), what, "needs pipe.on_handover(...) before run(loader, ...)");
+  check(finished_at_ < 0, what, cat("called twice (the member ended at step ", finished_at_, ")"));
+  check(target >= -1 && target < layout_.members() && target != role_.member, what,
+        cat("target ", target, ": not another member of the ", layout_.members()));
+  if constexpr (detail::hands_over<Feed>::value) {
+    auto& h = *handover_;
+    const std::int64_t at = feed_->position();
+    const bool root = role_.rank_in_member == 0;
+    const int n = member_comm_.size();
+    agreement same({at, target, root ? h.choose(role_.member, n, target) + 1 : 0});
+    backend::iallreduce(member_comm_, same.buffer(), op::max).wait();
+    check(same.agreed(0), what,
+          cat("the member's ranks called it at different steps, from ", same.lowest(0), " to ", same.highest(0),
+              " (every rank ends the member at the same step boundary)"));
+    check(same.agreed(1), what, cat("the member's ranks named different targets, from ", same.lowest(1), " to ",
+                                    same.highest(1)));
+    // With no member left to join the member ends all the same (its ranks stop training); a
+    // target the trainer named that cannot take it is its mistake, refused.
+    check(target < 0 || same.highest(2) > 0, what,
+          cat("member ", target, " has ended or has no room for ", n, " more rank(s) (a step has ",
+              h.shards_per_step(), " shards)"));
+    finished_at_ = at;
+    target_ = target;
+    if (root) h.stop_taking();
+  }
+}
+
+// At the top of each next(): the member's root answers other members; once the sync's check has
+// told every rank that joiners come, they all take them at this step.
+template <class Feed, class Sync, class Collect>
+void ensemble_pipeline<Feed, Sync, Collect>::between_steps(std::int64_t step) {
+  check(finished_at_ < 0, "ensemble_pipeline: feed().next()",
+        cat("finish_member() ended member ", role_.member, " at step ", finished_at_,
+            "; return from the trainer function (the pipeline then hands this rank on)"));
+  auto& h = *handover_;
+  h.poll();
+  const bool root = role_.rank_in_member == 0;
+  const bool alone = member_comm_.size() == 1;
+  if (root && h.pending() && !announced_) {
+    announced_ = true;
+    if (!alone) sync_->carry(1);
+  }
+  const bool told = alone ? announced_ : sync_->carried() != 0;
+  if (!told) return;
+  announced_ = false;
+  if (!root && step >= h.steps()) return;  // the root refuses: the stream is over
+  const auto a = root ? h.take(step, member_ranks_) : h.told(member_ranks_.front());
+  if (a.member >= 0) adopt(a);
+}
+
+// After the trainer function returned from a finished member: the member's root asks a target,
+// every rank of it joins what was agreed; false when no member took them.
+template <class Feed, class Sync, class Collect>
+bool ensemble_pipeline<Feed, Sync, Collect>::join() {
+  auto& h = *handover_;
+  const int finished = role_.member;
+  const auto a = role_.rank_in_member == 0 ? h.negotiate(finished, member_ranks_, target_)
+                                           : h.outcome(member_ranks_.front());
+  h.records().push_back({finished, finished_at_, a.member, a.step});
+  check(a.member >= 0 || target_ < 0, cat("ensemble_pipeline: finish_member (member ", finished, ")"),
+        cat("member ", target_, ", the target, had ended or had no room by the time it was asked"));
+  if (a.member < 0) return false;
+  finished_at_ = -1;
+  adopt(a);
+  return true;
+}
+
+// Every rank of the new member: its communicator, the state from its rank 0, its sync and its
+// share of each step's shards from the agreed step on.
+template <class Feed, class Sync, class Collect>
+void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept& a) {
+  auto& h = *handover_;
+  const int me = feed_world_.rank();
+  communicator comm = h.form(a, me);
+  exchange_state(comm, a.member);
+  sync_.reset();
+  member_comm_ = std::move(comm);
+  member_ranks_ = a.ranks;
+  role_.member = a.member;
+  role_.rank_in_member = static_cast<int>(std::find(a.ranks.begin(), a.ranks.end(), me) - a.ranks.begin());
+  sync_.emplace(member_comm_, sync_options_);
+  const int n = static_cast<int>(a.ranks.size()), shards = h.shards_per_step(), r = role_.rank_in_member;
+  const int first = r * shards / n;
+  if constexpr (detail::hands_over<Feed>::value) feed_->reshard({first, (r + 1) * shards / n - first}, a.step);
+  h.set_size(a.member, n);
+}
+
+// The member's state, from its rank 0 to every rank, once all agree on its parts' sizes.
+template <class Feed, class Sync, class Collect>
+void ensemble_pipeline<Feed, Sync, Collect>::exchange_state(const communicator& comm, int member) {
+  const auto& state = handover_options_->state;
+  std::vector<span<std::byte>> parts;
+  if (state) parts = state(member);
+  fingerprint sizes;
+  for (const auto& p : parts) sizes.add(static_cast<std::uint64_t>(p.size()));
+  agreement same({static_cast<std::int64_t>(parts.size()), sizes.folded()});
+  backend::iallreduce(comm, same.buffer(), op::max).wait();
+  check(same.all_agreed(), cat("ensemble_pipeline: hand-over to member ", member),
+        cat("the member's ranks describe its state differently (handover_options::state); this rank gives ",
+            parts.size(), " part(s)"));
+  for (const auto& p : parts)
+    backend::ibcast(comm, span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(p.data()), p.size()), 0).wait();
 }
 
 }  // namespace flexcomm

@@ -11,6 +11,8 @@
 // aggregator (or there is no text) and the members fill the world, leaving no room for the
 // producers the preset would add, the baseline runs instead (every trainer loads its own
 // batches), and `note` says so in one line. Where the world has room for them, the preset runs.
+// A layout whose members flexcomm sizes ("members=auto:N") comes back unplanned, with the
+// preset's producers where it takes them: the caller plans it on the world.
 #pragma once
 
 #include <string>
@@ -93,6 +95,31 @@ inline choice spread(std::string_view asked, int producers, int members, int wor
           baseline_note(asked, producers, producers + members, cat(members, " member", members == 1 ? "" : "s"),
                         world)};
 }
+// "members=auto:N" (flexcomm sizes the members): the preset's producers go in front where the text
+// names none and the world has room for them beside one rank per member, the aggregator staying
+// on its trainer; the result stays unplanned (interop::train_ensemble plans it from the
+// members' costs; pipeline/member_costs.hpp).
+inline choice unplanned(std::string_view asked, std::string_view text, const ensemble_layout& user,
+                        std::pair<int, int> taken, int world, const char* what) {
+  const int members = user.members();
+  if (!user.wrote_producers() && !user.wrote_aggregator() && taken.first > 0 && world >= members &&
+      world - taken.first < members)
+    return {"baseline", user,
+            baseline_note(asked, taken.first, taken.first + members, cat("layout '", text, "'"), world)};
+  if (user.wrote_producers()) check_named_producers(text, user, asked, taken, what);
+  const bool adds = !user.per_host() && user.producers() == 0 && taken.first > 0;
+  const ensemble_layout run =
+      adds ? ensemble_layout::parse(cat("producers=", taken.first, " members=auto:", members, " aggregator=",
+                                        user.aggregator() + taken.first))
+           : user;
+  const int budget = run.per_host() ? world - 1 : world - run.producers();
+  check(budget >= members, what,
+        cat("layout '", text, "' with preset ", asked,
+            adds ? cat(" (which adds producers=", taken.first, ", making '", run.str(), "')") : std::string(),
+            " sizes ", members, " members from ", budget, " trainer ranks: each needs one at least (world has ",
+            world, ")"));
+  return {std::string(asked), run, ""};
+}
 }  // namespace detail
 
 // The preset and layout to run on a world of `world_size` ranks: preset `asked` (a name of
@@ -107,6 +134,7 @@ inline choice choose(std::string_view asked, std::string_view text, int members,
   const auto user = ensemble_layout::parse(text);
   check(members == 0 || user.members() == members, what,
         cat("layout '", text, "' has ", user.members(), " members; the trainer asks for ", members));
+  if (!user.is_planned()) return detail::unplanned(asked, text, user, taken, world_size, what);
   const bool names_producers = user.wrote_producers(), names_aggregator = user.wrote_aggregator();
   if (!names_producers && !names_aggregator && taken.first > 0 && user.world_size() == world_size) {
     const int needs = taken.first + world_size;

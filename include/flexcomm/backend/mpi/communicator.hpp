@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../../core/error.hpp"
 #include "../../core/wait.hpp"
@@ -72,6 +73,22 @@ class mpi_communicator {
     post_deferred();
     const MPI_Comm out = detail::split_of(comm_, color < 0 ? MPI_UNDEFINED : color, key,
                                           cat(name_, ": split into '", name, "'"));
+    return mpi_communicator(out, std::move(name));
+  }
+
+  // A communicator of `ranks` (of this one, in that order; this rank among them), collective
+  // over those ranks only (MPI_Comm_create_group): the pipeline's hand-over re-forms a member
+  // without the rest of the world. `tag` tells apart groups made at once that share ranks.
+  mpi_communicator group(const std::vector<int>& ranks, int tag, std::string name) const {
+    post_deferred();
+    MPI_Group everyone = MPI_GROUP_NULL, chosen = MPI_GROUP_NULL;
+    MPI_Comm_group(comm_, &everyone);
+    MPI_Group_incl(everyone, static_cast<int>(ranks.size()), ranks.data(), &chosen);
+    MPI_Comm out = MPI_COMM_NULL;
+    const int rc = MPI_Comm_create_group(comm_, chosen, tag, &out);
+    MPI_Group_free(&chosen);
+    MPI_Group_free(&everyone);
+    check_mpi(rc, cat(name_, ": group '", name, "': MPI_Comm_create_group"));
     return mpi_communicator(out, std::move(name));
   }
 

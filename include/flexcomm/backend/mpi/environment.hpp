@@ -220,17 +220,22 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
   state->returned.notify_one();
   guard.join();
 }
-// Lets the launcher forward what the ranks wrote last before MPI_Abort tears the job down: Hydra
-// may act on an abort first, and a job that ends without its first flexcomm line hides its cause.
-// This rank answers peers' stall questions meanwhile (core/stall.hpp).
-inline void before_abort() noexcept {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds{200};
+// Before an abort, peers that follow a stall through this rank still learn whom it waited on
+// (core/stall.hpp).
+inline void answer_stall_questions_for(std::chrono::milliseconds span) noexcept {
+  const auto until = std::chrono::steady_clock::now() + span;
   while (std::chrono::steady_clock::now() < until) {
     stall_registry::instance().answer();
     std::this_thread::sleep_for(std::chrono::milliseconds{5});
   }
+}
+
+// Lets the launcher forward what the ranks wrote last before MPI_Abort tears the job down: Hydra
+// may act on an abort first, and a job that ends without its first flexcomm line hides its cause.
+inline void before_abort() noexcept {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  answer_stall_questions_for(std::chrono::milliseconds{200});
 }
 
 }  // namespace detail
@@ -463,11 +468,7 @@ class environment {
     std::fflush(stderr);
     // Two grace periods: ranks whose waits started a little later still time out and report,
     // and this rank tells those that follow a stall through it whom it waited on (stall.hpp).
-    const auto until = std::chrono::steady_clock::now() + 2 * watchdog::grace(default_timeout());
-    while (std::chrono::steady_clock::now() < until) {
-      stall_registry::instance().answer();
-      std::this_thread::sleep_for(std::chrono::milliseconds{5});
-    }
+    detail::answer_stall_questions_for(2 * watchdog::grace(default_timeout()));
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);
   }

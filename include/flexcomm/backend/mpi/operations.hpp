@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,6 +98,17 @@ struct mpi : operations<mpi, mpi_communicator, mpi_request, no_stream> {
   // An adapter's own scratch space, in the memory this backend's buffers live in.
   template <class T>
   using buffer = std::vector<T>;
+
+  // The rank that sent a message with `tag` now waiting on `comm`, if any (MPI_Iprobe, any
+  // source): the pipeline's hand-over looks once per step on a member's first rank, where a
+  // receive posted ahead would be left pending when the job ends early.
+  static std::optional<int> probe(const communicator& comm, int tag) {
+    int flag = 0;
+    MPI_Status status;
+    check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag, comm.native(), &flag, &status), cat(comm.name(), ": MPI_Iprobe"));
+    if (!flag) return std::nullopt;
+    return status.MPI_SOURCE;
+  }
 
   // Collective over `comm`: which of its ranks share a host (mpi/hosts.hpp).
   static host_map hosts(const communicator& comm);

@@ -32,6 +32,11 @@
 //     all have, every rank holds the result. Per rank that reads the data once and writes it once,
 //     where the slots above read and write it about twice. A rank whose data is not where it
 //     should be, or that reduces something else, is an error on every rank before anyone writes.
+//   registered (start_registered): the same in a trainer's own memory made shared where it lies
+//     (register_range, registered_range.hpp), each rank's at its own address; the partial edge
+//     pages are copied next to the description and reduced by every rank in the second step. A
+//     rank whose memory is no longer the registered pages says so in its description, and the
+//     whole allreduce then takes the large path, in steps it reserved for that.
 // An allreduce may carry a landing: what to do with its result (a fused bucket's copy back into
 // its gradients), run by the thread that finishes it, right then, so that a bucket the engine
 // reduces during backward is also copied out during backward, not in finish().
@@ -71,6 +76,7 @@
 #include "../../core/watchdog.hpp"
 #include "host_group.hpp"
 #include "host_window.hpp"
+#include "registered_range.hpp"
 #include "slot_writer.hpp"
 
 namespace flexcomm {
@@ -149,11 +155,21 @@ struct shared_arena {
   static constexpr std::size_t carried_words = (line - sizeof(description)) / sizeof(std::int64_t);
 
   shared_arena(const shm::host_group& group, std::size_t usable, const std::string& who)
-      : window(group, line + usable, who), bytes(usable) {}
+      : window(group, line + usable, who), bytes(usable) {
+    for (int r = 0; r < window.size(); ++r) bases.push_back(window.region(r) + line);
+  }
+  // A registration's (shm::registered_range): the window holds the descriptions and each rank's
+  // copy of the range's edges (the partial pages, at most two); the data lies where it lies.
+  shared_arena(const shm::host_group& group, std::unique_ptr<shm::registered_range> own, std::size_t edge_bytes,
+               const std::string& who)
+      : window(group, line + edge_bytes, who), bytes(own->interior()), range(std::move(own)) {
+    for (int r = 0; r < window.size(); ++r) bases.push_back(range->base(r));
+  }
 
   description& of(int r) const noexcept { return *std::launder(reinterpret_cast<description*>(window.region(r))); }
   std::byte* carried(int r) const noexcept { return window.region(r) + sizeof(description); }
-  std::byte* data(int r) const noexcept { return window.region(r) + line; }
+  std::byte* data(int r) const noexcept { return bases[static_cast<std::size_t>(r)]; }
+  std::byte* edges(int r) const noexcept { return window.region(r) + line; }
   // Where [p, p + n) lies in this rank's region, if it does.
   bool holds(const void* p, std::size_t n, std::uint64_t& offset) const noexcept {
     const auto* b = static_cast<const std::byte*>(p);
@@ -165,6 +181,11 @@ struct shared_arena {
 
   shm::host_window window;
   std::size_t bytes;
+  std::vector<std::byte*> bases;  // where each rank's data lies, as this process maps it
+  std::unique_ptr<shm::registered_range> range;  // a registration's
+  // A registration's last allreduce went through the slots (a rank's range was stale): written by
+  // the thread that finished it, read once it is done.
+  mutable bool fell_back = false;
 };
 
 // The claim of the thread that drives a segment's tasks: only ever try-locked, and released by a
@@ -346,6 +367,8 @@ class host_segment {
   // host_reducer::allocate's, in allocation order (the same on every rank); only the caller's
   // thread adds to it, and a task keeps a pointer to its own.
   std::vector<std::unique_ptr<shared_arena>> arenas;
+  // host_reducer::register_range's, likewise (a registration's data is the user's own memory).
+  std::vector<std::unique_ptr<shared_arena>> registered;
   slot_writer writer;                      // how this rank writes its large slots
   slot_writer placer;                      // how it writes results into its peers' in-place data
 
@@ -497,7 +520,7 @@ class host_allreduce final : public segment_task {
         noted_.clear();
         if ((++chunk_) * per_chunk() >= n_) {
           stage_ = stage::done;
-          learn(seg_->writer);
+          if (!plan_.in_place) learn(seg_->writer);
           land();
           return true;
         }
@@ -505,6 +528,9 @@ class host_allreduce final : public segment_task {
         return std::nullopt;
     }
   }
+  // A registration's allreduce (host_reducer::start_registered) also takes this path while every
+  // rank's range is current; where one is stale, every rank sees it in the descriptions and the
+  // whole allreduce goes through the large slots, in steps it reserved for that.
   std::optional<bool> step_in_place() {
     switch (stage_) {
       case stage::place_describe:
@@ -516,11 +542,17 @@ class host_allreduce final : public segment_task {
         timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
         check_descriptions();
         reduce_carried();
-        reduce_in_place();
+        if (registered() && (plan_.arena->fell_back = any_stale())) {
+          stage_ = stage::large_write;
+          return std::nullopt;
+        }
+        reduce_in_place(registered() ? plan_.arena->bytes / sizeof(T) : n_);
+        if (registered()) reduce_edges();
         advance(stage::place_wait, 2);
         return std::nullopt;
       default:  // place_wait
         if (!ready(plan_.first + 2, "peers to reduce their share")) return false;
+        if (registered()) seg_->publish(step(0) + 3 * seg_->template chunks_of<T>(n_));  // the slots' steps, unused
         stage_ = stage::done;
         learn(seg_->placer);
         land();
@@ -558,8 +590,11 @@ class host_allreduce final : public segment_task {
     w.learn(slot_writer::size_class(bytes), plan_.stores, took.count() / static_cast<double>(bytes));
   }
   std::size_t per_chunk() const noexcept { return seg_->large_bytes / sizeof(T); }
-  // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last.
-  std::uint64_t step(int k) const noexcept { return plan_.first + 3 * chunk_ + static_cast<std::uint64_t>(k); }
+  // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last. A registration's
+  // allreduce takes its two in-place steps first.
+  std::uint64_t step(int k) const noexcept {
+    return plan_.first + (plan_.in_place ? 2 : 0) + 3 * chunk_ + static_cast<std::uint64_t>(k);
+  }
 
   bool ready(std::uint64_t needed, const char* for_what) {
     if (seg_->reached(needed)) return true;
@@ -571,7 +606,8 @@ class host_allreduce final : public segment_task {
     return false;
   }
   void advance(stage next, int k) {
-    seg_->publish(plan_.small_slot >= 0 || plan_.in_place ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
+    const bool large = stage_ == stage::large_write || stage_ == stage::large_reduce;
+    seg_->publish(large ? step(k) : plan_.first + static_cast<std::uint64_t>(k));
     stage_ = next;
     stalled_.moved();
     noted_.clear();
@@ -618,6 +654,7 @@ class host_allreduce final : public segment_task {
     return static_cast<std::uint64_t>(dtype_of<T>) << 8 | static_cast<std::uint64_t>(op_);
   }
   void describe() {
+    if (registered()) return describe_registered();
     const shared_arena::description mine{plan_.first, plan_.arena ? plan_.offset : shared_arena::misplaced, n_, kind()};
     if (plan_.arena) {
       plan_.arena->of(seg_->rank) = mine;
@@ -642,20 +679,55 @@ class host_allreduce final : public segment_task {
       if (theirs.first != mine.first)
         broken(cat(peer, " is not reducing this allreduce in place (its last in-place allreduce here began after step ",
                    theirs.first, ", this one after step ", mine.first, ")"));
+      if (theirs.offset == shared_arena::misplaced && registered()) continue;  // stale: any_stale()
       if (theirs.offset == shared_arena::misplaced)
         broken(cat(peer, "'s data does not lie in the shared memory allocated for in-place allreduces"));
-      if (theirs.offset != mine.offset || theirs.count != mine.count || theirs.kind != mine.kind)
+      if ((!registered() && theirs.offset != mine.offset) || theirs.count != mine.count || theirs.kind != mine.kind)
         broken(cat(peer, " reduces ", theirs.count, " elements at byte ", theirs.offset, " of its region (kind ",
                    theirs.kind, "), this rank ", mine.count, " at byte ", mine.offset, " (kind ", mine.kind,
                    "): every rank must place the same data at the same offset"));
     }
   }
+  // A registration's: this rank's range is current (else described as misplaced, its data going
+  // through the slots), and its edges are copied where the peers reduce them.
+  bool registered() const noexcept { return plan_.arena && plan_.arena->range; }
+  void describe_registered() {
+    const shm::registered_range& range = *plan_.arena->range;
+    const bool current = range.current(reinterpret_cast<const std::byte*>(data_), n_ * sizeof(T));
+    plan_.arena->of(seg_->rank) = {plan_.first, current ? 0 : shared_arena::misplaced, plan_.arena->bytes / sizeof(T), kind()};
+    if (!current) return;
+    const std::size_t tail = range.head() + range.interior();
+    std::byte* edges = plan_.arena->edges(seg_->rank);
+    std::memcpy(edges, data_, range.head());
+    std::memcpy(edges + range.head(), reinterpret_cast<const std::byte*>(data_) + tail, n_ * sizeof(T) - tail);
+  }
+  bool any_stale() const noexcept {
+    for (int r = 0; r < seg_->ranks; ++r)
+      if (plan_.arena->of(r).offset == shared_arena::misplaced) return true;
+    return false;
+  }
+  // The edges: every rank reduces all ranks' copies in rank order (identical bits, as the small
+  // path does) into its own partial pages.
+  void reduce_edges() {
+    const shm::registered_range& range = *plan_.arena->range;
+    const std::size_t head = range.head() / sizeof(T), tail = (range.head() + range.interior()) / sizeof(T);
+    reduce_edge(data_, 0, head);
+    reduce_edge(data_ + tail, head, n_ - tail);
+  }
+  void reduce_edge(T* out, std::size_t at, std::size_t count) {
+    if (count == 0) return;
+    const auto edge = [&](int r) { return reinterpret_cast<const T*>(plan_.arena->edges(r)) + at; };
+    std::memcpy(out, edge(0), count * sizeof(T));
+    for (int r = 1; r < seg_->ranks; ++r) combine(op_, out, edge(r), count);
+    if (op_ == op::avg) divide_by(out, count, seg_->ranks);
+  }
+
   T* placed(int r) const { return reinterpret_cast<T*>(plan_.arena->data(r) + plan_.offset); }
   // This rank's share, a block at a time: the block is still in cache when it is copied to the
   // peers, so the share is read from memory once per rank and written once per rank.
-  void reduce_in_place() {
+  void reduce_in_place(std::size_t count) {
     std::size_t lo = 0, hi = 0;
-    share_in(n_, seg_->rank, lo, hi);
+    share_in(count, seg_->rank, lo, hi);
     constexpr std::size_t block = (std::size_t{16} << 10) / sizeof(T);
     for (std::size_t from = lo; from < hi; from += block) {
       const std::size_t count = std::min(block, hi - from);
@@ -919,6 +991,65 @@ class host_reducer {
   }
 
  public:
+  // A trainer's own memory registered for in-place allreduces (shm::registered_range): null where
+  // it could not be.
+  using registration = const detail::shared_arena*;
+
+  // Collective over the reducer's group (every rank registers its own data of the same n and T,
+  // in the same order): makes the whole pages of data[0, n) shared where they lie, so that
+  // start_registered() reduces them in place. Null on every rank where the pages common to all
+  // ranks are no more than a small slot, where the data lies in allocate()'s memory on any rank,
+  // or where a rank could not share its pages.
+  template <class T>
+  registration register_range(T* data, std::size_t n) {
+    auto& seg = usable("shared-memory registration");
+    const std::string who = cat(seg.group->name(), ": registering a gradient's pages");
+    std::uint64_t offset = 0;
+    const bool elsewhere = !data || arena_of(data, n * sizeof(T), offset) != nullptr;
+    auto range = shm::registered_range::make(*seg.group, reinterpret_cast<std::byte*>(data), elsewhere ? 0 : n * sizeof(T),
+                                             sizeof(T), seg.small_bytes + 1, who);
+    if (!range) return nullptr;
+    const std::size_t edges = n * sizeof(T) - range->interior();
+    try {
+      seg.registered.push_back(std::make_unique<detail::shared_arena>(*seg.group, std::move(range), edges, who));
+    } catch (const error&) {
+      return nullptr;  // no room in /dev/shm for the descriptions: every rank failed alike
+    }
+    return seg.registered.back().get();
+  }
+  // Local: forgets a registration whose tasks are done (the user's pages stay as they are).
+  void unregister(registration r) {
+    auto& all = usable("shared-memory registration").registered;
+    all.erase(std::remove_if(all.begin(), all.end(), [&](const auto& a) { return a.get() == r; }), all.end());
+  }
+  // Whether the last allreduce of `r`, now done, went through the slots: a rank's data was not
+  // the registered pages (freed and reallocated, or another vector). The same on every rank.
+  static bool fell_back(registration r) noexcept { return r->fell_back; }
+
+  // Starts an allreduce of data[0, n), registered as `r` on every rank: in place where every
+  // rank's data is still its registered pages (checked each time), else through the slots;
+  // otherwise as start().
+  template <class T>
+  std::shared_ptr<task<T>> start_registered(T* data, std::size_t n, op o, registration r,
+                                            std::function<void()> landing = {}) {
+    auto& seg = usable("shared-memory allreduce");
+    typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
+    p.in_place = true;
+    p.arena = r;
+    p.offset = 0;
+    const int cls = detail::slot_writer::size_class(r->bytes);
+    p.stores = seg.placer.choose(cls, placed_[cls]++);
+    steps_ += 2;
+    take_large_slots(p.free_after, seg.template chunks_of<T>(n), 3);  // for the slots, when stale
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing));
+    seg.enqueue(t);
+    return t;
+  }
+  template <class T>
+  void allreduce_registered(T* data, std::size_t n, op o, registration r) {
+    drive_until_done(start_registered(data, n, o, r));
+  }
+
   // Blocking start_in_place(), as allreduce() is to start().
   template <class T>
   void allreduce_in_place(T* data, std::size_t n, op o) {

@@ -122,6 +122,7 @@ class sync_core {
     trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
     signature_check<typename control_channel<B>::backend> step_check;
+    step_check.carry = std::exchange(carry_, 0);
     if (planning_) {
       // The plan is formed now; every rank must have formed the same one before a bucket moves.
       plan_.seal(options_.last_bucket_bytes);
@@ -130,6 +131,7 @@ class sync_core {
       for (const char placed : in_place_) planned.add(static_cast<std::uint64_t>(placed));
       start_check(step_check, planned);
       verdict = step_check.verdict(misuse_, sequence_);
+      carried_ = step_check.carried();
       if (!verdict.empty()) {
         plan_.clear();
         pointers_.clear();
@@ -145,6 +147,7 @@ class sync_core {
       for (std::size_t b = 0; b < buckets.size(); ++b) arrived_[b] = buckets[b].last - buckets[b].first;
       staging_.resize(buckets.size());
       stage_in_shared_memory();
+      register_own();
       flights_.resize(buckets.size());
       choose_launchers();
       launch_full();
@@ -163,9 +166,13 @@ class sync_core {
         start_check(step_check, step_hash_);
       }
       verdict = step_check.verdict(misuse_, sequence_);
+      carried_ = step_check.carried();
     }
     const std::exception_ptr failure = end_flights();
-    if (!failure && verdict.empty()) copy_out();
+    if (!failure && verdict.empty()) {
+      copy_out();
+      renew_registrations();
+    }
     end_step();
     if (failure) std::rethrow_exception(failure);
     if (!verdict.empty()) fail(cat(who_, ": finish"), verdict);
@@ -184,6 +191,12 @@ class sync_core {
     check(sequence_.handed == 0, cat(who_, ": on_stream"), "called mid-step; name the stream between steps");
     capture_.use(s);
   }
+
+  // A word for every rank of the member, carried by the next finish()'s check (the highest of
+  // the ranks' words); carried() is what the last finish() brought, 0 once taken
+  // (the pipeline's hand-over notice, pipeline/handover.hpp).
+  void carry(std::int64_t word) noexcept { carry_ = word; }
+  std::int64_t carried() noexcept { return std::exchange(carried_, 0); }
 
   const bucket_plan& plan() const noexcept { return plan_; }
   const sync_options& options() const noexcept { return options_; }
@@ -236,7 +249,40 @@ class sync_core {
   void begin_step(const std::string& call) { capture_.begin(call, planning_); }
   template <class T>
   flight<B> through_shared_memory(void* data, std::size_t count, std::size_t b) {
-    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, landing_of(b), in_place_[b] != 0);
+    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, landing_of(b), in_place_[b] != 0,
+                          registered_[b]);
+  }
+  // Buckets of one gradient in the trainer's own memory (a vector), larger than the one-round
+  // path takes, are made shared where they lie and reduced in place too (registered_range.hpp).
+  // Collective, after the ranks agreed on the plan (they register the same buckets in order).
+  bool own_memory(std::size_t b) const {
+    const auto& spec = plan_.buckets()[b];
+    return route_ == route::shared_memory && spec.last - spec.first == 1 && !in_place_[b] &&
+           shared_.in_place_gains(spec.count * size_of(spec.type));
+  }
+  void register_own() {
+    registered_.assign(plan_.buckets().size(), nullptr);
+    renewals_.assign(plan_.buckets().size(), 0);
+    for (std::size_t b = 0; b < plan_.buckets().size(); ++b)
+      if (own_memory(b)) register_bucket(b);
+  }
+  void register_bucket(std::size_t b) {
+    const auto& spec = plan_.buckets()[b];
+    visit_dtype(spec.type, [&](auto element) {
+      using T = decltype(element);
+      registered_[b] = shared_.register_range(static_cast<T*>(pointers_[spec.first]), spec.count);
+    });
+  }
+  // A registered bucket whose step went through the slots (a rank's gradient was freed and
+  // reallocated, or is another vector now: the same verdict on every rank) is registered again
+  // where it lies now, a few times; one that keeps moving stays on the slots.
+  void renew_registrations() {
+    static constexpr int renewals = 3;
+    for (std::size_t b = 0; b < registered_.size(); ++b) {
+      if (!registered_[b] || !shared_.fell_back(registered_[b])) continue;
+      shared_.unregister(std::exchange(registered_[b], nullptr));
+      if (++renewals_[b] <= renewals) register_bucket(b);
+    }
   }
   // Which buckets the shared-memory route reduces where they lie: one gradient in
   // gradient_memory(), as this first step handed it over, and larger than the one-round path
@@ -438,6 +484,9 @@ class sync_core {
   std::vector<std::byte*> staged_at_;
   // Per bucket: reduced where it lies in shared memory (find_in_place, stage_in_shared_memory).
   std::vector<char> in_place_;
+  // Per bucket: its registration (register_own), or null; and how often it was renewed.
+  std::vector<const void*> registered_;
+  std::vector<int> renewals_;
   std::deque<typename B::template buffer<std::byte>> owned_;  // gradient_memory() off the shared-memory route
   std::vector<flight<B>> flights_;
   step_capture<B> capture_;  // the trainer's stream, and whether this step is captured
@@ -445,6 +494,8 @@ class sync_core {
   fingerprint step_hash_;
   first_handed sequence_;
   std::string misuse_;
+  std::int64_t carry_ = 0;    // carry(): rides in the next step's check
+  std::int64_t carried_ = 0;  // the last check's highest carry, until carried() takes it
 };
 
 }  // namespace flexcomm::detail

@@ -38,27 +38,32 @@ struct first_handed {
   }
 };
 
-// The cross-rank check of one step, one small max-reduction: the step's fingerprint, and the
-// highest misusing rank + 1. Either nonblocking on the control communicator (start), or through
-// the shared-memory route's segment (through: blocking, one round of flags instead of an MPI
-// collective per step).
+// The cross-rank check of one step, one small max-reduction: the step's fingerprint, the
+// highest misusing rank + 1, and a word the pipeline carries to every rank of the member (its
+// hand-over notice, pipeline/handover.hpp: it rides here rather than in a collective of its
+// own). Either nonblocking on the control communicator (start), or through the shared-memory
+// route's segment (through: blocking, one round of flags instead of an MPI collective per step).
 template <class B>
 class signature_check {
  public:
   // The int64 words exchanged: the fingerprint and the misuse mark, each with its negation
-  // (agreement), what a bucket that carries the check must make room for.
+  // (agreement; the carry takes one's place, see marked()), what a bucket that carries the check
+  // must make room for.
   static constexpr std::size_t words = 4;
+  std::int64_t carry = 0;  // this rank's word; carried() is the highest over the member
 
   void start(const typename B::communicator& comm, const fingerprint& f, bool misused) {
-    same_.emplace(std::initializer_list<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
+    same_.emplace(marked(f, misused ? comm.rank() + 1 : 0));
     request_.emplace(B::iallreduce(comm, same_->buffer(), op::max));
   }
   // `route.agree(span<int64_t>)` max-reduces over the member's ranks, blocking.
   template <class Route>
   void through(Route& route, const typename B::communicator& comm, const fingerprint& f, bool misused) {
-    same_.emplace(std::initializer_list<std::int64_t>{f.folded(), misused ? comm.rank() + 1 : 0});
+    same_.emplace(marked(f, misused ? comm.rank() + 1 : 0));
     route.agree(same_->buffer());
   }
+  // After verdict(): the highest carry over the member's ranks.
+  std::int64_t carried() const { return same_ ? -same_->lowest(1) : 0; }
   // Waits; an empty string when every rank handed over the same gradients and none misused.
   // `sequence`: this rank's first hand-overs, for the message (str()).
   template <class Sequence>
@@ -78,6 +83,14 @@ class signature_check {
   }
 
  private:
+  // The carry takes the place of the misuse mark's lowest, which nobody reads: the check stays
+  // four words, small enough to ride in a shared-memory round with a bucket (carried_words).
+  agreement marked(const fingerprint& f, std::int64_t misuse) const {
+    agreement a{f.folded(), misuse};
+    a.buffer()[3] = carry;
+    return a;
+  }
+
   std::optional<agreement> same_;
   std::optional<typename B::request> request_;
 };
