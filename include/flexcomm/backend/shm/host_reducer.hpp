@@ -84,8 +84,9 @@ namespace flexcomm {
 namespace detail {
 
 // How long a task has waited for its peers at one stage, against the communicator's timeout. The
-// clock is read when a wait begins (the first poll that finds the peers not there) and then one
-// poll in 64: reading it on every step and poll cost a third of a 4-byte allreduce.
+// clock is read at the second poll that finds the peers not there and then one poll in 64:
+// reading it on every step and poll cost a third of a 4-byte allreduce, and at the first miss
+// still a tenth (most small waits end before a second full poll, see drive_until_done).
 class stall_clock {
  public:
   // The task moved on: the next wait starts afresh.
@@ -96,8 +97,9 @@ class stall_clock {
   // Another poll found the peers not there: true once that wait has lasted longer than `limit`
   // (zero: no limit).
   bool past(std::chrono::milliseconds limit) {
-    if (polls_++ == 0) {
-      since_ = std::chrono::steady_clock::now();
+    const std::uint64_t poll = polls_++;
+    if (poll <= 1) {
+      if (poll == 1) since_ = std::chrono::steady_clock::now();
       return false;
     }
     if (polls_ % 64 != 0) return false;
@@ -186,6 +188,20 @@ struct shared_arena {
   mutable bool fell_back = false;
 };
 
+// The claim of the thread that drives a segment's tasks: only ever try-locked, and released by a
+// plain store. Released right after a step's publish, a mutex's unlock (a locked instruction)
+// waited for that store to reach the peer's cache: a tenth of a 4-byte allreduce.
+class driver_claim {
+ public:
+  bool try_lock() noexcept {
+    return !held_.load(std::memory_order_relaxed) && !held_.exchange(true, std::memory_order_acquire);
+  }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> held_{false};
+};
+
 // The segment and the bookkeeping every task of one reducer shares; tasks hold it, so a task the
 // engine still polls never outlives it.
 class host_segment {
@@ -199,7 +215,7 @@ class host_segment {
         ranks(group->size()),
         large_bytes(round_up(std::max(large_bytes, line))),
         small_bytes(round_up(small_bytes)),
-        window(*group, line + 2 * this->small_bytes + 2 * this->large_bytes,
+        window(*group, line + 2 * (this->small_bytes + line) + 2 * this->large_bytes,
                cat(group->name(), ": shared-memory setup")) {
     const std::string who = cat(group->name(), ": shared-memory setup");
     for (int r = 0; r < ranks; ++r)
@@ -220,11 +236,14 @@ class host_segment {
   std::atomic<std::uint64_t>& progress(int r) const noexcept {
     return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions[static_cast<std::size_t>(r)]));
   }
+  // A small slot is small_bytes of data and a line beside it for carried words: a full slot
+  // still carries a step's check (host_reducer::carries).
+  std::size_t small_stride() const noexcept { return small_bytes + line; }
   std::byte* small_slot(int r, int which) const noexcept {
-    return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_bytes;
+    return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_stride();
   }
   std::byte* large_slot(int r, int which) const noexcept {
-    return regions[static_cast<std::size_t>(r)] + line + 2 * small_bytes + static_cast<std::size_t>(which) * large_bytes;
+    return regions[static_cast<std::size_t>(r)] + line + 2 * small_stride() + static_cast<std::size_t>(which) * large_bytes;
   }
   // Chunks of an n-element task of T: at most a large slot each.
   template <class T>
@@ -283,11 +302,37 @@ class host_segment {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     queue_.push_back(task);
   }
+  // The driver's lock, owned, when no task is queued and no other thread drives: a blocking
+  // task may then run unqueued (run_alone). Nothing can be queued meanwhile (tasks are started
+  // on the thread that would wait), so the order holds.
+  std::unique_lock<driver_claim> alone() {
+    std::unique_lock<driver_claim> driving(driving_, std::try_to_lock);
+    if (driving.owns_lock()) {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (!queue_.empty()) driving.unlock();
+    }
+    return driving;
+  }
+  // Runs `t` to its end on the calling thread under alone()'s lock: no queue entry, shared
+  // ownership or lock per poll. `wait(step)` calls step() (true once finished) until it returns
+  // true. What it throws breaks the segment (where the task's failure did not already), as a
+  // queued task dropped unfinished does.
+  template <class Wait>
+  void run_alone(segment_task& t, const std::unique_lock<driver_claim>& alone, Wait&& wait) {
+    static_cast<void>(alone);
+    try {
+      wait([&] { return t.step(); });
+    } catch (...) {
+      break_with("a task failed before it finished (its caller has the error)");
+      throw;
+    }
+    t.finished();
+  }
   // Drives the queued tasks in start order as far as they go without waiting, unless another
   // thread is driving them now. Throws what a task's step throws (that task stays queued, and
   // throws again when next driven).
   void drive() {
-    std::unique_lock<std::mutex> driving(driving_, std::try_to_lock);
+    std::unique_lock<driver_claim> driving(driving_, std::try_to_lock);
     if (!driving.owns_lock()) return;
     for (;;) {
       std::shared_ptr<segment_task> front;
@@ -328,7 +373,7 @@ class host_segment {
   slot_writer placer;                      // how it writes results into its peers' in-place data
 
  private:
-  std::mutex driving_;      // held by the thread driving the tasks
+  driver_claim driving_;    // held by the thread driving the tasks
   std::mutex queue_mutex_;  // guards queue_ and broken_cause_: start() never waits for a step to end
   std::deque<std::weak_ptr<segment_task>> queue_;  // started, not finished, in start order
   std::string broken_cause_;  // why `broken`: the first task's failure
@@ -394,6 +439,13 @@ class host_allreduce final : public segment_task {
     if (done()) return true;
     seg_->drive();
     return done();
+  }
+  // True when a poll would find nothing to do: this task waits for a step its peers have still
+  // not all reached (the counters only grow, so it cannot have moved past that wait). Two loads
+  // where a poll takes the segment's locks; any thread.
+  bool waiting_on_peers() const noexcept {
+    const std::uint64_t needed = awaited_.load(std::memory_order_acquire);
+    return needed != 0 && !seg_->reached(needed);
   }
 
  private:
@@ -546,6 +598,7 @@ class host_allreduce final : public segment_task {
 
   bool ready(std::uint64_t needed, const char* for_what) {
     if (seg_->reached(needed)) return true;
+    awaited_.store(needed, std::memory_order_release);
     const auto limit = seg_->group->timeout();
     if (stalled_.past(limit)) fail_waiting(seg_, who(), limit, for_what, needed);
     // Long: noted, for peers that follow a stall through this rank (core/stall.hpp).
@@ -563,15 +616,24 @@ class host_allreduce final : public segment_task {
   const T* small_of(int r) const {
     return reinterpret_cast<const T*>(seg_->small_slot(r, plan_.small_slot));
   }
-  // Where rank r's carried words lie: the end of its small slot, whatever the data's size, or
-  // after its description.
+  // Where rank r's carried words lie: the end of its small slot's stride, whatever the data's
+  // size, or after its description.
   std::byte* carried_of(int r) const {
     if (plan_.in_place) return plan_.arena->carried(r);
-    return seg_->small_slot(r, plan_.small_slot) + seg_->small_bytes - carried_.size() * sizeof(std::int64_t);
+    return seg_->small_slot(r, plan_.small_slot) + seg_->small_stride() - carried_.size() * sizeof(std::int64_t);
   }
+  // Every rank folds the slots in rank order: the same bits everywhere. The rule makes each op
+  // commutative bit for bit (reduce_rule.hpp), so ranks 0 and 1 start from their own data (their
+  // slot's bits) and fold in the other of the first two, instead of copying slot 0 back first.
   void reduce_small() {
-    std::memcpy(data_, small_of(0), n_ * sizeof(T));
-    for (int r = 1; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
+    const int me = seg_->rank;
+    if (me >= 2) {
+      std::memcpy(data_, small_of(0), n_ * sizeof(T));
+      combine(op_, data_, small_of(1), n_);
+    } else if (seg_->ranks >= 2) {
+      combine(op_, data_, small_of(1 - me), n_);
+    }
+    for (int r = 2; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
     if (op_ == op::avg) divide_by(data_, n_, seg_->ranks);
     reduce_carried();
   }
@@ -732,6 +794,7 @@ class host_allreduce final : public segment_task {
   stall_clock stalled_;
   waiting_note noted_;
   std::chrono::steady_clock::time_point timed_from_;
+  std::atomic<std::uint64_t> awaited_{0};  // the step ready() last found missing (waiting_on_peers)
 };
 
 // One broadcast through a host_segment from `root`: two steps per chunk of at most a large slot.
@@ -837,7 +900,7 @@ class host_reducer {
 
   // Collective over `group` (the reducer's own, kept for its names and timeout), whose ranks must
   // all share one host (the backend decides: otherwise an error on every rank). Allocates
-  // 2 x slot_bytes + 2 x small_bytes (and a cache line) of shared memory per rank.
+  // 2 x slot_bytes + 2 x small_bytes (and three cache lines) of shared memory per rank.
   explicit host_reducer(std::unique_ptr<host_group> group, std::size_t slot_bytes = default_slot_bytes,
                         std::size_t small_bytes = default_small_bytes)
       : segment_(std::make_shared<detail::host_segment>(std::move(group), slot_bytes, small_bytes)) {}
@@ -897,9 +960,9 @@ class host_reducer {
   template <class T>
   void allreduce_in_place_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried,
                                    std::function<void()> landing = {}) {
-    check(carries_in_place(n * sizeof(T), carried.size()), "shared-memory allreduce",
-          cat("an in-place allreduce carries up to ", in_place_carried_words, " words and some data, not ",
-              carried.size(), " and ", n, " elements"));
+    if (!carries_in_place(n * sizeof(T), carried.size()))  // the message is built only on failure
+      fail("shared-memory allreduce", cat("an in-place allreduce carries up to ", in_place_carried_words,
+                                          " words and some data, not ", carried.size(), " and ", n, " elements"));
     drive_until_done(start_in_place_carrying(data, n, o, std::move(landing), carried));
   }
 
@@ -993,9 +1056,12 @@ class host_reducer {
     drive_until_done(start_in_place(data, n, o));
   }
 
-  // Whether an allreduce of `bytes` can carry `words` more int64 words in its one round.
+  // Whether an allreduce of `bytes` can carry `words` more int64 words in its one round: it
+  // takes the small path, and the words fit the rest of its slot's stride (a step's check fits
+  // beside a full slot, so a 16 KiB step is one round, not two).
   bool carries(std::size_t bytes, std::size_t words) const noexcept {
-    return segment_ && bytes > 0 && bytes + words * sizeof(std::int64_t) <= segment_->small_bytes;
+    return segment_ && bytes > 0 && bytes <= segment_->small_bytes &&
+           bytes + words * sizeof(std::int64_t) <= segment_->small_stride();
   }
 
   // Blocking allreduce that also max-reduces `carried` in the same round (where carries(): every
@@ -1003,13 +1069,25 @@ class host_reducer {
   // synchronisation instead of two.
   template <class T>
   void allreduce_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried, std::function<void()> landing = {}) {
-    check(carries(n * sizeof(T), carried.size()), "shared-memory allreduce",
-          cat(n, " x ", name_of(dtype_of<T>), " and ", carried.size(), " carried words do not fit a small slot of ",
-              small_bytes(), " bytes"));
-    drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    if (!carries(n * sizeof(T), carried.size()))  // the message is built only on failure (it cost a tenth of a step)
+      fail("shared-memory allreduce", cat(n, " x ", name_of(dtype_of<T>), " and ", carried.size(),
+                                          " carried words do not fit a small slot of ", small_bytes(), " bytes"));
+    run_here(data, n, o, std::move(landing), carried);
   }
 
  private:
+  // A blocking allreduce: on the stack and unqueued where the segment is idle (run_alone),
+  // else started and driven as any other.
+  template <class T>
+  void run_here(T* data, std::size_t n, op o, std::function<void()> landing, span<std::int64_t> carried) {
+    static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
+    auto& seg = usable("shared-memory allreduce");
+    if (n == 0) return drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    const auto alone = seg.alone();
+    if (!alone.owns_lock()) return drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    task<T> t(segment_, data, n, o, plan_for<T>(n), std::move(landing), carried);
+    seg.run_alone(t, alone, [&](auto&& step) { wait_driving(t, step); });
+  }
   template <class T>
   std::shared_ptr<task<T>> start_carrying(T* data, std::size_t n, op o, std::function<void()> landing,
                                           span<std::int64_t> carried) {
@@ -1018,6 +1096,14 @@ class host_reducer {
     if (n == 0)
       return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, {0, 0}, -1, detail::slot_writer::cached},
                                        std::move(landing));
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, plan_for<T>(n), std::move(landing), carried);
+    seg.enqueue(t);
+    return t;
+  }
+  // The next allreduce's steps and slots (n > 0), in start order: the same on every rank.
+  template <class T>
+  typename task<T>::plan plan_for(std::size_t n) {
+    auto& seg = *segment_;
     typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
     if (n * sizeof(T) <= seg.small_bytes) {
       p.small_slot = static_cast<int>(smalls_++ % 2);
@@ -1029,14 +1115,24 @@ class host_reducer {
       const int cls = detail::slot_writer::size_class(n * sizeof(T));
       p.stores = seg.writer.choose(cls, timed_[cls]++);
     }
-    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing), carried);
-    seg.enqueue(t);
-    return t;
+    return p;
   }
   template <class Task>
   static void drive_until_done(const std::shared_ptr<Task>& t) {
-    wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
-                   [] { watchdog::instance().answer_queries(); });
+    wait_driving(*t, [&] { return t->poll(); });
+  }
+  // Calls poll() until it returns true, answering the watchdog's queries meanwhile. The first
+  // rounds only peek at the peers' counters while the task waits on them, polling once they
+  // moved: a small allreduce's wait is a few hundred ns, and full polls in it (the segment's
+  // locks, the queue, the stall clock) doubled the time from a peer's publish to this rank's
+  // reduction. Past them every round polls, as the timeout needs.
+  template <class Task, class Poll>
+  static void wait_driving(const Task& t, Poll&& poll) {
+    unsigned peeks = 0;
+    wait_answering(
+        default_wait().driving(), std::chrono::milliseconds{0},
+        [&] { return peeks < 64 && ++peeks && t.waiting_on_peers() ? false : poll(); },
+        [] { watchdog::instance().answer_queries(); });
   }
 
  public:
@@ -1061,7 +1157,7 @@ class host_reducer {
   // watchdog's queries while waiting.
   template <class T>
   void allreduce(T* data, std::size_t n, op o) {
-    drive_until_done(start(data, n, o));
+    run_here(data, n, o, {}, {});
   }
 
  protected:

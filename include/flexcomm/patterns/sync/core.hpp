@@ -49,6 +49,7 @@ class sync_core {
         tiers_(comm_, options_, Flat::algorithm, who),
         control_(control_channel<B>::make(member, cat(member.name(), " ", who, " control"))),
         who_(who),
+        step_calls_{cat(who, ": ready"), cat(who, ": finish")},
         launch_early_(launch_early),
         flat_(options_),
         plan_(options_.bucket_bytes) {
@@ -68,7 +69,7 @@ class sync_core {
   void ready(int index, span<T> grad) {
     static_assert(is_element_v<T>, "ready(): gradients must be float, double, int32, int64, uint8, half or bfloat16");
     static_assert(!std::is_const_v<T>, "ready(): the average is written back into the gradient");
-    if (sequence_.handed == 0) begin_step("ready");
+    if (sequence_.handed == 0) begin_step(step_calls_[0]);
     const dtype type = dtype_of<T>;
     step_hash_.add(static_cast<std::uint64_t>(index)).add(static_cast<std::uint64_t>(type)).add(grad.size());
     sequence_.add(index, grad.size());
@@ -117,7 +118,7 @@ class sync_core {
   // member's ranks (order, sizes) are a flexcomm::error on every rank (the gradients then hold
   // what the buckets reduced, or what was handed over: nothing to step with).
   void finish() {
-    if (sequence_.handed == 0) begin_step("finish");
+    if (sequence_.handed == 0) begin_step(step_calls_[1]);
     trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
     signature_check<typename control_channel<B>::backend> step_check;
@@ -243,9 +244,9 @@ class sync_core {
     return failure;
   }
   // A step's first call: is it being captured into a CUDA graph, and can it be (step_capture.hpp)?
-  void begin_step(const char* call) {
-    capture_.begin(cat(who_, ": ", call), planning_);
-  }
+  // `call` names the adapter's ready() or finish(), spelled once at construction: building it at
+  // every step's first call cost an allocation per step.
+  void begin_step(const std::string& call) { capture_.begin(call, planning_); }
   template <class T>
   flight<B> through_shared_memory(void* data, std::size_t count, std::size_t b) {
     return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, landing_of(b), in_place_[b] != 0,
@@ -463,6 +464,7 @@ class sync_core {
   // The signature exchange, kept apart from bucket traffic.
   typename control_channel<B>::backend::communicator control_;
   std::string who_;
+  std::string step_calls_[2];  // "<who>: ready", "<who>: finish" (begin_step)
   bool launch_early_;
   Flat flat_;
   host_shared<B> shared_;
