@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -100,13 +101,28 @@ std::vector<int> proportional(const std::vector<double>& weights, int ranks) {
 }
 
 // Trains every member to its last step under `layout`; the wall until the last member finished
-// and the CPU all ranks spent, the same on every rank.
+// and the CPU all ranks spent, the same on every rank. With `handover`, a member that reaches its
+// last step ends with ctx.finish_member() and its ranks join the running member with the longest
+// expected step (cost / ranks), which then steps faster; `ends` (on rank 0, the aggregator) gets
+// how each member ended.
 row train(const mpi::communicator& world, const std::string& name, const fc::ensemble_layout& layout,
-          const std::vector<member_spec>& members, std::size_t gradient) {
+          const std::vector<member_spec>& members, std::size_t gradient, bool handover,
+          std::vector<fc::handover_record>& ends) {
   pipeline::options options;
   options.feed.steps = std::max_element(members.begin(), members.end(), [](auto& a, auto& b) { return a.steps < b.steps; })->steps;
   options.feed.shard_capacity = 8;
   pipeline pipe(world, layout, options);
+  std::map<int, std::vector<float>> models;  // a member's parameters, handed to a rank that joins it
+  if (handover) {
+    std::vector<double> costs;
+    for (const auto& m : members) costs.push_back(m.cost_ms);
+    pipe.on_handover({[&](int m) {
+                        auto& p = models.try_emplace(m, std::vector<float>(16, 0.0f)).first->second;
+                        return std::vector<fc::span<std::byte>>{fc::span<std::byte>(reinterpret_cast<std::byte*>(p.data()),
+                                                                                    p.size() * sizeof(float))};
+                      },
+                      costs});
+  }
   long long wrong = 0;
   MPI_Barrier(world.native());
   const double cpu0 = cpu_seconds();
@@ -117,13 +133,13 @@ row train(const mpi::communicator& world, const std::string& name, const fc::ens
         std::memcpy(out.data(), &v, sizeof v);
         return sizeof v;
       },
-      [&](auto& ctx) {
+      [&](auto& ctx) {  // called again for the member a rank joins
         const auto& spec = members[static_cast<std::size_t>(ctx.member())];
-        const auto shards = layout.shards_of(ctx.member(), ctx.rank_in_member());
-        const auto compute = std::chrono::duration<double, std::milli>(spec.cost_ms * shards.count / layout.shards_per_step());
+        auto& model = models.try_emplace(ctx.member(), std::vector<float>(16, 0.0f)).first->second;
         std::vector<float> grad(gradient);
         while (auto batch = ctx.feed().next()) {
-          if (batch->step() >= spec.steps) break;  // this member stopped early
+          // The accelerator computes this rank's share of the step (it changes at a hand-over).
+          const std::chrono::duration<double, std::milli> compute(spec.cost_ms * batch->shards() / layout.shards_per_step());
           std::this_thread::sleep_until(std::chrono::steady_clock::now() +
                                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(compute));
           std::fill(grad.begin(), grad.end(), static_cast<float>(ctx.rank_in_member() + 1));
@@ -131,7 +147,14 @@ row train(const mpi::communicator& world, const std::string& name, const fc::ens
           ctx.sync().finish();
           const float want = static_cast<float>(ctx.member_size() + 1) / 2;  // the mean of 1..size
           wrong += grad.front() != want || grad.back() != want;
+          for (float& p : model) p -= 1e-3f * want;
+          if (batch->step() + 1 < spec.steps) continue;
+          if (handover) ctx.finish_member();  // this member converged: its ranks go on elsewhere
+          return;
         }
+      },
+      [&](auto& ctx) {
+        if (handover) ends = ctx.member_ends();
       });
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double sums[2] = {-wall, cpu_seconds() - cpu0};
@@ -139,7 +162,7 @@ row train(const mpi::communicator& world, const std::string& name, const fc::ens
   MPI_Allreduce(&sums[0], &most, 1, MPI_DOUBLE, MPI_MIN, world.native());
   MPI_Allreduce(MPI_IN_PLACE, &sums[1], 1, MPI_DOUBLE, MPI_SUM, world.native());
   MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, world.native());
-  return {name, layout.str(), -most, sums[1], wrong};
+  return {name, handover ? layout.str() + " + hand-over" : layout.str(), -most, sums[1], wrong};
 }
 
 }  // namespace
@@ -199,10 +222,11 @@ int main(int argc, char** argv) {
   const auto planned = fc::plan_from_hints(world, fc::ensemble_layout::parse(fc::cat("members=auto:", n)), costs);
   if (world.rank() == 0) std::printf("# %s\n", planned.text().c_str());
 
-  auto best_of = [&](const std::string& name, const fc::ensemble_layout& layout) {
+  std::vector<fc::handover_record> ends;
+  auto best_of = [&](const std::string& name, const fc::ensemble_layout& layout, bool handover = false) {
     row best;
     for (int i = 0; i < repeat; ++i) {
-      auto r = train(world, name, layout, members, gradient);
+      auto r = train(world, name, layout, members, gradient, handover, ends);
       if (i == 0 || r.wall_s < best.wall_s) best = r;
     }
     return best;
@@ -233,6 +257,7 @@ int main(int argc, char** argv) {
   const auto best_fixed = std::min_element(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.wall_s < b.wall_s; });
   const std::string best_name = best_fixed->name;
   rows.push_back(best_of("auto", planned.layout));
+  rows.push_back(best_of("auto+hand-over", planned.layout, true));
 
   if (world.rank() != 0) return 0;
   std::printf("# hetero: %d ranks, %d members, costs %s units of %.2f ms, stopping at steps %s, %zu floats averaged\n",
@@ -242,6 +267,11 @@ int main(int argc, char** argv) {
     std::printf("  %-14s %-28s %9.3f %9.3f %9.2f %7lld\n", r.name.c_str(), r.layout.c_str(), r.wall_s, r.cpu_s,
                 rows.front().wall_s / r.wall_s, r.wrong);
   std::printf("# best fixed: %s\n", best_name.c_str());
+  std::printf("# auto+hand-over, as the aggregator saw the members end (the last run):\n");
+  for (const auto& e : ends)
+    std::printf("#   member %d ended after step %lld; %s\n", e.member, static_cast<long long>(e.ended_at),
+                e.joined < 0 ? "no member took its ranks"
+                             : fc::cat("its ranks joined member ", e.joined, " at its step ", e.joined_at).c_str());
   if (!json.empty()) {
     std::ofstream out(json);
     out << "{\"ranks\": " << world.size() << ", \"costs\": \"" << costs_text << "\", \"steps\": \"" << steps_text

@@ -129,7 +129,8 @@ class pipeline_context {
   // The trainer function then returns; the pipeline hands this rank to `target` (default: the
   // running member with the longest expected step) with that member's state
   // (handover_options::state) and calls the trainer function again, ctx.member() now that
-  // member. Needs pipe.on_handover(...) and a feed that hands over (local_feed).
+  // member; with no member left to join, not again. Needs pipe.on_handover(...) and a feed that
+  // hands over (local_feed).
   void finish_member(int target = -1) { pipe_.finish_member(target); }
   // The hand-overs of the members this rank finished (each: ended at, joined which, from when).
   const std::vector<handover_record>& handovers() const { return pipe_.handovers(); }
@@ -238,7 +239,7 @@ class ensemble_pipeline {
   }
 
   // Lets a member end early and hand its ranks on (ctx.finish_member(); docs/heterogeneous.md):
-  // before run(loader, ...), on every rank alike (run() then makes the hand-over's communicator).
+  // before run(), on every rank alike (run() then makes the hand-over's communicator).
   void on_handover(handover_options o) {
     check(!ran_, "ensemble_pipeline", "on_handover() goes before run()");
     // Refused here, before run() makes the feed: a feed made and never run would wait for its stream.
@@ -450,12 +451,11 @@ void ensemble_pipeline<Feed, Sync, Collect>::finish_member(int target) {
               " (every rank ends the member at the same step boundary)"));
     check(same.agreed(1), what, cat("the member's ranks named different targets, from ", same.lowest(1), " to ",
                                     same.highest(1)));
-    check(same.highest(2) > 0, what,
-          target >= 0 ? cat("member ", target, " has ended or has no room for ", n, " more rank(s) (a step has ",
-                            h.shards_per_step(), " shards)")
-                      : cat("no member is left to join (every other member has ended or has no room for ", n,
-                            " more rank(s); a step has ", h.shards_per_step(),
-                            " shards); to end without joining, return from the trainer function"));
+    // With no member left to join the member ends all the same (its ranks stop training); a
+    // target the trainer named that cannot take it is its mistake, refused.
+    check(target < 0 || same.highest(2) > 0, what,
+          cat("member ", target, " has ended or has no room for ", n, " more rank(s) (a step has ",
+              h.shards_per_step(), " shards)"));
     finished_at_ = at;
     target_ = target;
     if (root) h.stop_taking();

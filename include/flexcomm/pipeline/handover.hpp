@@ -60,7 +60,7 @@ template <class B>
 class member_handover {
  public:
   using communicator = typename B::communicator;
-  enum kind : std::int64_t { request = 1, bye, accept, refuse, none };
+  enum kind : std::int64_t { request = 1, bye, accept, refuse, none, grown };
   static constexpr int inbox_tag = 7101, outcome_tag = 7102, here_tag = 7103, go_tag = 7104;
 
   // Collective over `world` (a duplicate for the protocol's messages).
@@ -200,6 +200,10 @@ void member_handover<B>::serve(int m) {
     ends_[static_cast<std::size_t>(m)] = {m, box[2], joined ? static_cast<int>(box[5]) : -1, joined ? box[6] : -1};
     return;
   }
+  if (box[0] == grown) {
+    sizes_[static_cast<std::size_t>(m)] = static_cast<int>(box[2]);
+    return;
+  }
   if (box[0] == request && own_ < 0) return;  // the aggregator hears byes only
   if (box[0] == request) {
     const int n = known_size(own_) + static_cast<int>(box[3]);
@@ -247,6 +251,11 @@ handover_accept member_handover<B>::take(std::int64_t step, const std::vector<in
   const auto m = message(accept, own_, step, a.ranks);
   send(m, root_of(finished), inbox_tag);
   for (std::size_t i = 1; i < ranks.size(); ++i) send(m, ranks[i], outcome_tag);
+  // The other running roots learn the new size, so that the next member to finish does not pick
+  // this one for a step it no longer has (the default target is the longest expected step).
+  const auto size = message(grown, own_, static_cast<std::int64_t>(a.ranks.size()), {});
+  for (std::size_t j = 0; j < roots_.size(); ++j)
+    if (static_cast<int>(j) != own_ && static_cast<int>(j) != finished && !ended_[j]) send(size, roots_[j], inbox_tag);
   return a;
 }
 

@@ -117,7 +117,7 @@ class mpi_host_reducer : public shm::host_reducer {
 
   // Collective over `comm`, whose ranks must all share one host (MPI decides: a communicator
   // that MPI_COMM_TYPE_SHARED would split is an error on every rank). Allocates
-  // 2 x slot_bytes + 2 x small_bytes (and a cache line) of shared memory per rank.
+  // 2 x slot_bytes + 2 x small_bytes (and three cache lines) of shared memory per rank.
   explicit mpi_host_reducer(const mpi_communicator& comm, std::size_t slot_bytes = default_slot_bytes,
                             std::size_t small_bytes = default_small_bytes)
       : shm::host_reducer(std::make_unique<detail::mpi_host_group>(comm.dup(cat(comm.name(), " shared memory"))),

@@ -32,6 +32,11 @@
 //     all have, every rank holds the result. Per rank that reads the data once and writes it once,
 //     where the slots above read and write it about twice. A rank whose data is not where it
 //     should be, or that reduces something else, is an error on every rank before anyone writes.
+//   registered (start_registered): the same in a trainer's own memory made shared where it lies
+//     (register_range, registered_range.hpp), each rank's at its own address; the partial edge
+//     pages are copied next to the description and reduced by every rank in the second step. A
+//     rank whose memory is no longer the registered pages says so in its description, and the
+//     whole allreduce then takes the large path, in steps it reserved for that.
 // An allreduce may carry a landing: what to do with its result (a fused bucket's copy back into
 // its gradients), run by the thread that finishes it, right then, so that a bucket the engine
 // reduces during backward is also copied out during backward, not in finish().
@@ -71,6 +76,7 @@
 #include "../../core/watchdog.hpp"
 #include "host_group.hpp"
 #include "host_window.hpp"
+#include "registered_range.hpp"
 #include "slot_writer.hpp"
 
 namespace flexcomm {
@@ -78,8 +84,9 @@ namespace flexcomm {
 namespace detail {
 
 // How long a task has waited for its peers at one stage, against the communicator's timeout. The
-// clock is read when a wait begins (the first poll that finds the peers not there) and then one
-// poll in 64: reading it on every step and poll cost a third of a 4-byte allreduce.
+// clock is read at the second poll that finds the peers not there and then one poll in 64:
+// reading it on every step and poll cost a third of a 4-byte allreduce, and at the first miss
+// still a tenth (most small waits end before a second full poll, see drive_until_done).
 class stall_clock {
  public:
   // The task moved on: the next wait starts afresh.
@@ -90,8 +97,9 @@ class stall_clock {
   // Another poll found the peers not there: true once that wait has lasted longer than `limit`
   // (zero: no limit).
   bool past(std::chrono::milliseconds limit) {
-    if (polls_++ == 0) {
-      since_ = std::chrono::steady_clock::now();
+    const std::uint64_t poll = polls_++;
+    if (poll <= 1) {
+      if (poll == 1) since_ = std::chrono::steady_clock::now();
       return false;
     }
     if (polls_ % 64 != 0) return false;
@@ -147,11 +155,21 @@ struct shared_arena {
   static constexpr std::size_t carried_words = (line - sizeof(description)) / sizeof(std::int64_t);
 
   shared_arena(const shm::host_group& group, std::size_t usable, const std::string& who)
-      : window(group, line + usable, who), bytes(usable) {}
+      : window(group, line + usable, who), bytes(usable) {
+    for (int r = 0; r < window.size(); ++r) bases.push_back(window.region(r) + line);
+  }
+  // A registration's (shm::registered_range): the window holds the descriptions and each rank's
+  // copy of the range's edges (the partial pages, at most two); the data lies where it lies.
+  shared_arena(const shm::host_group& group, std::unique_ptr<shm::registered_range> own, std::size_t edge_bytes,
+               const std::string& who)
+      : window(group, line + edge_bytes, who), bytes(own->interior()), range(std::move(own)) {
+    for (int r = 0; r < window.size(); ++r) bases.push_back(range->base(r));
+  }
 
   description& of(int r) const noexcept { return *std::launder(reinterpret_cast<description*>(window.region(r))); }
   std::byte* carried(int r) const noexcept { return window.region(r) + sizeof(description); }
-  std::byte* data(int r) const noexcept { return window.region(r) + line; }
+  std::byte* data(int r) const noexcept { return bases[static_cast<std::size_t>(r)]; }
+  std::byte* edges(int r) const noexcept { return window.region(r) + line; }
   // Where [p, p + n) lies in this rank's region, if it does.
   bool holds(const void* p, std::size_t n, std::uint64_t& offset) const noexcept {
     const auto* b = static_cast<const std::byte*>(p);
@@ -163,6 +181,25 @@ struct shared_arena {
 
   shm::host_window window;
   std::size_t bytes;
+  std::vector<std::byte*> bases;  // where each rank's data lies, as this process maps it
+  std::unique_ptr<shm::registered_range> range;  // a registration's
+  // A registration's last allreduce went through the slots (a rank's range was stale): written by
+  // the thread that finished it, read once it is done.
+  mutable bool fell_back = false;
+};
+
+// The claim of the thread that drives a segment's tasks: only ever try-locked, and released by a
+// plain store. Released right after a step's publish, a mutex's unlock (a locked instruction)
+// waited for that store to reach the peer's cache: a tenth of a 4-byte allreduce.
+class driver_claim {
+ public:
+  bool try_lock() noexcept {
+    return !held_.load(std::memory_order_relaxed) && !held_.exchange(true, std::memory_order_acquire);
+  }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> held_{false};
 };
 
 // The segment and the bookkeeping every task of one reducer shares; tasks hold it, so a task the
@@ -178,7 +215,7 @@ class host_segment {
         ranks(group->size()),
         large_bytes(round_up(std::max(large_bytes, line))),
         small_bytes(round_up(small_bytes)),
-        window(*group, line + 2 * this->small_bytes + 2 * this->large_bytes,
+        window(*group, line + 2 * (this->small_bytes + line) + 2 * this->large_bytes,
                cat(group->name(), ": shared-memory setup")) {
     const std::string who = cat(group->name(), ": shared-memory setup");
     for (int r = 0; r < ranks; ++r)
@@ -199,11 +236,14 @@ class host_segment {
   std::atomic<std::uint64_t>& progress(int r) const noexcept {
     return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions[static_cast<std::size_t>(r)]));
   }
+  // A small slot is small_bytes of data and a line beside it for carried words: a full slot
+  // still carries a step's check (host_reducer::carries).
+  std::size_t small_stride() const noexcept { return small_bytes + line; }
   std::byte* small_slot(int r, int which) const noexcept {
-    return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_bytes;
+    return regions[static_cast<std::size_t>(r)] + line + static_cast<std::size_t>(which) * small_stride();
   }
   std::byte* large_slot(int r, int which) const noexcept {
-    return regions[static_cast<std::size_t>(r)] + line + 2 * small_bytes + static_cast<std::size_t>(which) * large_bytes;
+    return regions[static_cast<std::size_t>(r)] + line + 2 * small_stride() + static_cast<std::size_t>(which) * large_bytes;
   }
   // Chunks of an n-element task of T: at most a large slot each.
   template <class T>
@@ -262,11 +302,37 @@ class host_segment {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     queue_.push_back(task);
   }
+  // The driver's lock, owned, when no task is queued and no other thread drives: a blocking
+  // task may then run unqueued (run_alone). Nothing can be queued meanwhile (tasks are started
+  // on the thread that would wait), so the order holds.
+  std::unique_lock<driver_claim> alone() {
+    std::unique_lock<driver_claim> driving(driving_, std::try_to_lock);
+    if (driving.owns_lock()) {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (!queue_.empty()) driving.unlock();
+    }
+    return driving;
+  }
+  // Runs `t` to its end on the calling thread under alone()'s lock: no queue entry, shared
+  // ownership or lock per poll. `wait(step)` calls step() (true once finished) until it returns
+  // true. What it throws breaks the segment (where the task's failure did not already), as a
+  // queued task dropped unfinished does.
+  template <class Wait>
+  void run_alone(segment_task& t, const std::unique_lock<driver_claim>& alone, Wait&& wait) {
+    static_cast<void>(alone);
+    try {
+      wait([&] { return t.step(); });
+    } catch (...) {
+      break_with("a task failed before it finished (its caller has the error)");
+      throw;
+    }
+    t.finished();
+  }
   // Drives the queued tasks in start order as far as they go without waiting, unless another
   // thread is driving them now. Throws what a task's step throws (that task stays queued, and
   // throws again when next driven).
   void drive() {
-    std::unique_lock<std::mutex> driving(driving_, std::try_to_lock);
+    std::unique_lock<driver_claim> driving(driving_, std::try_to_lock);
     if (!driving.owns_lock()) return;
     for (;;) {
       std::shared_ptr<segment_task> front;
@@ -301,11 +367,13 @@ class host_segment {
   // host_reducer::allocate's, in allocation order (the same on every rank); only the caller's
   // thread adds to it, and a task keeps a pointer to its own.
   std::vector<std::unique_ptr<shared_arena>> arenas;
+  // host_reducer::register_range's, likewise (a registration's data is the user's own memory).
+  std::vector<std::unique_ptr<shared_arena>> registered;
   slot_writer writer;                      // how this rank writes its large slots
   slot_writer placer;                      // how it writes results into its peers' in-place data
 
  private:
-  std::mutex driving_;      // held by the thread driving the tasks
+  driver_claim driving_;    // held by the thread driving the tasks
   std::mutex queue_mutex_;  // guards queue_ and broken_cause_: start() never waits for a step to end
   std::deque<std::weak_ptr<segment_task>> queue_;  // started, not finished, in start order
   std::string broken_cause_;  // why `broken`: the first task's failure
@@ -371,6 +439,13 @@ class host_allreduce final : public segment_task {
     if (done()) return true;
     seg_->drive();
     return done();
+  }
+  // True when a poll would find nothing to do: this task waits for a step its peers have still
+  // not all reached (the counters only grow, so it cannot have moved past that wait). Two loads
+  // where a poll takes the segment's locks; any thread.
+  bool waiting_on_peers() const noexcept {
+    const std::uint64_t needed = awaited_.load(std::memory_order_acquire);
+    return needed != 0 && !seg_->reached(needed);
   }
 
  private:
@@ -445,7 +520,7 @@ class host_allreduce final : public segment_task {
         noted_.clear();
         if ((++chunk_) * per_chunk() >= n_) {
           stage_ = stage::done;
-          learn(seg_->writer);
+          if (!plan_.in_place) learn(seg_->writer);
           land();
           return true;
         }
@@ -453,6 +528,9 @@ class host_allreduce final : public segment_task {
         return std::nullopt;
     }
   }
+  // A registration's allreduce (host_reducer::start_registered) also takes this path while every
+  // rank's range is current; where one is stale, every rank sees it in the descriptions and the
+  // whole allreduce goes through the large slots, in steps it reserved for that.
   std::optional<bool> step_in_place() {
     switch (stage_) {
       case stage::place_describe:
@@ -464,11 +542,17 @@ class host_allreduce final : public segment_task {
         timed_from_ = std::chrono::steady_clock::now();  // every rank has arrived
         check_descriptions();
         reduce_carried();
-        reduce_in_place();
+        if (registered() && (plan_.arena->fell_back = any_stale())) {
+          stage_ = stage::large_write;
+          return std::nullopt;
+        }
+        reduce_in_place(registered() ? plan_.arena->bytes / sizeof(T) : n_);
+        if (registered()) reduce_edges();
         advance(stage::place_wait, 2);
         return std::nullopt;
       default:  // place_wait
         if (!ready(plan_.first + 2, "peers to reduce their share")) return false;
+        if (registered()) seg_->publish(step(0) + 3 * seg_->template chunks_of<T>(n_));  // the slots' steps, unused
         stage_ = stage::done;
         learn(seg_->placer);
         land();
@@ -506,11 +590,15 @@ class host_allreduce final : public segment_task {
     w.learn(slot_writer::size_class(bytes), plan_.stores, took.count() / static_cast<double>(bytes));
   }
   std::size_t per_chunk() const noexcept { return seg_->large_bytes / sizeof(T); }
-  // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last.
-  std::uint64_t step(int k) const noexcept { return plan_.first + 3 * chunk_ + static_cast<std::uint64_t>(k); }
+  // Chunk chunk_'s k-th step (k = 1, 2, 3); k = 0 is the previous chunk's last. A registration's
+  // allreduce takes its two in-place steps first.
+  std::uint64_t step(int k) const noexcept {
+    return plan_.first + (plan_.in_place ? 2 : 0) + 3 * chunk_ + static_cast<std::uint64_t>(k);
+  }
 
   bool ready(std::uint64_t needed, const char* for_what) {
     if (seg_->reached(needed)) return true;
+    awaited_.store(needed, std::memory_order_release);
     const auto limit = seg_->group->timeout();
     if (stalled_.past(limit)) fail_waiting(seg_, who(), limit, for_what, needed);
     // Long: noted, for peers that follow a stall through this rank (core/stall.hpp).
@@ -518,7 +606,8 @@ class host_allreduce final : public segment_task {
     return false;
   }
   void advance(stage next, int k) {
-    seg_->publish(plan_.small_slot >= 0 || plan_.in_place ? plan_.first + static_cast<std::uint64_t>(k) : step(k));
+    const bool large = stage_ == stage::large_write || stage_ == stage::large_reduce;
+    seg_->publish(large ? step(k) : plan_.first + static_cast<std::uint64_t>(k));
     stage_ = next;
     stalled_.moved();
     noted_.clear();
@@ -527,15 +616,24 @@ class host_allreduce final : public segment_task {
   const T* small_of(int r) const {
     return reinterpret_cast<const T*>(seg_->small_slot(r, plan_.small_slot));
   }
-  // Where rank r's carried words lie: the end of its small slot, whatever the data's size, or
-  // after its description.
+  // Where rank r's carried words lie: the end of its small slot's stride, whatever the data's
+  // size, or after its description.
   std::byte* carried_of(int r) const {
     if (plan_.in_place) return plan_.arena->carried(r);
-    return seg_->small_slot(r, plan_.small_slot) + seg_->small_bytes - carried_.size() * sizeof(std::int64_t);
+    return seg_->small_slot(r, plan_.small_slot) + seg_->small_stride() - carried_.size() * sizeof(std::int64_t);
   }
+  // Every rank folds the slots in rank order: the same bits everywhere. The rule makes each op
+  // commutative bit for bit (reduce_rule.hpp), so ranks 0 and 1 start from their own data (their
+  // slot's bits) and fold in the other of the first two, instead of copying slot 0 back first.
   void reduce_small() {
-    std::memcpy(data_, small_of(0), n_ * sizeof(T));
-    for (int r = 1; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
+    const int me = seg_->rank;
+    if (me >= 2) {
+      std::memcpy(data_, small_of(0), n_ * sizeof(T));
+      combine(op_, data_, small_of(1), n_);
+    } else if (seg_->ranks >= 2) {
+      combine(op_, data_, small_of(1 - me), n_);
+    }
+    for (int r = 2; r < seg_->ranks; ++r) combine(op_, data_, small_of(r), n_);
     if (op_ == op::avg) divide_by(data_, n_, seg_->ranks);
     reduce_carried();
   }
@@ -556,6 +654,7 @@ class host_allreduce final : public segment_task {
     return static_cast<std::uint64_t>(dtype_of<T>) << 8 | static_cast<std::uint64_t>(op_);
   }
   void describe() {
+    if (registered()) return describe_registered();
     const shared_arena::description mine{plan_.first, plan_.arena ? plan_.offset : shared_arena::misplaced, n_, kind()};
     if (plan_.arena) {
       plan_.arena->of(seg_->rank) = mine;
@@ -580,20 +679,55 @@ class host_allreduce final : public segment_task {
       if (theirs.first != mine.first)
         broken(cat(peer, " is not reducing this allreduce in place (its last in-place allreduce here began after step ",
                    theirs.first, ", this one after step ", mine.first, ")"));
+      if (theirs.offset == shared_arena::misplaced && registered()) continue;  // stale: any_stale()
       if (theirs.offset == shared_arena::misplaced)
         broken(cat(peer, "'s data does not lie in the shared memory allocated for in-place allreduces"));
-      if (theirs.offset != mine.offset || theirs.count != mine.count || theirs.kind != mine.kind)
+      if ((!registered() && theirs.offset != mine.offset) || theirs.count != mine.count || theirs.kind != mine.kind)
         broken(cat(peer, " reduces ", theirs.count, " elements at byte ", theirs.offset, " of its region (kind ",
                    theirs.kind, "), this rank ", mine.count, " at byte ", mine.offset, " (kind ", mine.kind,
                    "): every rank must place the same data at the same offset"));
     }
   }
+  // A registration's: this rank's range is current (else described as misplaced, its data going
+  // through the slots), and its edges are copied where the peers reduce them.
+  bool registered() const noexcept { return plan_.arena && plan_.arena->range; }
+  void describe_registered() {
+    const shm::registered_range& range = *plan_.arena->range;
+    const bool current = range.current(reinterpret_cast<const std::byte*>(data_), n_ * sizeof(T));
+    plan_.arena->of(seg_->rank) = {plan_.first, current ? 0 : shared_arena::misplaced, plan_.arena->bytes / sizeof(T), kind()};
+    if (!current) return;
+    const std::size_t tail = range.head() + range.interior();
+    std::byte* edges = plan_.arena->edges(seg_->rank);
+    std::memcpy(edges, data_, range.head());
+    std::memcpy(edges + range.head(), reinterpret_cast<const std::byte*>(data_) + tail, n_ * sizeof(T) - tail);
+  }
+  bool any_stale() const noexcept {
+    for (int r = 0; r < seg_->ranks; ++r)
+      if (plan_.arena->of(r).offset == shared_arena::misplaced) return true;
+    return false;
+  }
+  // The edges: every rank reduces all ranks' copies in rank order (identical bits, as the small
+  // path does) into its own partial pages.
+  void reduce_edges() {
+    const shm::registered_range& range = *plan_.arena->range;
+    const std::size_t head = range.head() / sizeof(T), tail = (range.head() + range.interior()) / sizeof(T);
+    reduce_edge(data_, 0, head);
+    reduce_edge(data_ + tail, head, n_ - tail);
+  }
+  void reduce_edge(T* out, std::size_t at, std::size_t count) {
+    if (count == 0) return;
+    const auto edge = [&](int r) { return reinterpret_cast<const T*>(plan_.arena->edges(r)) + at; };
+    std::memcpy(out, edge(0), count * sizeof(T));
+    for (int r = 1; r < seg_->ranks; ++r) combine(op_, out, edge(r), count);
+    if (op_ == op::avg) divide_by(out, count, seg_->ranks);
+  }
+
   T* placed(int r) const { return reinterpret_cast<T*>(plan_.arena->data(r) + plan_.offset); }
   // This rank's share, a block at a time: the block is still in cache when it is copied to the
   // peers, so the share is read from memory once per rank and written once per rank.
-  void reduce_in_place() {
+  void reduce_in_place(std::size_t count) {
     std::size_t lo = 0, hi = 0;
-    share_in(n_, seg_->rank, lo, hi);
+    share_in(count, seg_->rank, lo, hi);
     constexpr std::size_t block = (std::size_t{16} << 10) / sizeof(T);
     for (std::size_t from = lo; from < hi; from += block) {
       const std::size_t count = std::min(block, hi - from);
@@ -660,6 +794,7 @@ class host_allreduce final : public segment_task {
   stall_clock stalled_;
   waiting_note noted_;
   std::chrono::steady_clock::time_point timed_from_;
+  std::atomic<std::uint64_t> awaited_{0};  // the step ready() last found missing (waiting_on_peers)
 };
 
 // One broadcast through a host_segment from `root`: two steps per chunk of at most a large slot.
@@ -765,7 +900,7 @@ class host_reducer {
 
   // Collective over `group` (the reducer's own, kept for its names and timeout), whose ranks must
   // all share one host (the backend decides: otherwise an error on every rank). Allocates
-  // 2 x slot_bytes + 2 x small_bytes (and a cache line) of shared memory per rank.
+  // 2 x slot_bytes + 2 x small_bytes (and three cache lines) of shared memory per rank.
   explicit host_reducer(std::unique_ptr<host_group> group, std::size_t slot_bytes = default_slot_bytes,
                         std::size_t small_bytes = default_small_bytes)
       : segment_(std::make_shared<detail::host_segment>(std::move(group), slot_bytes, small_bytes)) {}
@@ -825,9 +960,9 @@ class host_reducer {
   template <class T>
   void allreduce_in_place_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried,
                                    std::function<void()> landing = {}) {
-    check(carries_in_place(n * sizeof(T), carried.size()), "shared-memory allreduce",
-          cat("an in-place allreduce carries up to ", in_place_carried_words, " words and some data, not ",
-              carried.size(), " and ", n, " elements"));
+    if (!carries_in_place(n * sizeof(T), carried.size()))  // the message is built only on failure
+      fail("shared-memory allreduce", cat("an in-place allreduce carries up to ", in_place_carried_words,
+                                          " words and some data, not ", carried.size(), " and ", n, " elements"));
     drive_until_done(start_in_place_carrying(data, n, o, std::move(landing), carried));
   }
 
@@ -856,15 +991,77 @@ class host_reducer {
   }
 
  public:
+  // A trainer's own memory registered for in-place allreduces (shm::registered_range): null where
+  // it could not be.
+  using registration = const detail::shared_arena*;
+
+  // Collective over the reducer's group (every rank registers its own data of the same n and T,
+  // in the same order): makes the whole pages of data[0, n) shared where they lie, so that
+  // start_registered() reduces them in place. Null on every rank where the pages common to all
+  // ranks are no more than a small slot, where the data lies in allocate()'s memory on any rank,
+  // or where a rank could not share its pages.
+  template <class T>
+  registration register_range(T* data, std::size_t n) {
+    auto& seg = usable("shared-memory registration");
+    const std::string who = cat(seg.group->name(), ": registering a gradient's pages");
+    std::uint64_t offset = 0;
+    const bool elsewhere = !data || arena_of(data, n * sizeof(T), offset) != nullptr;
+    auto range = shm::registered_range::make(*seg.group, reinterpret_cast<std::byte*>(data), elsewhere ? 0 : n * sizeof(T),
+                                             sizeof(T), seg.small_bytes + 1, who);
+    if (!range) return nullptr;
+    const std::size_t edges = n * sizeof(T) - range->interior();
+    try {
+      seg.registered.push_back(std::make_unique<detail::shared_arena>(*seg.group, std::move(range), edges, who));
+    } catch (const error&) {
+      return nullptr;  // no room in /dev/shm for the descriptions: every rank failed alike
+    }
+    return seg.registered.back().get();
+  }
+  // Local: forgets a registration whose tasks are done (the user's pages stay as they are).
+  void unregister(registration r) {
+    auto& all = usable("shared-memory registration").registered;
+    all.erase(std::remove_if(all.begin(), all.end(), [&](const auto& a) { return a.get() == r; }), all.end());
+  }
+  // Whether the last allreduce of `r`, now done, went through the slots: a rank's data was not
+  // the registered pages (freed and reallocated, or another vector). The same on every rank.
+  static bool fell_back(registration r) noexcept { return r->fell_back; }
+
+  // Starts an allreduce of data[0, n), registered as `r` on every rank: in place where every
+  // rank's data is still its registered pages (checked each time), else through the slots;
+  // otherwise as start().
+  template <class T>
+  std::shared_ptr<task<T>> start_registered(T* data, std::size_t n, op o, registration r,
+                                            std::function<void()> landing = {}) {
+    auto& seg = usable("shared-memory allreduce");
+    typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
+    p.in_place = true;
+    p.arena = r;
+    p.offset = 0;
+    const int cls = detail::slot_writer::size_class(r->bytes);
+    p.stores = seg.placer.choose(cls, placed_[cls]++);
+    steps_ += 2;
+    take_large_slots(p.free_after, seg.template chunks_of<T>(n), 3);  // for the slots, when stale
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing));
+    seg.enqueue(t);
+    return t;
+  }
+  template <class T>
+  void allreduce_registered(T* data, std::size_t n, op o, registration r) {
+    drive_until_done(start_registered(data, n, o, r));
+  }
+
   // Blocking start_in_place(), as allreduce() is to start().
   template <class T>
   void allreduce_in_place(T* data, std::size_t n, op o) {
     drive_until_done(start_in_place(data, n, o));
   }
 
-  // Whether an allreduce of `bytes` can carry `words` more int64 words in its one round.
+  // Whether an allreduce of `bytes` can carry `words` more int64 words in its one round: it
+  // takes the small path, and the words fit the rest of its slot's stride (a step's check fits
+  // beside a full slot, so a 16 KiB step is one round, not two).
   bool carries(std::size_t bytes, std::size_t words) const noexcept {
-    return segment_ && bytes > 0 && bytes + words * sizeof(std::int64_t) <= segment_->small_bytes;
+    return segment_ && bytes > 0 && bytes <= segment_->small_bytes &&
+           bytes + words * sizeof(std::int64_t) <= segment_->small_stride();
   }
 
   // Blocking allreduce that also max-reduces `carried` in the same round (where carries(): every
@@ -872,13 +1069,25 @@ class host_reducer {
   // synchronisation instead of two.
   template <class T>
   void allreduce_carrying(T* data, std::size_t n, op o, span<std::int64_t> carried, std::function<void()> landing = {}) {
-    check(carries(n * sizeof(T), carried.size()), "shared-memory allreduce",
-          cat(n, " x ", name_of(dtype_of<T>), " and ", carried.size(), " carried words do not fit a small slot of ",
-              small_bytes(), " bytes"));
-    drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    if (!carries(n * sizeof(T), carried.size()))  // the message is built only on failure (it cost a tenth of a step)
+      fail("shared-memory allreduce", cat(n, " x ", name_of(dtype_of<T>), " and ", carried.size(),
+                                          " carried words do not fit a small slot of ", small_bytes(), " bytes"));
+    run_here(data, n, o, std::move(landing), carried);
   }
 
  private:
+  // A blocking allreduce: on the stack and unqueued where the segment is idle (run_alone),
+  // else started and driven as any other.
+  template <class T>
+  void run_here(T* data, std::size_t n, op o, std::function<void()> landing, span<std::int64_t> carried) {
+    static_assert(is_element_v<T>, "host_reducer: float, double, int32, int64, uint8, half or bfloat16");
+    auto& seg = usable("shared-memory allreduce");
+    if (n == 0) return drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    const auto alone = seg.alone();
+    if (!alone.owns_lock()) return drive_until_done(start_carrying(data, n, o, std::move(landing), carried));
+    task<T> t(segment_, data, n, o, plan_for<T>(n), std::move(landing), carried);
+    seg.run_alone(t, alone, [&](auto&& step) { wait_driving(t, step); });
+  }
   template <class T>
   std::shared_ptr<task<T>> start_carrying(T* data, std::size_t n, op o, std::function<void()> landing,
                                           span<std::int64_t> carried) {
@@ -887,6 +1096,14 @@ class host_reducer {
     if (n == 0)
       return std::make_shared<task<T>>(segment_, data, n, o, typename task<T>::plan{0, {0, 0}, -1, detail::slot_writer::cached},
                                        std::move(landing));
+    auto t = std::make_shared<task<T>>(segment_, data, n, o, plan_for<T>(n), std::move(landing), carried);
+    seg.enqueue(t);
+    return t;
+  }
+  // The next allreduce's steps and slots (n > 0), in start order: the same on every rank.
+  template <class T>
+  typename task<T>::plan plan_for(std::size_t n) {
+    auto& seg = *segment_;
     typename task<T>::plan p{steps_, {0, 0}, -1, detail::slot_writer::cached};
     if (n * sizeof(T) <= seg.small_bytes) {
       p.small_slot = static_cast<int>(smalls_++ % 2);
@@ -898,14 +1115,24 @@ class host_reducer {
       const int cls = detail::slot_writer::size_class(n * sizeof(T));
       p.stores = seg.writer.choose(cls, timed_[cls]++);
     }
-    auto t = std::make_shared<task<T>>(segment_, data, n, o, p, std::move(landing), carried);
-    seg.enqueue(t);
-    return t;
+    return p;
   }
   template <class Task>
   static void drive_until_done(const std::shared_ptr<Task>& t) {
-    wait_answering(default_wait().driving(), std::chrono::milliseconds{0}, [&] { return t->poll(); },
-                   [] { watchdog::instance().answer_queries(); });
+    wait_driving(*t, [&] { return t->poll(); });
+  }
+  // Calls poll() until it returns true, answering the watchdog's queries meanwhile. The first
+  // rounds only peek at the peers' counters while the task waits on them, polling once they
+  // moved: a small allreduce's wait is a few hundred ns, and full polls in it (the segment's
+  // locks, the queue, the stall clock) doubled the time from a peer's publish to this rank's
+  // reduction. Past them every round polls, as the timeout needs.
+  template <class Task, class Poll>
+  static void wait_driving(const Task& t, Poll&& poll) {
+    unsigned peeks = 0;
+    wait_answering(
+        default_wait().driving(), std::chrono::milliseconds{0},
+        [&] { return peeks < 64 && ++peeks && t.waiting_on_peers() ? false : poll(); },
+        [] { watchdog::instance().answer_queries(); });
   }
 
  public:
@@ -930,7 +1157,7 @@ class host_reducer {
   // watchdog's queries while waiting.
   template <class T>
   void allreduce(T* data, std::size_t n, op o) {
-    drive_until_done(start(data, n, o));
+    run_here(data, n, o, {}, {});
   }
 
  protected:

@@ -49,6 +49,7 @@ class sync_core {
         tiers_(comm_, options_, Flat::algorithm, who),
         control_(control_channel<B>::make(member, cat(member.name(), " ", who, " control"))),
         who_(who),
+        step_calls_{cat(who, ": ready"), cat(who, ": finish")},
         launch_early_(launch_early),
         flat_(options_),
         plan_(options_.bucket_bytes) {
@@ -68,7 +69,7 @@ class sync_core {
   void ready(int index, span<T> grad) {
     static_assert(is_element_v<T>, "ready(): gradients must be float, double, int32, int64, uint8, half or bfloat16");
     static_assert(!std::is_const_v<T>, "ready(): the average is written back into the gradient");
-    if (sequence_.handed == 0) begin_step("ready");
+    if (sequence_.handed == 0) begin_step(step_calls_[0]);
     const dtype type = dtype_of<T>;
     step_hash_.add(static_cast<std::uint64_t>(index)).add(static_cast<std::uint64_t>(type)).add(grad.size());
     sequence_.add(index, grad.size());
@@ -117,7 +118,7 @@ class sync_core {
   // member's ranks (order, sizes) are a flexcomm::error on every rank (the gradients then hold
   // what the buckets reduced, or what was handed over: nothing to step with).
   void finish() {
-    if (sequence_.handed == 0) begin_step("finish");
+    if (sequence_.handed == 0) begin_step(step_calls_[1]);
     trace::span traced(trace::names::finish, -1, "step", "sync");
     std::string verdict;
     signature_check<typename control_channel<B>::backend> step_check;
@@ -146,6 +147,7 @@ class sync_core {
       for (std::size_t b = 0; b < buckets.size(); ++b) arrived_[b] = buckets[b].last - buckets[b].first;
       staging_.resize(buckets.size());
       stage_in_shared_memory();
+      register_own();
       flights_.resize(buckets.size());
       choose_launchers();
       launch_full();
@@ -167,7 +169,10 @@ class sync_core {
       carried_ = step_check.carried();
     }
     const std::exception_ptr failure = end_flights();
-    if (!failure && verdict.empty()) copy_out();
+    if (!failure && verdict.empty()) {
+      copy_out();
+      renew_registrations();
+    }
     end_step();
     if (failure) std::rethrow_exception(failure);
     if (!verdict.empty()) fail(cat(who_, ": finish"), verdict);
@@ -239,12 +244,45 @@ class sync_core {
     return failure;
   }
   // A step's first call: is it being captured into a CUDA graph, and can it be (step_capture.hpp)?
-  void begin_step(const char* call) {
-    capture_.begin(cat(who_, ": ", call), planning_);
-  }
+  // `call` names the adapter's ready() or finish(), spelled once at construction: building it at
+  // every step's first call cost an allocation per step.
+  void begin_step(const std::string& call) { capture_.begin(call, planning_); }
   template <class T>
   flight<B> through_shared_memory(void* data, std::size_t count, std::size_t b) {
-    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, landing_of(b), in_place_[b] != 0);
+    return shared_.launch(static_cast<T*>(data), count, options_.op, launch_early_, landing_of(b), in_place_[b] != 0,
+                          registered_[b]);
+  }
+  // Buckets of one gradient in the trainer's own memory (a vector), larger than the one-round
+  // path takes, are made shared where they lie and reduced in place too (registered_range.hpp).
+  // Collective, after the ranks agreed on the plan (they register the same buckets in order).
+  bool own_memory(std::size_t b) const {
+    const auto& spec = plan_.buckets()[b];
+    return route_ == route::shared_memory && options_.share_own_memory && spec.last - spec.first == 1 && !in_place_[b] &&
+           shared_.in_place_gains(spec.count * size_of(spec.type));
+  }
+  void register_own() {
+    registered_.assign(plan_.buckets().size(), nullptr);
+    renewals_.assign(plan_.buckets().size(), 0);
+    for (std::size_t b = 0; b < plan_.buckets().size(); ++b)
+      if (own_memory(b)) register_bucket(b);
+  }
+  void register_bucket(std::size_t b) {
+    const auto& spec = plan_.buckets()[b];
+    visit_dtype(spec.type, [&](auto element) {
+      using T = decltype(element);
+      registered_[b] = shared_.register_range(static_cast<T*>(pointers_[spec.first]), spec.count);
+    });
+  }
+  // A registered bucket whose step went through the slots (a rank's gradient was freed and
+  // reallocated, or is another vector now: the same verdict on every rank) is registered again
+  // where it lies now, a few times; one that keeps moving stays on the slots.
+  void renew_registrations() {
+    static constexpr int renewals = 3;
+    for (std::size_t b = 0; b < registered_.size(); ++b) {
+      if (!registered_[b] || !shared_.fell_back(registered_[b])) continue;
+      shared_.unregister(std::exchange(registered_[b], nullptr));
+      if (++renewals_[b] <= renewals) register_bucket(b);
+    }
   }
   // Which buckets the shared-memory route reduces where they lie: one gradient in
   // gradient_memory(), as this first step handed it over, and larger than the one-round path
@@ -426,6 +464,7 @@ class sync_core {
   // The signature exchange, kept apart from bucket traffic.
   typename control_channel<B>::backend::communicator control_;
   std::string who_;
+  std::string step_calls_[2];  // "<who>: ready", "<who>: finish" (begin_step)
   bool launch_early_;
   Flat flat_;
   host_shared<B> shared_;
@@ -445,6 +484,9 @@ class sync_core {
   std::vector<std::byte*> staged_at_;
   // Per bucket: reduced where it lies in shared memory (find_in_place, stage_in_shared_memory).
   std::vector<char> in_place_;
+  // Per bucket: its registration (register_own), or null; and how often it was renewed.
+  std::vector<const void*> registered_;
+  std::vector<int> renewals_;
   std::deque<typename B::template buffer<std::byte>> owned_;  // gradient_memory() off the shared-memory route
   std::vector<flight<B>> flights_;
   step_capture<B> capture_;  // the trainer's stream, and whether this step is captured

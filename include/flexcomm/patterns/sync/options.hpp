@@ -58,6 +58,11 @@ struct sync_options {
   // bucket goes through in chunks, alternating between the two. 1 MiB: the slots then stay in
   // cache while the buffers stream through (benchmarks/history/allreduce.md).
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
+  // On that route, a bucket of one gradient in the trainer's own memory (not gradient_memory())
+  // has its whole pages made shared where they lie, once, and is reduced in place
+  // (registered_range.hpp). false: through the slots, its pages left private (a process forked
+  // from the trainer then copies them on write, as before).
+  bool share_own_memory = true;
 };
 
 inline std::size_t bucket_bytes_from_env() {

@@ -30,7 +30,8 @@ class host_shared {
     // The choice must be the same on every rank, and so must the op: each rank reduces its own
     // share of every bucket with its own.
     agreement same({static_cast<std::int64_t>(options.shared_memory), static_cast<std::int64_t>(options.op),
-                    static_cast<std::int64_t>(options.shared_memory_slot_bytes)});
+                    static_cast<std::int64_t>(options.shared_memory_slot_bytes),
+                    static_cast<std::int64_t>(options.share_own_memory)});
     B::iallreduce(member, same.buffer(), op::max).wait();
     check(same.agreed(0), who,
           cat("sync_options.shared_memory (FLEXCOMM_SHM) differs across the member's ranks; this rank has '",
@@ -38,6 +39,7 @@ class host_shared {
     check(same.agreed(1), who,
           cat("sync_options.op differs across the member's ranks; this rank has '", name_of(options.op), "'"));
     check(same.agreed(2), who, "sync_options.shared_memory_slot_bytes differs across the member's ranks");
+    check(same.agreed(3), who, "sync_options.share_own_memory differs across the member's ranks");
     if (options.shared_memory == shared_memory_use::off || tiered) return;
     if (options.shared_memory == shared_memory_use::on)
       check(hosts.hosts() <= 1, who,
@@ -80,6 +82,18 @@ class host_shared {
   // which takes one synchronisation where in place takes two.
   bool in_place_gains(std::size_t bytes) const noexcept { return reducer_ && bytes > reducer_->small_bytes(); }
 
+  // A bucket of one gradient in the trainer's own memory, made shared where it lies
+  // (host_reducer::register_range, shm/registered_range.hpp): collective over the member, in the
+  // plan's order; null on every rank where it cannot be. Opaque to the core.
+  template <class T>
+  const void* register_range(T* data, std::size_t count) {
+    return reducer_->register_range(data, count);
+  }
+  void unregister(const void* r) { reducer_->unregister(static_cast<registration>(r)); }
+  // Whether r's last allreduce went through the slots (a rank's gradient was not its registered
+  // pages): the same on every rank.
+  static bool fell_back(const void* r) noexcept { return B::host_reducer::fell_back(static_cast<registration>(r)); }
+
   // Buckets of at most this many bytes never go to the engine's thread (see launch).
   static constexpr std::size_t latency_bytes = std::size_t{64} << 10;
 
@@ -93,12 +107,17 @@ class host_shared {
   // reduction (docs/architecture.md), and unlike a blocking reduction here it never holds the
   // trainer until its peers reach the bucket.
   // `in_place`: the bucket lies in allocate()'s memory on every rank (fixed with the plan), and is
-  // reduced there, with nothing copied in or out.
+  // reduced there, with nothing copied in or out; `registered`: the bucket's registration, the
+  // same, in the trainer's own memory.
   template <class T>
-  flight<B> launch(T* data, std::size_t count, op o, bool on_engine, std::function<void()> landing, bool in_place) {
+  flight<B> launch(T* data, std::size_t count, op o, bool on_engine, std::function<void()> landing, bool in_place,
+                   const void* registered = nullptr) {
     flight<B> f;
+    const auto r = static_cast<registration>(registered);
     if (!on_engine) {
-      if (in_place)
+      if (r)
+        reducer_->allreduce_registered(data, count, o, r);
+      else if (in_place)
         reducer_->allreduce_in_place(data, count, o);
       else
         reducer_->allreduce(data, count, o);
@@ -106,8 +125,9 @@ class host_shared {
       return f;
     }
     // Not polled here: that would drive the buckets before it too, on the trainer's time.
-    auto task = in_place ? reducer_->start_in_place(data, count, o, std::move(landing))
-                         : reducer_->start(data, count, o, std::move(landing));
+    auto task = r          ? reducer_->start_registered(data, count, o, r, std::move(landing))
+                : in_place ? reducer_->start_in_place(data, count, o, std::move(landing))
+                           : reducer_->start(data, count, o, std::move(landing));
     if (count * sizeof(T) <= latency_bytes)
       f.driven = [task] { return task->poll(); };
     else
@@ -116,6 +136,7 @@ class host_shared {
   }
 
  private:
+  using registration = typename B::host_reducer::registration;
   std::optional<typename B::host_reducer> reducer_;
 };
 
@@ -134,7 +155,13 @@ class host_shared<B, false> {
   bool holds(const void*, std::size_t) const noexcept { return false; }
   bool in_place_gains(std::size_t) const noexcept { return false; }
   template <class T>
-  flight<B> launch(T*, std::size_t, op, bool, std::function<void()>, bool) {
+  const void* register_range(T*, std::size_t) {
+    fail("shared-memory registration", "this backend has no shared-memory path");
+  }
+  void unregister(const void*) {}
+  static bool fell_back(const void*) noexcept { return false; }
+  template <class T>
+  flight<B> launch(T*, std::size_t, op, bool, std::function<void()>, bool, const void* = nullptr) {
     fail("shared-memory allreduce", "this backend has no shared-memory path");
   }
 };

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -45,8 +46,10 @@ struct first_handed {
 template <class B>
 class signature_check {
  public:
-  // The numbers exchanged: the fingerprint and the misuse mark.
-  static constexpr std::size_t words = 2;
+  // The int64 words exchanged: the fingerprint and the misuse mark, each with its negation
+  // (agreement; the carry takes one's place, see marked()), what a bucket that carries the check
+  // must make room for.
+  static constexpr std::size_t words = 4;
   std::int64_t carry = 0;  // this rank's word; carried() is the highest over the member
 
   void start(const typename B::communicator& comm, const fingerprint& f, bool misused) {
@@ -83,7 +86,7 @@ class signature_check {
   // The carry takes the place of the misuse mark's lowest, which nobody reads: the check stays
   // four words, small enough to ride in a shared-memory round with a bucket (carried_words).
   agreement marked(const fingerprint& f, std::int64_t misuse) const {
-    agreement a(std::vector<std::int64_t>{f.folded(), misuse});
+    agreement a{f.folded(), misuse};
     a.buffer()[3] = carry;
     return a;
   }
