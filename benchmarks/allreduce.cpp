@@ -339,8 +339,8 @@ int main(int argc, char** argv) {
     std::printf("\n# subgroup_allreduce shm went through shared memory: %s\n", shm_used ? "yes" : "no");
     if (!json.empty()) {
       std::ofstream out(json);
-      out << "{\"benchmark\": \"allreduce\", \"ranks\": " << world.size() << ", \"segment\": \"" << segment
-          << "\", \"lanes\": " << lanes << ", \"results\": [\n" << records << "\n]}\n";
+      out << "{\"benchmark\": \"allreduce\", \"ranks\": " << world.size() << ", \"segment_bytes\": " << segment
+          << ", \"lanes\": " << lanes << ", \"results\": [\n" << records << "\n]}\n";
       fc::check(static_cast<bool>(out), "allreduce", "cannot write " + json);
     }
   }

@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   const auto& world = env.world();
   std::string costs_text, steps_text, json;
   std::vector<std::string> splits;
-  double unit_ms = 4;
+  double unit_ms = 20;
   std::size_t gradient = 65536;
   int repeat = 1, search = 6;
   po::options_description opts("hetero");
