@@ -561,6 +561,42 @@ handover_pipeline::options handover_options_for(std::int64_t n_steps) {
 // order; the other members train on untouched.
 namespace {
 
+// The order both hand-over cases need. Member 0 asks only once member 1 has trained step 0, so
+// that the state it receives is not the initial one (it joins at step 1 or later). Member 1 must
+// still run when the request comes: before the hand-over, at step 2, its rank 0 waits for member
+// 0's word that it has finished, then its ranks take 10 ms a step (the request follows that word
+// at once, on the hand-over's own communicator). after_step() is true where the trainer function
+// returns (member 0, finished).
+struct join_after_step_one {
+  int before;  // member 1's ranks before the hand-over
+  std::int64_t token = 0;
+  bool waited = false;
+
+  template <class Ctx>
+  bool after_step(Ctx& ctx, std::int64_t step) {
+    if (ctx.member() == 1 && step == 0 && ctx.rank_in_member() == 0)
+      mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 0, 78).wait();
+    if (ctx.member() == 0 && step == 1) {
+      std::int64_t trained = 0;  // member 1 has a step behind it
+      mpi::irecv(world(), fc::span<std::int64_t>(&trained, 1), 1, 78).wait();
+      ctx.finish_member();
+      mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 1, 77).wait();
+      return true;
+    }
+    if (ctx.member() == 1 && step == 2 && ctx.member_size() == before && ctx.rank_in_member() == 0) {
+      mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+      waited = true;
+    }
+    if (ctx.member() == 1 && step >= 2 && ctx.member_size() == before)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return false;
+  }
+  // Member 1's rank 0 (world rank 1) takes the word it did not wait for at its step 2.
+  void end() {
+    if (world().rank() == 1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+  }
+};
+
 // Member 0 (one rank) ends after step 1 and joins member 1 (`sizes`: the layout's members, on the
 // whole world). Member 1's parameters must match the serial run across the hand-over within
 // `tolerance` (0: bit for bit), and be the same bits on each of its ranks.
@@ -577,14 +613,8 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
                     {}});
   std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
   std::vector<fc::handover_record> records, ends;  // ends: the aggregator's report
-  // Member 0 asks only once member 1 has trained step 0, so that the state it receives is not the
-  // initial one (it joins at step 1 or later). Member 1 must still run when the request comes:
-  // before the hand-over, at step 2, its rank 0 waits for member 0's word that it has finished,
-  // then its ranks take 10 ms a step (the request follows that word at once, on the hand-over's
-  // own communicator).
   const int before = layout.member_size(1);
-  std::int64_t token = 0;
-  bool waited = false;
+  join_after_step_one choreography{before};
   pipe.run(load, [&](auto& ctx) {
     auto& model = models[ctx.member()];
     while (auto batch = ctx.feed().next()) {
@@ -594,25 +624,11 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
       ctx.sync().ready(0, fc::span<float>(model.grad_weights));
       ctx.sync().finish();
       model.step();
-      if (ctx.member() == 1 && batch->step() == 0 && ctx.rank_in_member() == 0)
-        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 0, 78).wait();
-      if (ctx.member() == 0 && batch->step() == 1) {
-        std::int64_t trained = 0;  // member 1 has a step behind it: its state is not the initial one
-        mpi::irecv(world(), fc::span<std::int64_t>(&trained, 1), 1, 78).wait();
-        ctx.finish_member();
-        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 1, 77).wait();
-        return;
-      }
-      if (ctx.member() == 1 && batch->step() == 2 && ctx.member_size() == before && ctx.rank_in_member() == 0) {
-        mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
-        waited = true;
-      }
-      if (ctx.member() == 1 && batch->step() >= 2 && ctx.member_size() == before)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (choreography.after_step(ctx, batch->step())) return;
     }
     records = ctx.handovers();
   }, [&](auto& ctx) { ends = ctx.member_ends(); });
-  if (world().rank() == 1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+  choreography.end();
   // Every rank's member at the end and its parameters; member 0's rank says where it went.
   const int me = pipe.layout().role_of(world().rank()).member;
   const int now = me == 0 ? 1 : me;
@@ -714,33 +730,17 @@ BOOST_AUTO_TEST_CASE(the_typed_feed_hands_a_finished_members_rank_on) {
   };
   std::vector<std::int64_t> seen;  // per sample: member, step, index (from the sample's bytes)
   bool sizes = true;  // each batch holds the samples of its rank's share of the member's split
-  std::int64_t token = 0;
-  const int before = layout.member_size(1);
-  bool waited = false;
+  join_after_step_one choreography{layout.member_size(1)};
   pipe.run(data, [&](auto& ctx) {
     while (auto b = ctx.batches().next()) {
       const auto x = b->template as<float>();
       for (std::int64_t i = 0; i < b->samples(); ++i)
         seen.insert(seen.end(), {ctx.member(), b->step(), static_cast<std::int64_t>(x[static_cast<std::size_t>(i)])});
       sizes = sizes && b->samples() == 4 / ctx.member_size() && b->first_sample() == 4 / ctx.member_size() * ctx.rank_in_member();
-      if (ctx.member() == 1 && b->step() == 0 && ctx.rank_in_member() == 0)  // so that both splits are seen
-        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 0, 78).wait();
-      if (ctx.member() == 0 && b->step() == 1) {  // member 1's rank 0 waits for this word at its step 2
-        std::int64_t trained = 0;
-        mpi::irecv(world(), fc::span<std::int64_t>(&trained, 1), 1, 78).wait();
-        ctx.finish_member();
-        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 1, 77).wait();
-        return;
-      }
-      if (ctx.member() == 1 && b->step() == 2 && ctx.member_size() == before && ctx.rank_in_member() == 0) {
-        mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
-        waited = true;
-      }
-      if (ctx.member() == 1 && b->step() >= 2 && ctx.member_size() == before)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (choreography.after_step(ctx, b->step())) return;
     }
   });
-  if (world().rank() == 1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+  choreography.end();
   const auto all = everyone(seen);
   std::map<std::pair<std::int64_t, std::int64_t>, std::vector<std::int64_t>> got;  // (member, step) -> indices
   bool ordered = true;
