@@ -63,15 +63,20 @@ layout_plan plan_layout(const ensemble_layout& unplanned, int budget, std::vecto
 
 namespace detail {
 
+// Each member's cost: finite and > 0 (the plan's, and the hand-over's default target's).
+inline void check_member_costs(const std::vector<double>& costs, const char* what) {
+  for (std::size_t m = 0; m < costs.size(); ++m)
+    check(std::isfinite(costs[m]) && costs[m] > 0, what,
+          cat("member ", m, "'s cost is ", costs[m], "; a cost must be finite and > 0 (seconds per step on one rank, "
+              "or a relative hint)"));
+}
+
 inline void check_plan_input(const std::vector<double>& costs, int budget, const member_plan_options& options) {
   check(!costs.empty(), "member plan", "no members to plan: the costs are empty");
   check(budget >= static_cast<long long>(costs.size()), "member plan",
         cat(costs.size(), " members need at least ", costs.size(), " ranks, one each; the budget is ", budget,
             " trainer ranks"));
-  for (std::size_t m = 0; m < costs.size(); ++m)
-    check(std::isfinite(costs[m]) && costs[m] > 0, "member plan",
-          cat("member ", m, "'s cost is ", costs[m], "; a cost must be finite and > 0 (seconds per step on one rank, "
-              "or a relative hint)"));
+  check_member_costs(costs, "member plan");
   check(std::isfinite(options.sync_share) && options.sync_share >= 0, "member plan",
         cat("sync_share is ", options.sync_share, "; it must be finite and >= 0"));
 }

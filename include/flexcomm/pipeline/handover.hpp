@@ -16,6 +16,7 @@
 #include "../backend/contract.hpp"
 #include "../core/error.hpp"
 #include "../core/layout.hpp"
+#include "../core/member_plan.hpp"
 #include "../core/span.hpp"
 #include "../core/wait.hpp"
 
@@ -149,8 +150,7 @@ member_handover<B>::member_handover(const communicator& world, const ensemble_la
   const int members = layout.members();
   check(options_.costs.empty() || static_cast<int>(options_.costs.size()) == members, "ensemble_pipeline: on_handover",
         cat(options_.costs.size(), " costs for ", members, " members"));
-  for (const double c : options_.costs)
-    check(c > 0, "ensemble_pipeline: on_handover", cat("a member's cost must be > 0, got ", c));
+  detail::check_member_costs(options_.costs, "ensemble_pipeline: on_handover");
   shards_ = layout.shards_per_step();
   ended_.assign(static_cast<std::size_t>(members), 0);
   bye_from_.assign(static_cast<std::size_t>(members), 0);
