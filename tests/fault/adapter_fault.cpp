@@ -6,7 +6,7 @@
 //   mpiexec -n N adapter_fault <fault>
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
 //           gradient-order sync-stall sync-stall-messages claim-stall claim-dies claim-stall-messages
-//           claim-dies-messages claim-stall-hosts claim-dies-hosts handover-stall handover-dies
+//           claim-dies-messages claim-stall-hosts claim-dies-hosts handover-stall handover-dies bye-dies
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -75,6 +75,40 @@ bool run_adaptive(const mpi::communicator& world, const std::string& fault,
   return ok;
 }
 
+// Each shard of step s: bytes s.
+std::size_t step_bytes(std::int64_t step, int, fc::span<std::byte> out) {
+  for (auto& b : out) b = std::byte{static_cast<unsigned char>(step)};
+  return out.size();
+}
+
+// The end of a run with hand-overs over "members=1,1,..." (a step has one shard: no member has
+// room): member 0 ends at step 1 with nowhere to go and waits at the end for the other roots'
+// byes, as each of them does once it has trained its 12 steps; the last rank dies at step 3.
+// A wait longer than the timeout goes on while the roots waited on answer; its silence ends it,
+// and every other rank names it.
+bool run_bye(const mpi::communicator& world, std::chrono::steady_clock::time_point& start) {
+  const int n = world.size();
+  using pipeline = fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
+  pipeline::options options;
+  options.feed.steps = 12;
+  options.feed.shard_capacity = capacity;
+  pipeline pipe(world, fc::ensemble_layout(0, std::vector<int>(static_cast<std::size_t>(n), 1), 0), options);
+  pipe.on_handover({});
+  const bool faulty = world.rank() == n - 1;
+  pipe.run(step_bytes, [&](auto& ctx) {
+    while (auto b = ctx.feed().next()) {
+      if (b->step() == 1) start = std::chrono::steady_clock::now();
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      if (ctx.member() == 0 && b->step() == 1) return ctx.finish_member();
+      if (faulty && b->step() == 3) {
+        report(world.rank(), "injected: dies while it trains, after member 0 ended");
+        std::_Exit(9);
+      }
+    }
+  });
+  return true;
+}
+
 // A hand-over (pipeline/handover.hpp) over "members=1,2,1..." (n >= 4): the last rank's member
 // ends after step fault_step - 1 and joins member 0 (one rank, the longest expected step), then
 // stalls in its state callback for 4x the timeout (as under SIGSTOP; handover-dies: ends its
@@ -105,10 +139,7 @@ bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady
                     {}});
   const int last = static_cast<int>(sizes.size()) - 1;
   pipe.run(
-      [](std::int64_t step, int, fc::span<std::byte> out) -> std::size_t {
-        for (auto& b : out) b = std::byte{static_cast<unsigned char>(step)};
-        return out.size();
-      },
+      step_bytes,
       [&](auto& ctx) {
         while (auto b = ctx.feed().next()) {
           if (ctx.member() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -218,6 +249,7 @@ int main(int argc, char** argv) {
     const bool ok = fault.rfind("sync", 0) == 0 || fault == "gradient-order" ? run_sync(world, fault, start)
                     : fault.rfind("claim", 0) == 0                           ? run_adaptive(world, fault, start)
                     : fault.rfind("handover", 0) == 0 ? run_handover(world, fault == "handover-dies", start)
+                    : fault == "bye-dies"                ? run_bye(world, start)
                                                                              : run_feed(world, fault, start);
     report(rank, ok ? "finished every step" : "WRONG DATA");
     status = ok ? 0 : 1;
@@ -228,7 +260,8 @@ int main(int argc, char** argv) {
   // The sync reduces in place in the trainer's gradients: their guard words must survive. (The
   // feed's slots carry guard words of their own, which one_to_many checks.)
   if (!(fault.rfind("feed", 0) == 0 || fault.rfind("loader", 0) == 0 || fault == "layout-feed" ||
-        fault == "trainer-stall" || fault.rfind("claim", 0) == 0 || fault.rfind("handover", 0) == 0))
+        fault == "trainer-stall" || fault.rfind("claim", 0) == 0 || fault.rfind("handover", 0) == 0 ||
+        fault == "bye-dies"))
     report(rank, guards_intact() ? "guards intact" : "GUARD BROKEN: an operation wrote past its buffer");
   return status;
 }

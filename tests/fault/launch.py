@@ -245,6 +245,16 @@ FAULTS = {
         mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
         expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
         reports='as handover-stall: rank 0 names world rank {f}'),
+    # The end of a run with hand-overs: a root that waits for the others' byes past the timeout
+    # waits on while they answer (a member that trains longer is no stall); one that died is named.
+    'bye-dies': dict(
+        driver='adapter', what="pipeline over 'members={n}x1' with hand-overs: member 0 ends at step 1 with nowhere "
+                               "to go and waits for the other roots' byes; rank {f} dies at step 3 while it trains "
+                               "(mpiexec told to keep the job: {keep_going})", min_ranks=3,
+        mpiexec='keep_going', survivors='others', kind='timeout', guards=False,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\)[^\n]*world rank {f}'],
+        reports="each other rank: `ensemble_pipeline: hand-over: timed out after 2000 ms (FLEXCOMM_TIMEOUT) at the end: "
+                "stalled at world rank {f} (...; dead ...); member roots (world ranks {f}) did not say they were done`"),
     'claim-stall-messages': dict(
         driver='adapter', what="adaptive feed over 'producers=1 members={f}x1' with shared memory off (claims go "
                                "to the producer by message): trainer rank {f} stalls for 4x the timeout in the loader "

@@ -91,6 +91,10 @@ class stall_registry {
   // rank's state for later questions: the job is ending.
   std::string follow(const std::string& what, const std::vector<int>& world_ranks, std::chrono::milliseconds timeout,
                      const std::vector<int>& silent = {});
+  // Whether every rank of `world_ranks` answers within `grace`, whatever it does (a rank busy
+  // outside flexcomm answers from the channel's thread): a long wait on ranks that all answer is
+  // slow work, not a stall. Nothing is kept, the job goes on. False without a channel.
+  bool all_answer(const std::vector<int>& world_ranks, std::chrono::milliseconds grace);
   // follow() as the lead of a timeout's cause, "stalled at <its text>; ", or "" where there is no
   // channel to ask (nor anyone to follow).
   std::string lead(const std::string& what, const std::vector<int>& world_ranks, std::chrono::milliseconds timeout,
@@ -264,6 +268,32 @@ inline void stall_registry::ask_all(stall_channel& ch, const std::vector<int>& r
   }
   ch.give_up();
   for (int r : open) known_[r] = stall_answer{};  // silent
+}
+
+inline bool stall_registry::all_answer(const std::vector<int>& world_ranks, std::chrono::milliseconds grace) {
+  const auto ch = channel();
+  if (!ch) return false;
+  std::lock_guard<std::mutex> lock(follow_mutex_);
+  std::set<int> open;
+  for (int r : world_ranks)
+    if (r != process_rank() && open.insert(r).second) ch->ask(r);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  bool dead = false;
+  while (!open.empty() && !dead && std::chrono::steady_clock::now() < deadline) {
+    ch->answer();
+    for (auto it = open.begin(); it != open.end();) {
+      stall_answer a;
+      if (!ch->poll(*it, a)) {
+        ++it;
+        continue;
+      }
+      dead = dead || !a.answered;
+      it = open.erase(it);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  ch->give_up();
+  return open.empty() && !dead;
 }
 
 inline std::string stall_registry::follow(const std::string& what, const std::vector<int>& world_ranks,

@@ -18,6 +18,7 @@
 #include "../core/layout.hpp"
 #include "../core/member_plan.hpp"
 #include "../core/span.hpp"
+#include "../core/stall.hpp"
 #include "../core/wait.hpp"
 
 namespace flexcomm {
@@ -421,12 +422,19 @@ void member_handover<B>::leave() {
         if (static_cast<int>(m) != own_ && !bye_from_[m]) return false;
       return true;
     };
-    if (!default_wait().until(all_left, control_.timeout())) {
+    // A member that trains on longer than the timeout is no stall: its root still answers, and
+    // the wait goes on. Only roots that stopped answering end it.
+    const auto limit = control_.timeout();
+    while (!default_wait().until(all_left, limit)) {
+      std::vector<int> waited;
       for (std::size_t m = 0; m < bye_from_.size(); ++m)
-        if (static_cast<int>(m) != own_ && !bye_from_[m]) silent += cat(silent.empty() ? "" : ", ", roots_[m]);
-      fail("ensemble_pipeline: hand-over", cat("timed out after ", control_.timeout().count(),
-                                               " ms (FLEXCOMM_TIMEOUT) at the end: member roots (world ranks ", silent,
-                                               ") did not say they were done"));
+        if (static_cast<int>(m) != own_ && !bye_from_[m]) waited.push_back(control_.world_rank_of(roots_[m]));
+      if (stall_registry::instance().all_answer(waited, stall_grace(limit))) continue;
+      for (int r : waited) silent += cat(silent.empty() ? "" : ", ", r);
+      const std::string what = "ensemble_pipeline: hand-over";
+      fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) at the end: ",
+                     stall_registry::instance().lead(what, waited, limit), "member roots (world ranks ", silent,
+                     ") did not say they were done"));
     }
   }
   for (auto& s : sent_) s.second.wait();
