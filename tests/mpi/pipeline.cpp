@@ -540,6 +540,8 @@ std::vector<std::int64_t> everyone(const std::vector<std::int64_t>& mine) {
 }
 
 using handover_pipeline = fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
+// The main job's default preset's (single_broadcast): producers broadcast each step's pieces.
+using broadcast_pipeline = fc::ensemble_pipeline<fc::one_to_many<mpi>, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
 
 std::int64_t bits(float x) {
   std::uint32_t b = 0;
@@ -547,11 +549,24 @@ std::int64_t bits(float x) {
   return b;
 }
 
-handover_pipeline::options handover_options_for(std::int64_t n_steps) {
-  handover_pipeline::options options;
+template <class Pipeline = handover_pipeline>
+typename Pipeline::options handover_options_for(std::int64_t n_steps) {
+  typename Pipeline::options options;
   options.feed.steps = n_steps;
   options.feed.shard_capacity = records_per_shard * record_bytes;
   return options;
+}
+
+// Whether every shard of the batch holds the loader's bytes for that step and shard.
+bool as_loaded(const fc::batch& batch) {
+  bool same = true;
+  for (int k = 0; same && k < batch.shards(); ++k) {
+    std::vector<std::byte> want(records_per_shard * record_bytes);
+    load(batch.step(), batch.first_shard() + k, fc::span<std::byte>(want));
+    const auto got = batch.shard(k);
+    same = got.size() == want.size() && std::memcmp(want.data(), got.data(), want.size()) == 0;
+  }
+  return same;
 }
 
 }  // namespace
@@ -569,41 +584,44 @@ namespace {
 // returns (member 0, finished).
 struct join_after_step_one {
   int before;  // member 1's ranks before the hand-over
+  int root0 = 0, root1 = 1;  // members 0's and 1's rank 0, world ranks
   std::int64_t token = 0;
   bool waited = false;
 
   template <class Ctx>
   bool after_step(Ctx& ctx, std::int64_t step) {
     if (ctx.member() == 1 && step == 0 && ctx.rank_in_member() == 0)
-      mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 0, 78).wait();
+      mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root0, 78).wait();
     if (ctx.member() == 0 && step == 1) {
       std::int64_t trained = 0;  // member 1 has a step behind it
-      mpi::irecv(world(), fc::span<std::int64_t>(&trained, 1), 1, 78).wait();
+      mpi::irecv(world(), fc::span<std::int64_t>(&trained, 1), root1, 78).wait();
       ctx.finish_member();
-      mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), 1, 77).wait();
+      mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root1, 77).wait();
       return true;
     }
     if (ctx.member() == 1 && step == 2 && ctx.member_size() == before && ctx.rank_in_member() == 0) {
-      mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+      mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root0, 77).wait();
       waited = true;
     }
     if (ctx.member() == 1 && step >= 2 && ctx.member_size() == before)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return false;
   }
-  // Member 1's rank 0 (world rank 1) takes the word it did not wait for at its step 2.
+  // Member 1's rank 0 takes the word it did not wait for at its step 2.
   void end() {
-    if (world().rank() == 1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), 0, 77).wait();
+    if (world().rank() == root1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root0, 77).wait();
   }
 };
 
 // Member 0 (one rank) ends after step 1 and joins member 1 (`sizes`: the layout's members, on the
-// whole world). Member 1's parameters must match the serial run across the hand-over within
-// `tolerance` (0: bit for bit), and be the same bits on each of its ranks.
-bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
+// world with `producers`). Member 1's parameters must match the serial run across the hand-over
+// within `tolerance` (0: bit for bit), and be the same bits on each of its ranks; every batch
+// holds the loader's bytes.
+template <class Pipeline = handover_pipeline>
+bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int producers = 0) {
   const int n = world().size();
-  const fc::ensemble_layout layout(0, sizes, 0);
-  handover_pipeline pipe(world(), layout, handover_options_for(steps));
+  const fc::ensemble_layout layout(producers, sizes, 0);
+  Pipeline pipe(world(), layout, handover_options_for<Pipeline>(steps));
   std::map<int, linear_model> models;
   pipe.on_handover({[&](int m) {
                       auto& model = models[m];
@@ -614,11 +632,13 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
   std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
   std::vector<fc::handover_record> records, ends;  // ends: the aggregator's report
   const int before = layout.member_size(1);
-  join_after_step_one choreography{before};
+  join_after_step_one choreography{before, layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
+  bool same_bytes = true;
   pipe.run(load, [&](auto& ctx) {
     auto& model = models[ctx.member()];
     while (auto batch = ctx.feed().next()) {
       seen.insert(seen.end(), {ctx.member(), batch->step(), batch->first_shard(), batch->shards()});
+      same_bytes = same_bytes && as_loaded(*batch);
       model.gradient(reinterpret_cast<const std::int8_t*>(batch->bytes().data()), batch->size() / record_bytes);
       ctx.sync().ready(1, fc::span<float>(model.grad_bias));
       ctx.sync().ready(0, fc::span<float>(model.grad_weights));
@@ -631,12 +651,12 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
   choreography.end();
   // Every rank's member at the end and its parameters; member 0's rank says where it went.
   const int me = pipe.layout().role_of(world().rank()).member;
-  const int now = me == 0 ? 1 : me;
+  const int now = me == 0 ? 1 : me;  // a producer: -1
   std::vector<std::int64_t> mine{now};
   for (const float p : models[now].parameters()) mine.push_back(bits(p));
   const auto all = everyone(mine);
   const auto deliveries = everyone(seen);
-  bool ok = true;
+  bool ok = same_bytes;
   std::int64_t joined_at = -1;
   if (me == 0) {
     ok = records.size() == 1 && records[0].member == 0 && records[0].ended_at == 2 && records[0].joined == 1 &&
@@ -692,7 +712,7 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance) {
       ok = ok && delivered == (m != 0 || s < 2);
       if (delivered) ok = ok && std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; });
     }
-  BOOST_TEST_INFO("layout " << layout.str() << ", joined at " << joined_at);
+  BOOST_TEST_INFO("layout " << layout.str() << ", joined at " << joined_at << ", batches as loaded " << same_bytes);
   return ok;
 }
 
@@ -710,6 +730,60 @@ BOOST_AUTO_TEST_CASE(a_finished_member_hands_its_rank_on_with_the_state) {
 BOOST_AUTO_TEST_CASE(a_member_of_two_takes_the_joiner_at_the_step_its_check_agreed) {
   if (world().size() != 6) return;
   BOOST_TEST(fc::testing::all_ranks(hand_over_and_check({1, 2, 3}, 1e-5f)));
+}
+
+// The same over one_to_many (the main job's default, single_broadcast), one producer and two
+// round-robin: member 1's split changes where no credit has gone out on the old one, the
+// producers learn it from its rank 0 and send its steps from there as one message per rank.
+// Below 5 ranks no member has room: member 0 then ends with nowhere to go and the producers go
+// on without it.
+BOOST_AUTO_TEST_CASE(a_one_to_many_member_hands_its_rank_on_with_the_state) {
+  const int n = world().size();
+  for (int producers = 1; producers <= 2; ++producers) {
+    if (n - producers >= 4) {
+      BOOST_TEST(fc::testing::all_ranks(hand_over_and_check<broadcast_pipeline>(handover_sizes(n - producers), 0, producers)),
+                 producers << " producer(s)");
+    } else {
+      BOOST_TEST_MESSAGE("one_to_many hand-over with " << producers << " producer(s): needs " << producers + 4
+                                                       << " ranks (a member with room), the world has " << n);
+    }
+  }
+  if (n < 2 || n >= 5) return;
+  // members=1 or 1,k: a step has too few shards for member 0's rank to join another.
+  const fc::ensemble_layout layout(1, n == 2 ? std::vector<int>{1} : std::vector<int>{1, n - 2}, 0);
+  broadcast_pipeline pipe(world(), layout, handover_options_for<broadcast_pipeline>(4));
+  pipe.on_handover({});
+  std::vector<std::int64_t> seen;
+  bool same_bytes = true;
+  std::vector<fc::handover_record> ends;
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        while (auto batch = ctx.feed().next()) {
+          seen.push_back(batch->step());
+          same_bytes = same_bytes && as_loaded(*batch);
+          if (ctx.member() == 0 && batch->step() == 1) return ctx.finish_member();
+        }
+      },
+      [&](auto& ctx) { ends = ctx.member_ends(); });
+  const auto role = pipe.layout().role_of(world().rank());
+  std::vector<std::int64_t> want;
+  for (std::int64_t s = 0; s < (role.member == 0 ? 2 : 4); ++s) want.push_back(s);
+  const bool heard = world().rank() != 0 || (ends.size() == static_cast<std::size_t>(layout.members()) &&
+                                             ends[0].ended_at == 2 && ends[0].joined == -1);
+  BOOST_TEST(fc::testing::all_ranks(heard && (role.kind == fc::role::producer || (same_bytes && seen == want))),
+             layout.str());
+}
+
+// one_to_many hands over by message: shared memory forced on is refused, on every rank, by name.
+BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_is_refused) {
+  if (world().size() < 2) return;
+  const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(world().size() - 1), 1), 0);
+  auto options = handover_options_for<broadcast_pipeline>(2);
+  options.feed.shared_memory = fc::shared_memory_use::on;
+  broadcast_pipeline pipe(world(), layout, options);
+  const std::string refused = fc::testing::error_of([&] { pipe.on_handover({}); });
+  BOOST_TEST(fc::testing::all_ranks(fc::testing::contains(refused, "hands ranks over by message")), refused);
 }
 
 // The typed feed hands over too (run(dataset, ...), ctx.batches()): member 0 ends after step 1
@@ -894,9 +968,6 @@ BOOST_AUTO_TEST_CASE(a_member_that_returns_early_releases_the_producers) {
   // The same through the typed feed (run(dataset, ...), as the main example runs single_broadcast).
   const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(n - 1), 1), 0);
   one_to_many_pipeline pipe(world(), layout, {});
-  // Joining is not built for one_to_many: on_handover() is refused before run(), on every rank.
-  const std::string refused = fc::testing::error_of([&] { pipe.on_handover({}); });
-  BOOST_TEST(fc::testing::all_ranks(fc::testing::contains(refused, "this feed does not hand ranks over yet")), refused);
   fc::dataset data;
   data.size = 2 * long_steps;
   data.batch = 2;
