@@ -789,11 +789,13 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_is_refused) {
 // The typed feed hands over too (run(dataset, ...), ctx.batches()): member 0 ends after step 1
 // and joins member 1, whose batches from the agreed step are sliced by the new split. Every step's
 // samples reach each member exactly once and in order, each rank's slice as the split says.
-BOOST_AUTO_TEST_CASE(the_typed_feed_hands_a_finished_members_rank_on) {
+namespace {
+
+template <class Pipeline>
+void typed_hand_over(int producers) {
   const int n = world().size();
-  if (n < 4) return;  // below: no member with room
-  const fc::ensemble_layout layout(0, handover_sizes(n), 0);  // a step has 2 shards
-  handover_pipeline pipe(world(), layout, {});
+  const fc::ensemble_layout layout(producers, handover_sizes(n - producers), 0);  // a step has 2 shards
+  Pipeline pipe(world(), layout, {});
   pipe.on_handover({});
   fc::dataset data;
   data.size = 4 * steps;  // one epoch of `steps` steps, 2 samples a shard
@@ -804,7 +806,7 @@ BOOST_AUTO_TEST_CASE(the_typed_feed_hands_a_finished_members_rank_on) {
   };
   std::vector<std::int64_t> seen;  // per sample: member, step, index (from the sample's bytes)
   bool sizes = true;  // each batch holds the samples of its rank's share of the member's split
-  join_after_step_one choreography{layout.member_size(1)};
+  join_after_step_one choreography{layout.member_size(1), layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
   pipe.run(data, [&](auto& ctx) {
     while (auto b = ctx.batches().next()) {
       const auto x = b->template as<float>();
@@ -841,9 +843,26 @@ BOOST_AUTO_TEST_CASE(the_typed_feed_hands_a_finished_members_rank_on) {
   const bool joined = pipe.layout().role_of(world().rank()).member != 0 ||
                       (records.size() == 1 && records[0].joined == 1 && records[0].joined_at >= 1);
   BOOST_TEST(fc::testing::all_ranks(sizes && ordered && once && joined),
-             "sizes " << sizes << " ordered " << ordered << " once " << once << " joined " << joined << " records "
-                      << records.size() << " " << (records.empty() ? -9 : records[0].joined) << " at "
-                      << (records.empty() ? -9 : records[0].joined_at));
+             layout.str() << ": sizes " << sizes << " ordered " << ordered << " once " << once << " joined " << joined
+                          << " records " << records.size() << " " << (records.empty() ? -9 : records[0].joined)
+                          << " at " << (records.empty() ? -9 : records[0].joined_at));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_typed_feed_hands_a_finished_members_rank_on) {
+  if (world().size() < 4) return;  // below: no member with room
+  typed_hand_over<handover_pipeline>(0);
+}
+
+// The same over one_to_many (run(dataset, ...), as the main example runs single_broadcast).
+BOOST_AUTO_TEST_CASE(the_typed_feed_over_one_to_many_hands_a_finished_members_rank_on) {
+  if (world().size() < 5) {
+    BOOST_TEST_MESSAGE("typed one_to_many hand-over: needs 5 ranks (a producer, a member with room), the world has "
+                       << world().size());
+    return;
+  }
+  typed_hand_over<broadcast_pipeline>(1);
 }
 
 // A member with nowhere to go (one member, or every other member without room) ends all the
