@@ -45,6 +45,9 @@ namespace flexcomm {
 // data and need several progress rounds, each a sleep of the wait policy on a crowded node.
 // Credits travel apart from data, so a producer asks for those of its next `depth` steps early.
 // Trainers know the stream's length, so its end needs no message.
+// A member whose split changed (a hand-over) gets its steps from the change on as one message
+// per rank and step, its shards repacked from the pieces, on a duplicate of the world
+// (split_change.hpp).
 // On the producer's own host (feed_options.shared_memory, backends with has_host_window) no
 // message goes at all: the loader writes each step into a slot of shared memory, the trainers
 // there read their pieces in place, and their credits are counters beside the slots
@@ -769,7 +772,8 @@ void one_to_many<B>::release() {
   lent_ = -1;
   const std::int64_t from = next_post_;
   source_.drain([] {});  // leaves the shared slots; awaits what is posted, posts nothing more
-  answer_asked(from, credit_none);
+  // Fenced on the layout's split, its "moved" answered those credits already.
+  if (split_member_ >= 0 || fence_ == std::numeric_limits<std::int64_t>::max()) answer_asked(from, credit_none);
   next_post_ = next_step_ = options_.steps;
 }
 
