@@ -64,7 +64,7 @@ struct round_element<R (C::*)(Round, gathered<T>&) const> { using type = T; };
 template <class C, class R, class Round, class T>
 struct round_element<R (C::*)(Round, gathered<T>&)> { using type = T; };
 
-// Feeds that can hand a finished member's ranks on (local_feed): a hook at each step, a new
+// Feeds that can hand a finished member's ranks on (local_feed, one_to_many): a hook at each step, a new
 // split from a given step, and where the stream is (pipeline/handover.hpp).
 template <class T, class = void> struct hands_over : std::false_type {};
 template <class T>
@@ -137,7 +137,7 @@ class pipeline_context {
   // running member with the longest expected step) with that member's state
   // (handover_options::state) and calls the trainer function again, ctx.member() now that
   // member; with no member left to join, not again. Needs pipe.on_handover(...) and a feed that
-  // hands over (local_feed).
+  // hands over (local_feed, one_to_many).
   void finish_member(int target = -1) { pipe_.finish_member(target); }
   // The hand-overs of the members this rank finished (each: ended at, joined which, from when).
   const std::vector<handover_record>& handovers() const { return pipe_.handovers(); }
