@@ -775,6 +775,73 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_hands_its_rank_on_with_the_state) {
              layout.str());
 }
 
+// An uneven split over one_to_many, then its end (6 ranks: one producer, members=1,1,3, a step
+// of 3 shards in 3 pieces): member 1 grows to 2 ranks of 1 and 2 shards, so a rank's message is
+// repacked from two pieces; two steps later it ends with nowhere to go (member 2 has no room),
+// which releases its changed split's stream, and member 2 trains on to the end. Each member's
+// steps: every shard once, each rank's in order, the loader's bytes.
+BOOST_AUTO_TEST_CASE(a_one_to_many_member_grows_unevenly_then_ends) {
+  if (world().size() != 6) {
+    BOOST_TEST_MESSAGE("uneven one_to_many hand-over: needs 6 ranks, the world has " << world().size());
+    return;
+  }
+  constexpr std::int64_t long_steps = 8;
+  const fc::ensemble_layout layout(1, {1, 1, 3}, 0);
+  broadcast_pipeline pipe(world(), layout, handover_options_for<broadcast_pipeline>(long_steps));
+  pipe.on_handover({});
+  std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
+  bool same_bytes = true, split = true;
+  std::int64_t grown_at = -1;  // the first step member 1 trained on two ranks
+  std::vector<fc::handover_record> ends;
+  join_after_step_one choreography{1, layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        while (auto batch = ctx.feed().next()) {
+          seen.insert(seen.end(), {ctx.member(), batch->step(), batch->first_shard(), batch->shards()});
+          same_bytes = same_bytes && as_loaded(*batch);
+          if (choreography.after_step(ctx, batch->step())) return;
+          if (ctx.member() != 1 || ctx.member_size() != 2) continue;
+          split = split && batch->first_shard() == ctx.rank_in_member() && batch->shards() == 1 + ctx.rank_in_member();
+          if (grown_at < 0) grown_at = batch->step();
+          if (batch->step() == grown_at + 1) return ctx.finish_member();
+        }
+      },
+      [&](auto& ctx) { ends = ctx.member_ends(); });
+  choreography.end();
+  const auto all = everyone(seen);
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<int>> shards;  // (member, step) -> counts
+  bool ordered = true;
+  const std::size_t per_rank = all.size() / static_cast<std::size_t>(world().size());
+  for (int r = 0; r < world().size(); ++r) {
+    std::map<std::int64_t, std::int64_t> last;
+    for (std::size_t i = 0; i + 3 < per_rank; i += 4) {
+      const auto* d = all.data() + static_cast<std::size_t>(r) * per_rank + i;
+      if (d[0] < 0) break;
+      ordered = ordered && (!last.count(d[0]) || d[1] > last[d[0]]);
+      last[d[0]] = d[1];
+      auto& counts = shards[{d[0], d[1]}];
+      counts.resize(3);
+      for (std::int64_t k = 0; k < d[3]; ++k) ++counts[static_cast<std::size_t>(d[2] + k)];
+    }
+  }
+  // How the members ended, as the aggregator (the producer) heard it.
+  std::int64_t ended1 = pipe.is_aggregator() && ends.size() == 3 ? ends[1].ended_at : -1;
+  mpi::iallreduce(world(), fc::span<std::int64_t>(&ended1, 1), fc::op::max).wait();
+  bool once = ended1 > 2 && ended1 < long_steps;
+  for (int m = 0; m < 3; ++m)
+    for (std::int64_t s = 0; s < long_steps; ++s) {
+      const auto it = shards.find({m, s});
+      const bool due = m == 2 || s < (m == 0 ? 2 : ended1);
+      once = once && (it != shards.end()) == due &&
+             (!due || std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; }));
+    }
+  const bool heard = !pipe.is_aggregator() || (ends[0].joined == 1 && ends[1].joined == -1 && ends[2].ended_at == -1);
+  BOOST_TEST(fc::testing::all_ranks(same_bytes && split && ordered && once && heard),
+             "bytes " << same_bytes << " split " << split << " ordered " << ordered << " once " << once << " heard "
+                      << heard << " member 1 ended at " << ended1);
+}
+
 // one_to_many hands over by message: shared memory forced on is refused, on every rank, by name.
 BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_is_refused) {
   if (world().size() < 2) return;
