@@ -842,15 +842,22 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_grows_unevenly_then_ends) {
                       << heard << " member 1 ended at " << ended1);
 }
 
-// one_to_many hands over by message: shared memory forced on is refused, on every rank, by name.
-BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_is_refused) {
+// one_to_many hands over by message and in lockstep: shared memory forced on, and skip_ahead,
+// are refused, on every rank, by name.
+BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_or_skipping_is_refused) {
   if (world().size() < 2) return;
   const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(world().size() - 1), 1), 0);
   auto options = handover_options_for<broadcast_pipeline>(2);
   options.feed.shared_memory = fc::shared_memory_use::on;
   broadcast_pipeline pipe(world(), layout, options);
-  const std::string refused = fc::testing::error_of([&] { pipe.on_handover({}); });
-  BOOST_TEST(fc::testing::all_ranks(fc::testing::contains(refused, "hands ranks over by message")), refused);
+  const std::string in_place = fc::testing::error_of([&] { pipe.on_handover({}); });
+  options.feed.shared_memory = fc::shared_memory_use::off;
+  options.feed.flow = fc::flow_control::skip_ahead(1);
+  broadcast_pipeline skipping(world(), layout, options);
+  const std::string skips = fc::testing::error_of([&] { skipping.on_handover({}); });
+  BOOST_TEST(fc::testing::all_ranks(fc::testing::contains(in_place, "hands ranks over by message") &&
+                                    fc::testing::contains(skips, "under lockstep with round-robin producers")),
+             in_place << " / " << skips);
 }
 
 // The typed feed hands over too (run(dataset, ...), ctx.batches()): member 0 ends after step 1
