@@ -184,6 +184,7 @@ def main():
     os.makedirs(a.logs, exist_ok=True)
     rows = {}
     missed = 0
+    missed_lines = []
     signals = {'both': [signal.SIGSTOP, signal.SIGKILL], 'stop': [signal.SIGSTOP] * 2,
                'kill': [signal.SIGKILL] * 2}[a.signals]
     for i in range(a.runs):
@@ -202,6 +203,12 @@ def main():
         row['ok'] += r['ok']
         row['worst'] = max(row['worst'], r['took'])
         missed += not r['ok']
+        if not r['ok']:
+            with open(r['log'], errors='replace') as f:
+                last = [line for line in f.read().splitlines() if line.strip()][-1:] or ['(empty)']
+            missed_lines.append(f"MISSED run {i}: {role}, {key[1]} {delay:.1f} s after the first line, {setup['name']}: "
+                                f"exit {r['status']}, {r['took']:.2f} s after the signal; first: "
+                                f"{r['first'][:200] or '(no flexcomm line)'}; last: {last[0][:200]}")
         print(f"run {i}: {role} (world {victim}), {key[1]} {delay:.1f} s after the first line, {setup['name']}: "
               f"{'ok' if r['ok'] else 'MISSED'}, exit {r['status']} {r['took']:.2f} s after the signal; "
               f"first: {r['first'][:300] or '(no flexcomm line)'}  [{r['log']}]", flush=True)
@@ -210,6 +217,9 @@ def main():
     print('| --- | --- | --- | --- | --- | --- | --- |')
     for (role, sig, layout), row in sorted(rows.items()):
         print(f"| {role} | {sig} | {layout} | {row['runs']} | {row['named']} | {row['ok']} | {row['worst']:.2f} |")
+    # Again just above the count: CI keeps only a failed test's last lines.
+    for line in missed_lines:
+        print(line)
     print(f'chaos: {a.runs - missed} passed, {missed} failed')
     return 1 if missed else 0
 

@@ -4,7 +4,7 @@
 // guard words behind its buffers are intact. tests/fault/launch.py runs it under mpiexec and
 // checks what each rank reports, the time to error and mpiexec's exit status.
 //
-//   mpiexec -n N fault <fault>     faults: none exit exit0 stall stall-engine stall-skew count dtype order layout
+//   mpiexec -n N fault <fault>     faults: none exit exit0 stall stall-engine stall-skew group-stall count dtype order layout
 //                                  finalize-hang finalize-hang-status bad-wait bad-trace typo-setting
 //                                  bad-<setting> (one per FLEXCOMM_ setting) idle-stage-chunk
 #include <flexcomm/flexcomm.hpp>
@@ -106,6 +106,17 @@ int main(int argc, char** argv) {
       const auto layout = fc::ensemble_layout::parse(size == 5 ? "producers=1 members=2x2 aggregator=9"
                                                                : "producers=1 members=2x2");
       layout.validate(size);
+    }
+    if (fault == "group-stall") {
+      // MPI_Comm_create_group blocks inside MPI: the ranks on time are held there, where only the
+      // guard thread of backend/mpi/setup.hpp can end the job.
+      if (faulty) {
+        report(rank, "injected: stalling before a communicator of every rank");
+        std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
+      }
+      std::vector<int> everyone(static_cast<std::size_t>(size));
+      for (int r = 0; r < size; ++r) everyone[static_cast<std::size_t>(r)] = r;
+      world.group(everyone, 0, "every rank");
     }
     for (int step = 0; step < steps; ++step) {
       if (step == fault_step) start = std::chrono::steady_clock::now();

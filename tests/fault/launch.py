@@ -75,6 +75,19 @@ FAULTS = {
                 r'ranks that did not arrive: {f} \(world {f}\)',
                 r'rank {f} \(world {f}\): no answer within \d+ ms'],
         reports='timed out in `iallreduce` #7; ranks that did not arrive: {f}'),
+    # MPI_Comm_create_group has no nonblocking form: the ranks on time wait inside MPI, where no
+    # error can be thrown; the guard thread (backend/mpi/setup.hpp) ends the job once the timeout passes.
+    'group-stall': dict(
+        what='rank {f} stalls for 4x the timeout before a communicator of every rank is made (MPI_Comm_create_group, '
+             'which blocks inside MPI)', min_ranks=2,
+        mpiexec=[], survivors='none', kind='abort',
+        expect=[],
+        faulty_expect=r"flexcomm: rank \d+: world: group 'every rank': MPI_Comm_create_group: timed out after \d+ ms "
+                      r"\(FLEXCOMM_TIMEOUT\); stalled at world rank {f} [^\n]*\nflexcomm: rank \d+: ending the job "
+                      r"with MPI_Abort\(1\)",
+        reports="a rank held there: `world: group 'every rank': MPI_Comm_create_group: timed out after 2000 ms "
+                "(FLEXCOMM_TIMEOUT); stalled at world rank {f} (...); not every rank of the group entered it, and MPI "
+                "cannot leave the call`, then `ending the job with MPI_Abort(1)`"),
     'stall-engine': dict(
         what='rank {f} stalls; the others wait on the progress engine, as adapters do',
         mpiexec=[], survivors='others', kind='timeout',
@@ -426,6 +439,8 @@ def bound_seconds(kind, timeout):
         return timeout  # a rank whose side failed tells the others at once
     if kind in ('hydra', 'local'):
         return 5.0  # includes mpiexec's start and end, or the steps before the fault
+    if kind == 'abort':
+        return timeout + grace_seconds(timeout) * 2.5 + 5.0  # a guard's abort, with mpiexec's start and end
     return 2.0
 
 
@@ -502,7 +517,7 @@ def run(launch, fault, n):
         if spec.get('guards', True) and 'guards intact' not in text:
             problems.append(f'rank {r}: did not check its guard words')
     bound = bound_seconds(spec['kind'], timeout)
-    if spec['kind'] in ('hydra', 'local') and not times:
+    if spec['kind'] in ('hydra', 'local', 'abort') and not times:
         times = [wall]  # no rank survives to report: the job's end is the time to error
     if times and max(times) > bound:
         problems.append(f'slowest rank took {max(times):.2f} s to its error, bound {bound:.2f} s')

@@ -84,11 +84,9 @@ class mpi_communicator {
     MPI_Group everyone = MPI_GROUP_NULL, chosen = MPI_GROUP_NULL;
     MPI_Comm_group(comm_, &everyone);
     MPI_Group_incl(everyone, static_cast<int>(ranks.size()), ranks.data(), &chosen);
-    MPI_Comm out = MPI_COMM_NULL;
-    const int rc = MPI_Comm_create_group(comm_, chosen, tag, &out);
+    const MPI_Comm out = detail::create_group_within(comm_, chosen, tag, cat(name_, ": group '", name, "'"));
     MPI_Group_free(&chosen);
     MPI_Group_free(&everyone);
-    check_mpi(rc, cat(name_, ": group '", name, "': MPI_Comm_create_group"));
     return mpi_communicator(out, std::move(name));
   }
 

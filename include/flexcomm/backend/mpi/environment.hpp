@@ -34,6 +34,7 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "../mpi.hpp"
+#include "abort.hpp"
 #include "implementation.hpp"
 #include "trace.hpp"
 
@@ -220,36 +221,8 @@ inline void finalize_within(std::chrono::milliseconds limit, int status) {
   state->returned.notify_one();
   guard.join();
 }
-// Before an abort, peers that follow a stall through this rank still learn whom it waited on
-// (core/stall.hpp).
-inline void answer_stall_questions_for(std::chrono::milliseconds span) noexcept {
-  const auto until = std::chrono::steady_clock::now() + span;
-  while (std::chrono::steady_clock::now() < until) {
-    stall_registry::instance().answer();
-    std::this_thread::sleep_for(std::chrono::milliseconds{5});
-  }
-}
-
-// Lets the launcher forward what the ranks wrote last before MPI_Abort tears the job down: Hydra
-// may act on an abort first, and a job that ends without its first flexcomm line hides its cause.
-inline void before_abort() noexcept {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  answer_stall_questions_for(std::chrono::milliseconds{200});
-}
 
 }  // namespace detail
-
-// Ends every rank of the job after a failure this rank cannot handle: what a trainer's main does
-// with a flexcomm::error it catches (its peers wait on it, and only MPI_Abort ends them). Prints
-// `message` and the ending, then aborts with `code`.
-[[noreturn]] inline void abort_job(const std::string& message, int code = 1) noexcept {
-  std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(%d)\n", message.c_str(),
-               process_rank(), code);
-  detail::before_abort();
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
-}
 
 // One per process, made before and destroyed after every flexcomm object that communicates.
 // MPI comes up with MPI_THREAD_MULTIPLE (the progress engine calls MPI from its own thread); if

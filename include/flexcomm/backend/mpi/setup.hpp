@@ -12,12 +12,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../core/error.hpp"
 #include "../../core/stall.hpp"
 #include "../../core/wait.hpp"
+#include "abort.hpp"
 #include "types.hpp"
 
 namespace flexcomm::detail {
@@ -79,6 +85,63 @@ inline MPI_Comm duplicate_of(MPI_Comm comm, const std::string& what) {
   return out;
 }
 
+// MPI_Comm_create_group over `group` (of `comm`), which MPI offers only blocking: a rank of the
+// group that stops before or inside it holds the others there for good, where no wait can time
+// out and no error can be thrown. A guard thread ends the job once FLEXCOMM_TIMEOUT passes, as
+// abort_job does, naming the ranks followed to the stall; zero waits forever.
+inline MPI_Comm create_group_within(MPI_Comm comm, MPI_Group group, int tag, const std::string& what) {
+  const std::string call = cat(what, ": MPI_Comm_create_group");
+  const auto limit = default_timeout();
+  std::vector<int> peers;
+  {
+    int n = 0, mine = MPI_UNDEFINED;
+    MPI_Group_size(group, &n);
+    MPI_Group_rank(group, &mine);
+    MPI_Group world = MPI_GROUP_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> ranks, translated(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) ranks.push_back(r);
+    MPI_Group_translate_ranks(group, n, ranks.data(), world, translated.data());
+    MPI_Group_free(&world);
+    for (int r = 0; r < n; ++r)
+      if (r != mine && translated[static_cast<std::size_t>(r)] != MPI_UNDEFINED) peers.push_back(translated[static_cast<std::size_t>(r)]);
+  }
+  struct watch {
+    std::mutex mutex;
+    std::condition_variable returned;
+    bool done = false;
+  };
+  auto state = std::make_shared<watch>();
+  std::thread guard;
+  if (limit.count() > 0 && !peers.empty())
+    guard = std::thread([state, limit, call, peers] {
+      {
+        std::unique_lock<std::mutex> lock(state->mutex);
+        if (state->returned.wait_for(lock, limit, [&] { return state->done; })) return;
+      }
+      abort_job(error(process_rank(), call,
+                      cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT); ",
+                          stall_registry::instance().lead(call, peers, limit),
+                          "not every rank of the group entered it, and MPI cannot leave the call"))
+                    .what());
+    });
+  // Peers following a stall through this rank learn that it waits inside the call, and on whom.
+  waiting_note note;
+  if (!peers.empty()) note.set(call, peers);
+  MPI_Comm out = MPI_COMM_NULL;
+  const int rc = MPI_Comm_create_group(comm, group, tag, &out);
+  if (guard.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->done = true;
+    }
+    state->returned.notify_one();
+    guard.join();
+  }
+  check_mpi(rc, call);
+  return out;
+}
+
 // MPI_Comm_split's result (ranks ordered by key, then by rank), made from one nonblocking
 // allgather and MPI_Comm_create_group, which waits only for the new communicator's own ranks.
 // MPI_UNDEFINED: MPI_COMM_NULL.
@@ -101,12 +164,10 @@ inline MPI_Comm split_of(MPI_Comm comm, int color, int key, const std::string& w
   MPI_Group everyone = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm_group(comm, &everyone);
   MPI_Group_incl(everyone, static_cast<int>(ranks.size()), ranks.data(), &group);
-  MPI_Comm out = MPI_COMM_NULL;
   // Tag 0 for every color: the groups of different colors share no rank.
-  const int rc = MPI_Comm_create_group(comm, group, 0, &out);
+  const MPI_Comm out = create_group_within(comm, group, 0, what);
   MPI_Group_free(&group);
   MPI_Group_free(&everyone);
-  check_mpi(rc, cat(what, ": MPI_Comm_create_group"));
   return out;
 }
 
