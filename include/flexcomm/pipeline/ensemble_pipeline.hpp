@@ -64,13 +64,20 @@ struct round_element<R (C::*)(Round, gathered<T>&) const> { using type = T; };
 template <class C, class R, class Round, class T>
 struct round_element<R (C::*)(Round, gathered<T>&)> { using type = T; };
 
-// Feeds that can hand a finished member's ranks on (local_feed): a hook at each step, a new
+// Feeds that can hand a finished member's ranks on (local_feed, one_to_many): a hook at each step, a new
 // split from a given step, and where the stream is (pipeline/handover.hpp).
 template <class T, class = void> struct hands_over : std::false_type {};
 template <class T>
 struct hands_over<T, std::void_t<decltype(std::declval<T&>().between_steps(std::function<void(std::int64_t)>{})),
                                  decltype(std::declval<T&>().reshard(shard_range{}, std::int64_t{})),
                                  decltype(std::declval<T&>().position())>> : std::true_type {};
+
+// Feeds whose split changes some steps ahead, where no credit has gone out (one_to_many): the
+// member fences its stream there and its rank 0 tells the producers (pipeline/handover.hpp).
+template <class T, class = void> struct splits_ahead : std::false_type {};
+template <class T>
+struct splits_ahead<T, std::void_t<decltype(std::declval<T&>().fence(std::int64_t{})),
+                                   decltype(std::declval<T&>().first_unasked())>> : std::true_type {};
 
 // Feeds whose trainer can leave the stream early (one_to_many): a member that ended stops
 // holding the producers back (release()).
@@ -130,7 +137,7 @@ class pipeline_context {
   // running member with the longest expected step) with that member's state
   // (handover_options::state) and calls the trainer function again, ctx.member() now that
   // member; with no member left to join, not again. Needs pipe.on_handover(...) and a feed that
-  // hands over (local_feed).
+  // hands over (local_feed, one_to_many).
   void finish_member(int target = -1) { pipe_.finish_member(target); }
   // The hand-overs of the members this rank finished (each: ended at, joined which, from when).
   const std::vector<handover_record>& handovers() const { return pipe_.handovers(); }
@@ -244,8 +251,18 @@ class ensemble_pipeline {
     check(!ran_, "ensemble_pipeline", "on_handover() goes before run()");
     // Refused here, before run() makes the feed: a feed made and never run would wait for its stream.
     check(detail::hands_over<Feed>::value, "ensemble_pipeline: on_handover",
-          "this feed does not hand ranks over yet (local_feed does; a one_to_many member that returns early "
-          "releases the producers without it)");
+          "this feed does not hand ranks over yet (local_feed and one_to_many do)");
+    if constexpr (detail::splits_ahead<Feed>::value) {
+      // A changed split travels as messages: a producer learns of it from the credits, which
+      // trainers reading its steps in shared memory do not send (docs/heterogeneous.md).
+      check(feed_options_.flow.kind == flow_control::policy::lockstep && !layout_.per_host(),
+            "ensemble_pipeline: on_handover",
+            "one_to_many hands ranks over under lockstep with round-robin producers (not skip_ahead, not a "
+            "producer per host)");
+      check(feed_options_.shared_memory != shared_memory_use::on, "ensemble_pipeline: on_handover",
+            "one_to_many hands ranks over by message; feed_options.shared_memory (FLEXCOMM_SHM) is on");
+      feed_options_.shared_memory = shared_memory_use::off;
+    }
     handover_options_ = std::move(o);
   }
   const std::vector<handover_record>& handovers() const {
@@ -333,6 +350,7 @@ class ensemble_pipeline {
   std::int64_t finished_at_ = -1;  // the step at which finish_member() ended this rank's member
   int target_ = -1;                // finish_member()'s target
   bool announced_ = false;         // this member's root has told its ranks that joiners come
+  std::optional<detail::handover_accept> joining_;  // joiners taken at a later step (splits_ahead)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -439,6 +457,8 @@ void ensemble_pipeline<Feed, Sync, Collect>::finish_member(int target) {
   check(finished_at_ < 0, what, cat("called twice (the member ended at step ", finished_at_, ")"));
   check(target >= -1 && target < layout_.members() && target != role_.member, what,
         cat("target ", target, ": not another member of the ", layout_.members()));
+  check(!joining_, what,
+        cat("the member takes joiners at step ", joining_ ? joining_->step : 0, "; it can finish from that step on"));
   if constexpr (detail::hands_over<Feed>::value) {
     auto& h = *handover_;
     const std::int64_t at = bytes_feed().position();
@@ -469,8 +489,10 @@ void ensemble_pipeline<Feed, Sync, Collect>::between_steps(std::int64_t step) {
   check(finished_at_ < 0, "ensemble_pipeline: feed().next()",
         cat("finish_member() ended member ", role_.member, " at step ", finished_at_,
             "; return from the trainer function (the pipeline then hands this rank on)"));
+  if (joining_ && step >= joining_->step) return adopt(*std::exchange(joining_, std::nullopt));
   auto& h = *handover_;
   h.poll();
+  if (joining_) return;  // a request that came meanwhile waits until the joiners are in
   const bool root = role_.rank_in_member == 0;
   const bool alone = member_comm_.size() == 1;
   if (root && h.pending() && !announced_) {
@@ -480,9 +502,18 @@ void ensemble_pipeline<Feed, Sync, Collect>::between_steps(std::int64_t step) {
   const bool told = alone ? announced_ : sync_->carried() != 0;
   if (!told) return;
   announced_ = false;
-  if (!root && step >= h.steps()) return;  // the root refuses: the stream is over
-  const auto a = root ? h.take(step, member_ranks_) : h.told(member_ranks_.front());
-  if (a.member >= 0) adopt(a);
+  // The step the split changes at: this one, or (splits_ahead) the first no credit went out for.
+  std::int64_t at = step;
+  if constexpr (detail::splits_ahead<Feed>::value) at = bytes_feed().first_unasked();
+  if (!root && at >= h.steps()) return;  // the root refuses: the stream is over
+  const auto a = root ? h.take(at, member_ranks_) : h.told(member_ranks_.front());
+  if (a.member < 0) return;
+  if constexpr (detail::splits_ahead<Feed>::value) {
+    bytes_feed().fence(a.step);
+    if (root) bytes_feed().announce(a.member, a.step, a.ranks);
+  }
+  if (a.step == step) return adopt(a);
+  joining_ = a;  // the steps before it on the old split; the joiners wait in form() until then
 }
 
 // After the trainer function returned from a finished member: the member's root asks a target,
@@ -491,6 +522,9 @@ template <class Feed, class Sync, class Collect>
 bool ensemble_pipeline<Feed, Sync, Collect>::join() {
   auto& h = *handover_;
   const int finished = role_.member;
+  // Its own stream ends here (one_to_many: the producers stop asking it), before it waits for
+  // a target that may need those producers to reach the step it joins at.
+  if constexpr (detail::releases<Feed>::value) bytes_feed().release();
   const auto a = role_.rank_in_member == 0 ? h.negotiate(finished, member_ranks_, target_)
                                            : h.outcome(member_ranks_.front());
   h.records().push_back({finished, finished_at_, a.member, a.step});
@@ -518,7 +552,11 @@ void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept
   sync_.emplace(member_comm_, sync_options_);
   const int n = static_cast<int>(a.ranks.size()), shards = h.shards_per_step(), r = role_.rank_in_member;
   const int first = r * shards / n;
-  if constexpr (detail::hands_over<Feed>::value) bytes_feed().reshard({first, (r + 1) * shards / n - first}, a.step);
+  if constexpr (detail::splits_ahead<Feed>::value) {
+    bytes_feed().reshard({first, (r + 1) * shards / n - first}, a.step, a.member);
+  } else if constexpr (detail::hands_over<Feed>::value) {
+    bytes_feed().reshard({first, (r + 1) * shards / n - first}, a.step);
+  }
   h.set_size(a.member, n);
 }
 

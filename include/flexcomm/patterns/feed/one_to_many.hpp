@@ -8,7 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,6 +27,7 @@
 #include "step_source.hpp"
 #include "steps_in_flight.hpp"
 #include "wire.hpp"
+#include "split_change.hpp"
 
 namespace flexcomm {
 
@@ -41,6 +45,9 @@ namespace flexcomm {
 // data and need several progress rounds, each a sleep of the wait policy on a crowded node.
 // Credits travel apart from data, so a producer asks for those of its next `depth` steps early.
 // Trainers know the stream's length, so its end needs no message.
+// A member whose split changed (a hand-over) gets its steps from the change on as one message
+// per rank and step, its shards repacked from the pieces, on a duplicate of the world
+// (split_change.hpp).
 // On the producer's own host (feed_options.shared_memory, backends with has_host_window) no
 // message goes at all: the loader writes each step into a slot of shared memory, the trainers
 // there read their pieces in place, and their credits are counters beside the slots
@@ -82,6 +89,24 @@ class one_to_many : private detail::agreed_feed {
   // Not under claims (adaptive by message). next() then gives nothing.
   void release();
 
+  // The pipeline's seam for a hand-over (pipeline/handover.hpp, docs/heterogeneous.md), on
+  // trainer ranks, lockstep, round-robin producers, steps as messages. `each` runs at the top of
+  // every next() with the step about to be delivered; position() is that step.
+  void between_steps(std::function<void(std::int64_t step)> each) { between_ = std::move(each); }
+  std::int64_t position() const noexcept { return next_step_; }
+  // The first step whose credit this trainer has not sent: the earliest its member's split can
+  // change at (the same on every rank of the member: lockstep posts alike).
+  std::int64_t first_unasked() const noexcept { return next_post_; }
+  // The member's split changes at `at` (first_unasked()): nothing more is asked on the current
+  // split, and each producer's credits still to come on the layout's are answered "moved".
+  void fence(std::int64_t at);
+  // On the member's rank 0: tells every producer with a step from `at` on that member
+  // `member`'s ranks are `ranks` (world ranks, member order) from `at`.
+  void announce(int member, std::int64_t at, const std::vector<int>& ranks);
+  // From step `from`, this trainer gets `shards` of member `member`'s steps, one message a step
+  // from its producer (after fence(from), or release() on a rank that joins).
+  void reshard(shard_range shards, std::int64_t from, int member = -1);
+
   // Steps this trainer's member skipped under flow_control::skip_ahead (the same on its ranks).
   std::int64_t skipped() const noexcept { return skipped_; }
   bool is_trainer() const noexcept { return role_.kind == role::trainer; }
@@ -95,12 +120,15 @@ class one_to_many : private detail::agreed_feed {
   using source = detail::step_source<B>;
   static constexpr int piece_tag = 17, credit_tag = 18;
   static constexpr int credit_none = 0;  // a credit that says "no more steps for me" (release())
+  // On the layout's split, "my member's split changed; ask me no more here": -(1 + member).
+  static int credit_moved(int member) { return -(1 + member); }
 
   // A producer's k-th step in flight: the credits it waits for and the sends of its pieces.
   struct shipment {
     detail::in_flight<request> credits, sends;
     std::vector<int> credits_in;                 // one per trainer
     std::vector<std::vector<std::byte>> pieces;  // one per piece it ships, where not in shared memory
+    std::vector<std::vector<std::byte>> split_out;  // the messages of members whose split changed
     std::int64_t step = -1;                      // of its sends, named when they fail
   };
 
@@ -129,6 +157,8 @@ class one_to_many : private detail::agreed_feed {
   void post_free_slots();
   std::int64_t choose_step();
   void drain() noexcept;
+  // Sends `value` as the credits each producer still asks of this trainer from step `from`.
+  void answer_asked(std::int64_t from, int value);
 
   // Claims (trainer side): asks step s's producer for work while s has not come, and makes
   // what it grants; answers that came meanwhile are acted on first.
@@ -158,8 +188,16 @@ class one_to_many : private detail::agreed_feed {
   std::int64_t next_post_ = 0, next_step_ = 0, lent_ = -1, skipped_ = 0;
   bool produced_ = false;
   bool released_ = false;
-  std::vector<int> none_;                      // release(): the "none" credits it sends
+  std::deque<int> none_;                       // release(), fence(): the credits that answer the asked ones
   std::vector<request> none_sent_;
+  // Hand-overs: a member whose split changed gets its steps as one message per rank on `joins_`
+  // (a duplicate of the world, its ranks the world's), from its producers.
+  communicator joins_;
+  std::function<void(std::int64_t)> between_;
+  std::int64_t fence_ = std::numeric_limits<std::int64_t>::max();  // nothing posted from here
+  int split_member_ = -1;       // the member whose changed split this trainer is on, or -1
+  std::int64_t split_from_ = 0;  // where that split began
+  std::deque<std::pair<std::vector<std::int64_t>, request>> notices_;  // announce()'s sends
 
   bool claims_ = false;
   std::vector<detail::claimant<B>> claimants_;  // [producer], trainer under claims
@@ -219,6 +257,7 @@ one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& la
   }
   member_comm_ = world.split(role_.kind == role::trainer ? role_.member : communicator::undefined,
                              role_.rank_in_member, cat("one_to_many member ", role_.member));
+  joins_ = world.dup("one_to_many hand-overs");
   setup_host_slots(world);
   if (role_.kind != role::trainer) return;
   for (const auto& credits : credit_comms_) producer_world_rank_.push_back(credits ? credits.world_rank_of(0) : -1);
@@ -269,12 +308,23 @@ std::size_t one_to_many<B>::ring_size() const {
 // lies in shared memory needs neither.
 template <class B>
 void one_to_many<B>::post_free_slots() {
-  for (; next_post_ < options_.steps; ++next_post_) {
+  for (; next_post_ < std::min(options_.steps, fence_); ++next_post_) {
     const std::int64_t s = next_post_;
     auto* t = source_.claim(s);
     if (!t) return;  // still holds an earlier step
     if (source_.in_shared_memory(s)) continue;
     const int producer = producer_of(s);
+    if (split_member_ >= 0) {  // a changed split: its own tags on joins_, the credit says which split
+      const int at = layout_.producer_rank(producer);
+      t->credit = static_cast<int>(split_from_ + 1);
+      t->post(B::isend(joins_, span<const int>(&t->credit, 1), at, detail::split_credit_tag(split_member_)), at);
+      auto& buffer = t->buffers[0];
+      t->post(B::irecv(joins_, span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(buffer.data()), buffer.size()), at,
+                       detail::split_piece_tag(split_member_)),
+              at);
+      source_.start(s, *t);
+      continue;
+    }
     const int from = producer_world_rank_[static_cast<std::size_t>(producer)];
     t->post(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t->credit, 1), 0, credit_tag),
             from);
@@ -305,6 +355,7 @@ std::int64_t one_to_many<B>::choose_step() {
 template <class B>
 std::optional<batch> one_to_many<B>::next() {
   check(role_.kind == role::trainer, "one_to_many", "next() is for trainer ranks; this rank is a producer");
+  if (between_) between_(std::min(next_step_, options_.steps));
   if (released_) return std::nullopt;
   if (lent_ >= 0) {
     source_.release(lent_);
@@ -478,6 +529,10 @@ struct one_to_many<B>::production {
     return !gone[static_cast<std::size_t>(trainer)] && !in_place(credit_peers[static_cast<std::size_t>(trainer)]);
   }
   void note_gone(shipment& t);
+  // Members whose split changed (hand-overs): their steps, repacked, one message per rank.
+  detail::changed_splits<B> splits;
+  std::vector<int> index_in_mine;  // [piece]: its index in `mine`, or -1
+  void ship_splits(std::int64_t s, std::int64_t k);
   std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
   // Under claims every wait of this producer answers them (claims.hpp): a trainer's claim comes
   // when its step has not, which is when the producer is making or waiting.
@@ -488,9 +543,13 @@ template <class B>
 one_to_many<B>::production::production(one_to_many& f, const communicator& credit_comm)
     : feed(f), me(f.role_.producer), first(f.layout_.per_host() ? 0 : me), P(f.layout_.per_host() ? 1 : f.layout_.producers()),
       depth(f.options_.depth), credits(credit_comm),
-      here(f.host_[static_cast<std::size_t>(me)] ? &f.host_[static_cast<std::size_t>(me)] : nullptr) {
+      here(f.host_[static_cast<std::size_t>(me)] ? &f.host_[static_cast<std::size_t>(me)] : nullptr),
+      splits(f.joins_, f.layout_), index_in_mine(f.pieces_.size(), -1) {
   for (std::size_t c = 0; c < feed.pieces_.size(); ++c)
-    if (feed.ships_[feed.index_of(me, static_cast<int>(c))]) mine.push_back(static_cast<int>(c));
+    if (feed.ships_[feed.index_of(me, static_cast<int>(c))]) {
+      index_in_mine[c] = static_cast<int>(mine.size());
+      mine.push_back(static_cast<int>(c));
+    }
   ring.allocate(here ? here->slots() : static_cast<std::size_t>(depth), [&](shipment& t) {
     t.credits_in.resize(static_cast<std::size_t>(credits.size()));
     if (here) return;  // the pieces are written into shared memory
@@ -528,14 +587,33 @@ void one_to_many<B>::production::ask_credits(std::int64_t s, std::int64_t k) {
 }
 
 // After the credits of a step came: a trainer that sent "none" is gone from this step on. Its
-// "none" answered every credit this producer had asked of it, the later ones included.
+// "none" answered every credit this producer had asked of it, the later ones included. "Moved"
+// is the same on the layout's split, and says that the trainer's member now has a split of its
+// own from this step or earlier: its root's notice is awaited, so that no step of it goes amiss.
 template <class B>
 void one_to_many<B>::production::note_gone(shipment& t) {
-  for (int trainer = 1; trainer < credits.size(); ++trainer)
-    if (asked(trainer) && t.credits_in[static_cast<std::size_t>(trainer)] == credit_none) {
-      gone[static_cast<std::size_t>(trainer)] = 1;
-      gone_world.push_back(credit_peers[static_cast<std::size_t>(trainer)]);
-    }
+  for (int trainer = 1; trainer < credits.size(); ++trainer) {
+    const int credit = t.credits_in[static_cast<std::size_t>(trainer)];
+    if (!asked(trainer) || credit > credit_none) continue;
+    gone[static_cast<std::size_t>(trainer)] = 1;
+    gone_world.push_back(credit_peers[static_cast<std::size_t>(trainer)]);
+    if (credit < credit_none) splits.await_notice(-credit - 1, 0);
+  }
+}
+
+// Step s (this producer's k-th) to the members whose split changed: their credits, then a
+// message per rank, its shards repacked from the pieces in this step's slot.
+template <class B>
+void one_to_many<B>::production::ship_splits(std::int64_t s, std::int64_t k) {
+  splits.take_credits(s);
+  splits.ship(
+      s, feed.pieces_,
+      [&](int c) {
+        const int i = index_in_mine[static_cast<std::size_t>(c)];
+        check(i >= 0, "one_to_many: hand-over", cat("producer ", me, " does not make piece ", c, " of step ", s));
+        return span<const std::byte>(piece_memory(k, static_cast<std::size_t>(i)));
+      },
+      feed.options_.shard_capacity, ring.at(k).split_out, ring.at(k).sends);
 }
 
 // Piece i of mine for step s into `slot`; a failed one travels as that step's verdict, and the
@@ -583,6 +661,7 @@ void one_to_many<B>::production::ship(std::int64_t s, std::int64_t k) {
   }
   await(t.credits, cat("one_to_many: credits of step ", s));
   note_gone(t);
+  ship_splits(s, k);
   const auto shipped_to = [&](int world_rank) {
     return !in_place(world_rank) && std::find(gone_world.begin(), gone_world.end(), world_rank) == gone_world.end();
   };
@@ -693,30 +772,98 @@ void one_to_many<B>::release() {
   lent_ = -1;
   const std::int64_t from = next_post_;
   source_.drain([] {});  // leaves the shared slots; awaits what is posted, posts nothing more
-  std::vector<std::int64_t> told(static_cast<std::size_t>(layout_.producers()), 0);
-  std::vector<std::pair<int, int>> to;  // (producer, world rank) of each "none"
-  for (std::int64_t s = from; s < options_.steps && s < from + options_.depth * layout_.producers(); ++s) {
+  // Fenced on the layout's split, its "moved" answered those credits already.
+  if (split_member_ >= 0 || fence_ == std::numeric_limits<std::int64_t>::max()) answer_asked(from, credit_none);
+  next_post_ = next_step_ = options_.steps;
+}
+
+// On the layout's split a producer has asked this trainer the credits of its next `depth` steps
+// from `from`; on a changed split it asks one at a time, as it ships (split_change.hpp), so each
+// producer with a step from `from` on gets one answer there.
+template <class B>
+void one_to_many<B>::answer_asked(std::int64_t from, int value) {
+  const auto P = static_cast<std::int64_t>(layout_.producers());
+  std::vector<std::int64_t> told(static_cast<std::size_t>(P), 0);
+  const std::int64_t per_producer = split_member_ >= 0 ? 1 : options_.depth;
+  for (std::int64_t s = from; s < options_.steps && s < from + per_producer * P; ++s) {
     const int p = producer_of(s);
     auto& n = told[static_cast<std::size_t>(p)];
-    if (n == options_.depth || source_.in_shared_memory(s)) continue;
+    if (n == per_producer || source_.in_shared_memory(s)) continue;
     ++n;
-    to.emplace_back(p, producer_world_rank_[static_cast<std::size_t>(p)]);
+    none_.push_back(value);  // a deque: earlier sends keep pointing at theirs
+    if (split_member_ >= 0) {
+      none_sent_.push_back(B::isend(joins_, span<const int>(&none_.back(), 1), layout_.producer_rank(p),
+                                    detail::split_credit_tag(split_member_)));
+    } else {
+      none_sent_.push_back(B::isend(credit_comms_[static_cast<std::size_t>(p)], span<const int>(&none_.back(), 1), 0,
+                                    credit_tag));
+    }
   }
-  none_.assign(to.size(), credit_none);  // sized before any send points into it
-  for (std::size_t i = 0; i < to.size(); ++i)
-    none_sent_.push_back(B::isend(credit_comms_[static_cast<std::size_t>(to[i].first)],
-                                  span<const int>(&none_[i], 1), 0, credit_tag));
-  next_post_ = next_step_ = options_.steps;
+}
+
+template <class B>
+void one_to_many<B>::fence(std::int64_t at) {
+  check(role_.kind == role::trainer && !released_ && !claims_ && options_.flow.kind == flow_control::policy::lockstep &&
+            !layout_.per_host() && !detail::any_shared(host_),
+        "one_to_many: hand-over",
+        "a member's split changes only on a lockstep trainer fed by round-robin producers, by message");
+  check(at == next_post_, "one_to_many: hand-over",
+        cat("the split changes at step ", at, " but this trainer has asked up to step ", next_post_));
+  fence_ = at;
+  // A changed split's credits say which split they ask for: the producer waits for its notice.
+  if (split_member_ < 0) answer_asked(at, credit_moved(role_.member));
+}
+
+template <class B>
+void one_to_many<B>::announce(int member, std::int64_t at, const std::vector<int>& ranks) {
+  check(member >= 0 && member < detail::split_members_max && !ranks.empty(), "one_to_many: hand-over",
+        cat("member ", member, " with ", ranks.size(), " rank(s): no split to announce"));
+  for (int p = 0; p < layout_.producers(); ++p) {
+    // Only a producer with a step from `at` on hears of it: it waits for this when a credit says so.
+    const std::int64_t first = at + ((p - at % layout_.producers()) + layout_.producers()) % layout_.producers();
+    if (first >= options_.steps) continue;
+    notices_.emplace_back(detail::split_notice(member, at, ranks, joins_.size()), request{});
+    auto& n = notices_.back();
+    n.second = B::isend(joins_, span<const std::int64_t>(n.first.data(), n.first.size()), layout_.producer_rank(p),
+                        detail::split_notice_tag);
+  }
+}
+
+template <class B>
+void one_to_many<B>::reshard(shard_range shards, std::int64_t from, int member) {
+  check(role_.kind == role::trainer && member >= 0 && shards.count > 0, "one_to_many: hand-over",
+        cat("reshard() to member ", member, ", ", shards.count, " shard(s): a trainer needs a member and a shard"));
+  if (!released_) {  // the member's own ranks: fenced at `from`, every step before it taken
+    check(fence_ == from && next_step_ == from, "one_to_many: hand-over",
+          cat("the split changes at step ", from, ", this trainer is at step ", next_step_));
+    if (lent_ >= 0) source_.release(lent_);
+    lent_ = -1;
+    source_.drain([] {});
+  }
+  released_ = false;
+  fence_ = std::numeric_limits<std::int64_t>::max();
+  split_member_ = member;
+  split_from_ = from;
+  next_post_ = next_step_ = from;
+  assembly_ = detail::batch_assembly({detail::piece{shards.first, shards.count, {}}}, {0}, shards, options_.shard_capacity);
+  const std::size_t bytes = detail::piece_bytes(shards.count, options_.shard_capacity);
+  const auto turns = static_cast<std::size_t>(layout_.producers());
+  source_.setup(layout_.producers(), std::vector<std::vector<typename source::shared_piece>>(turns, {typename source::shared_piece{}}),
+                {bytes}, 1, ring_size(), [&](typename source::received& r) { r.buffers.assign(1, std::vector<std::byte>(bytes)); },
+                "one_to_many: receive of step ");
+  post_free_slots();
 }
 
 // Receives what is left of the stream, so that producers and the other members can finish.
 template <class B>
 void one_to_many<B>::drain() noexcept {
   try {
+    for (auto& n : notices_) n.second.wait();
     if (released_) {  // only its "none" credits are still out
       for (auto& r : none_sent_) r.wait();
       return;
     }
+    for (auto& r : none_sent_) r.wait();  // fence()'s "moved"
     // A claim out is answered, and a piece it grants made, before the rest of the stream is
     // received: its producer ships nothing more until it has that piece.
     for (auto& c : claimants_)
