@@ -51,6 +51,7 @@ struct settings {
   int epochs = 3;
   std::size_t batch = 64;
   std::size_t train_images = 0;  // 0: all
+  std::size_t test_images = 0;   // 0: all
   int progress_every = 150;
   bool compare_baseline = true;
   float elastic_alpha = 1.5f;
@@ -510,7 +511,7 @@ data_sets load_data(const fc::mpi::communicator& world, const fc::ensemble_layou
     d.train.emplace(raw, 64, 1);
   }
   if (me.kind == fc::role::trainer || world.rank() == layout.aggregator()) {
-    d.test = fm::load(fm::split::test);
+    d.test = fm::load(fm::split::test, fm::default_dir(), s.test_images);
     d.test_pixels.resize(d.test.count * fm::pixels);
     const fm::augment_options plain{0, false, 0.0f};  // normalize only
     for (std::size_t i = 0; i < d.test.count; ++i)
@@ -587,6 +588,7 @@ int main(int argc, char** argv) {
       "batch", counts::at_least<1>(&s.batch),
       "images per step and member (split over its ranks; any size, any layout)")(
       "train-images", counts::at_least<0>(&s.train_images), "use only the first N training images (0: all)")(
+      "test-images", counts::at_least<0>(&s.test_images), "score on only the first N test images (0: all)")(
       "progress-every", counts::at_least<1>(&s.progress_every), "steps between progress lines")(
       "elastic-alpha", po::value(&s.elastic_alpha)->default_value(1.5f),
       "elastic distortion in pixels (0: off), the costly part of preprocessing")(
