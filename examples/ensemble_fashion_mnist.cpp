@@ -167,9 +167,12 @@ class mlp {
   }
 
   // Forward and backward over the local samples; hands each gradient to `ready` as soon as
-  // backprop has it (output layer first). Returns the mean loss.
+  // backprop has it (output layer first). Returns the mean loss. `per_rank` is the step's samples
+  // over the member's ranks: each rank's gradient is its sum over that, so the sync's average is
+  // the step's mean even where ranks hold different counts (a split after a hand-over, a short
+  // last batch); where counts are even it equals the rank's own mean.
   template <class Ready>
-  float forward_backward(const sample_pixels& x, const std::int32_t* labels, Ready&& ready) {
+  float forward_backward(const sample_pixels& x, const std::int32_t* labels, float per_rank, Ready&& ready) {
     const auto n = x.cols();
     if (n == 0) {  // a short last batch left this rank no sample: it still takes part in the step
       for (auto* g : {&g_w1_, &g_w2_}) g->setZero();
@@ -189,7 +192,7 @@ class mlp {
       loss -= std::log(std::max(p(labels[j], j), 1e-12f));
       p(labels[j], j) -= 1.0f;  // now dLoss/dlogits * n
     }
-    p /= static_cast<float>(n);
+    p /= per_rank;
     g_w2_.noalias() = p * h.transpose();
     g_b2_ = p.rowwise().sum();
     ready(0, fc::span<float>(g_w2_.data(), static_cast<std::size_t>(g_w2_.size())));
@@ -435,7 +438,8 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
         fc::trace::span delay("injected delay", batch.step());
         std::this_thread::sleep_for(std::chrono::milliseconds(s.slow_ms));
       }
-      const float loss = state.model.forward_backward(x, batch.labels<std::int32_t>().data(),
+      const float per_rank = static_cast<float>(batch.batch_samples()) / static_cast<float>(ctx.member_size());
+      const float loss = state.model.forward_backward(x, batch.labels<std::int32_t>().data(), per_rank,
                                                       [&](int i, fc::span<float> g) { ctx.sync().ready(i, g); });
       ctx.sync().finish();
       {
@@ -555,7 +559,7 @@ std::pair<fc::ensemble_layout, std::vector<double>> planned(const fc::mpi::commu
     }
     const std::size_t first = (calls++ % batches) * s.batch;
     const sample_pixels x(pixels.data() + first * fm::pixels, fm::pixels, static_cast<Eigen::Index>(s.batch));
-    model->forward_backward(x, labels.data() + first, [](int, fc::span<float>) {});
+    model->forward_backward(x, labels.data() + first, static_cast<float>(s.batch), [](int, fc::span<float>) {});
     model->step();
   };
   const fc::layout_plan plan = fc::measure_and_plan(world, layout, step, measure);
