@@ -88,8 +88,8 @@ stop_rule stop_rule_of(const std::string& text) {
       r.accuracy = v;
     } else {
       fc::fail("ensemble_fashion_mnist",
-               fc::cat("--early-stop: '", part, "' is not patience:P (P epochs without a better test accuracy, P >= 1) ",
-                       "or accuracy:A (test accuracy A percent reached, 0 < A <= 100)"));
+               fc::cat("--early-stop: '", part, "' is not patience:P (P epochs without a better test accuracy, ",
+                       "P >= 1) or accuracy:A (test accuracy A percent reached, 0 < A <= 100)"));
     }
     at = end + 1;
   }
@@ -399,7 +399,8 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
     matrix probabilities;
     if (rule.on()) {
       probabilities = state.model.predict(sample_pixels(data.test_pixels.data(), fm::pixels, total));
-      const double a = 100 * accuracy(fc::span<const float>(probabilities.data(), static_cast<std::size_t>(probabilities.size())));
+      const auto size = static_cast<std::size_t>(probabilities.size());
+      const double a = 100 * accuracy(fc::span<const float>(probabilities.data(), size));
       double& best = state.record[0];
       double& stale = state.record[1];
       stale = a > best ? 0 : stale + 1;
@@ -407,7 +408,8 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
       stop = epoch + 1 < s.epochs && ((rule.patience > 0 && stale >= rule.patience) ||
                                       (rule.accuracy > 0 && a >= rule.accuracy));
     } else if (mine) {
-      probabilities = state.model.predict(sample_pixels(data.test_pixels.data() + from * fm::pixels, fm::pixels, to - from));
+      const sample_pixels x(data.test_pixels.data() + from * fm::pixels, fm::pixels, to - from);
+      probabilities = state.model.predict(x);
     }
     if (!mine) return stop;
     const float* slice = probabilities.data() + (rule.on() ? from * fm::classes : 0);
