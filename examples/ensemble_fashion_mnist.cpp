@@ -6,9 +6,11 @@
 // The same run repeats with the baseline preset and prints the CPU time of both.
 // With --members-span wide the members' step costs differ some 16x; a layout "members=auto:N"
 // then lets flexcomm give each member its ranks from a warm-up that times each member's own step.
+// With --early-stop a member ends before the last epoch and its ranks join one still training.
 //
 //   mpiexec -n 7 build/examples/ensemble_fashion_mnist --layout "producers=1 members=2,2,1,1 aggregator=1"
 //   mpiexec -n 9 build/examples/ensemble_fashion_mnist --members-span wide --layout "producers=1 members=auto:6 aggregator=1"
+//   mpiexec -n 7 build/examples/ensemble_fashion_mnist --preset baseline --members-span wide --layout "members=auto:6 aggregator=0" --early-stop patience:1
 #include <flexcomm/flexcomm.hpp>
 #include <flexcomm/pipeline/presets.hpp>
 
@@ -22,6 +24,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <new>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -49,12 +53,48 @@ struct settings {
   int epochs = 3;
   std::size_t batch = 64;
   std::size_t train_images = 0;  // 0: all
+  std::size_t test_images = 0;   // 0: all
   int progress_every = 150;
   bool compare_baseline = true;
   float elastic_alpha = 1.5f;
   int slow_rank = -1;  // a world rank made slower on purpose, to find it in a trace
   int slow_ms = 0;
+  std::string early_stop;  // "patience:P", "accuracy:A" or both, comma-separated; empty: off
 };
+
+// When a member stops before the last epoch (--early-stop), judged at each epoch's end on the
+// whole test set: after `patience` epochs without a better accuracy than its best, or once its
+// accuracy reaches `accuracy` percent (good enough). Its ranks then join a member still training.
+struct stop_rule {
+  int patience = 0;     // 0: no patience rule
+  double accuracy = 0;  // percent; 0: no target
+  bool on() const { return patience > 0 || accuracy > 0; }
+};
+
+stop_rule stop_rule_of(const std::string& text) {
+  stop_rule r;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    const std::string part = text.substr(at, end - at);
+    const std::size_t colon = part.find(':');
+    const std::string name = part.substr(0, colon), value = colon == std::string::npos ? "" : part.substr(colon + 1);
+    char* rest = nullptr;
+    const double v = std::strtod(value.c_str(), &rest);
+    const bool number = !value.empty() && rest && *rest == '\0';
+    if (name == "patience" && number && v >= 1 && v == std::floor(v) && v < 1e6) {
+      r.patience = static_cast<int>(v);
+    } else if (name == "accuracy" && number && v > 0 && v <= 100) {
+      r.accuracy = v;
+    } else {
+      fc::fail("ensemble_fashion_mnist",
+               fc::cat("--early-stop: '", part, "' is not patience:P (P epochs without a better test accuracy, ",
+                       "P >= 1) or accuracy:A (test accuracy A percent reached, 0 < A <= 100)"));
+    }
+    at = end + 1;
+  }
+  return r;
+}
 
 // Members differ in width, learning rate and seed, so their errors differ and averaging helps.
 // A wide span is a heterogeneous ensemble, as a hyper-parameter search makes: the widest
@@ -82,12 +122,8 @@ class mlp {
   // The bytes of gradient memory a model of `c` needs: its four gradients, each on a cache line.
   static std::size_t gradient_bytes(const member_config& c) { return gradient_offset(c, 4) * sizeof(float); }
 
-  mlp(const member_config& c, fc::span<std::byte> gradient_memory)
-      : config_(c),
-        g_w1_(gradient(gradient_memory, 0), c.hidden, fm::pixels),
-        g_w2_(gradient(gradient_memory, 2), fm::classes, c.hidden),
-        g_b1_(gradient(gradient_memory, 1), c.hidden),
-        g_b2_(gradient(gradient_memory, 3), fm::classes) {
+  // The gradients get their memory from use_gradients(), before the first step.
+  explicit mlp(const member_config& c) : config_(c) {
     std::mt19937_64 rng(c.seed);
     auto init = [&](matrix& w, int fan_in) {
       std::normal_distribution<float> normal(0.0f, std::sqrt(2.0f / static_cast<float>(fan_in)));
@@ -103,8 +139,27 @@ class mlp {
     v_w2_ = matrix::Zero(w2_.rows(), w2_.cols());
     v_b1_ = vector::Zero(b1_.size());
     v_b2_ = vector::Zero(b2_.size());
-    for (auto* g : {&g_w1_, &g_w2_}) g->setZero();
-    for (auto* g : {&g_b1_, &g_b2_}) g->setZero();
+  }
+
+  // Where the gradients live from now on (a member's sync is made anew when other members'
+  // ranks join it, and its gradient memory with it); each step writes them before reading.
+  void use_gradients(fc::span<std::byte> memory) {
+    // Eigen's way to re-point a Map: placement new over the old one.
+    new (&g_w1_) Eigen::Map<matrix>(gradient(memory, 0), config_.hidden, fm::pixels);
+    new (&g_b1_) Eigen::Map<vector>(gradient(memory, 1), config_.hidden);
+    new (&g_w2_) Eigen::Map<matrix>(gradient(memory, 2), fm::classes, config_.hidden);
+    new (&g_b2_) Eigen::Map<vector>(gradient(memory, 3), fm::classes);
+  }
+
+  // The parameters and the optimizer's momenta, as bytes: what a hand-over sends a member's
+  // new ranks (the same parts and sizes on every rank of the member).
+  std::vector<fc::span<std::byte>> state() {
+    std::vector<fc::span<std::byte>> parts;
+    for (matrix* m : {&w1_, &w2_, &v_w1_, &v_w2_})
+      parts.emplace_back(reinterpret_cast<std::byte*>(m->data()), static_cast<std::size_t>(m->size()) * sizeof(float));
+    for (vector* v : {&b1_, &b2_, &v_b1_, &v_b2_})
+      parts.emplace_back(reinterpret_cast<std::byte*>(v->data()), static_cast<std::size_t>(v->size()) * sizeof(float));
+    return parts;
   }
 
   // Class probabilities, one column per sample.
@@ -114,9 +169,12 @@ class mlp {
   }
 
   // Forward and backward over the local samples; hands each gradient to `ready` as soon as
-  // backprop has it (output layer first). Returns the mean loss.
+  // backprop has it (output layer first). Returns the mean loss. `per_rank` is the step's samples
+  // over the member's ranks: each rank's gradient is its sum over that, so the sync's average is
+  // the step's mean even where ranks hold different counts (a split after a hand-over, a short
+  // last batch); where counts are even it equals the rank's own mean.
   template <class Ready>
-  float forward_backward(const sample_pixels& x, const std::int32_t* labels, Ready&& ready) {
+  float forward_backward(const sample_pixels& x, const std::int32_t* labels, float per_rank, Ready&& ready) {
     const auto n = x.cols();
     if (n == 0) {  // a short last batch left this rank no sample: it still takes part in the step
       for (auto* g : {&g_w1_, &g_w2_}) g->setZero();
@@ -136,7 +194,7 @@ class mlp {
       loss -= std::log(std::max(p(labels[j], j), 1e-12f));
       p(labels[j], j) -= 1.0f;  // now dLoss/dlogits * n
     }
-    p /= static_cast<float>(n);
+    p /= per_rank;
     g_w2_.noalias() = p * h.transpose();
     g_b2_ = p.rowwise().sum();
     ready(0, fc::span<float>(g_w2_.data(), static_cast<std::size_t>(g_w2_.size())));
@@ -182,10 +240,18 @@ class mlp {
   }
 
   member_config config_;
-  Eigen::Map<matrix> g_w1_, g_w2_;
-  Eigen::Map<vector> g_b1_, g_b2_;
+  Eigen::Map<matrix> g_w1_{nullptr, 0, 0}, g_w2_{nullptr, 0, 0};
+  Eigen::Map<vector> g_b1_{nullptr, 0}, g_b2_{nullptr, 0};
   matrix w1_, w2_, v_w1_, v_w2_;
   vector b1_, b2_, v_b1_, v_b2_;
+};
+
+// A member's model on this rank, and its early-stopping record: the best test accuracy so far
+// (percent) and the epochs since it improved. The record goes with the model at a hand-over.
+struct member_state {
+  explicit member_state(const member_config& c) : model(c) {}
+  mlp model;
+  double record[2] = {-1, 0};
 };
 
 double cpu_seconds() {
@@ -227,8 +293,8 @@ fm::augment_options augmentation_of(const settings& s) {
 
 // One run of the ensemble under preset P, over `comm` laid out as `layout`.
 template <class P>
-outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout& layout, const settings& s,
-                   data_sets& data, std::size_t train_count) {
+outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout& layout,
+                   const std::vector<double>& costs, const settings& s, data_sets& data, std::size_t train_count) {
   using pipeline_type = typename P::pipeline;
   P::check_layout(layout, P::name);
 
@@ -298,40 +364,91 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
     std::fflush(stdout);
   });
 
+  // Each member's model on this rank, and its early-stopping record: outside the trainer function,
+  // which the pipeline calls again for the member a stopped member's ranks join (the joiners'
+  // copy is made here, then overwritten by the member's state from its rank 0).
+  const stop_rule rule = stop_rule_of(s.early_stop);
+  std::map<int, member_state> models;
+  auto model_of = [&](int m) -> member_state& { return models.try_emplace(m, config_of(m, s)).first->second; };
+  if (rule.on())
+    pipe.on_handover({[&](int m) {
+                        auto& state = model_of(m);
+                        auto parts = state.model.state();
+                        parts.emplace_back(reinterpret_cast<std::byte*>(state.record), sizeof state.record);
+                        return parts;
+                      },
+                      costs});
+  // The member this rank was laid out in, whose slice of the test set it submits every epoch.
+  const fc::rank_role own = layout.role_of(comm.rank());
+  const std::int64_t steps_per_epoch =
+      static_cast<std::int64_t>((train_count + s.batch - 1) / s.batch);  // the short last batch kept
+
+  // At an epoch's end (after its last step): the round of this rank's own member, and whether the
+  // member stops. Every rank of a member holds the same parameters (the syncs average to the same
+  // bits on every rank: MPI's allreduce, the shared-memory reducer folding in rank order, the
+  // ring; a joiner receives the member's state from its rank 0), and the same record, so each
+  // rank scores the whole test set itself and all reach the same verdict at the same step, with
+  // no message. A member that stops submits its last probabilities for every round left; its
+  // ranks, wherever they go next, submit nothing more (every trainer submits each round once).
+  auto epoch_end = [&](auto& ctx, member_state& state, std::int64_t epoch) {
+    const auto total = static_cast<Eigen::Index>(data.test.count);
+    const bool mine = ctx.member() == own.member;
+    const auto from = total * own.rank_in_member / layout.member_size(own.member);
+    const auto to = total * (own.rank_in_member + 1) / layout.member_size(own.member);
+    bool stop = false;
+    matrix probabilities;
+    if (rule.on()) {
+      probabilities = state.model.predict(sample_pixels(data.test_pixels.data(), fm::pixels, total));
+      const auto size = static_cast<std::size_t>(probabilities.size());
+      const double a = 100 * accuracy(fc::span<const float>(probabilities.data(), size));
+      double& best = state.record[0];
+      double& stale = state.record[1];
+      stale = a > best ? 0 : stale + 1;
+      best = std::max(best, a);
+      stop = epoch + 1 < s.epochs && ((rule.patience > 0 && stale >= rule.patience) ||
+                                      (rule.accuracy > 0 && a >= rule.accuracy));
+    } else if (mine) {
+      const sample_pixels x(data.test_pixels.data() + from * fm::pixels, fm::pixels, to - from);
+      probabilities = state.model.predict(x);
+    }
+    if (!mine) return stop;
+    const float* slice = probabilities.data() + (rule.on() ? from * fm::classes : 0);
+    const fc::span<const float> round(slice, static_cast<std::size_t>((to - from) * fm::classes));
+    for (std::int64_t e = epoch; e < (stop ? s.epochs : epoch + 1); ++e) ctx.collect().submit(round);
+    return stop;
+  };
+
   auto train = [&](auto& ctx) {
     const member_config config = config_of(ctx.member(), s);
-    // Collective over the member, before its first step.
-    mlp model(config, ctx.sync().gradient_memory(mlp::gradient_bytes(config)));
+    member_state& state = model_of(ctx.member());
+    // Collective over the member, before its first step (and again when other ranks joined it).
+    state.model.use_gradients(ctx.sync().gradient_memory(mlp::gradient_bytes(config)));
+    int ranks = ctx.member_size();
     const bool report = ctx.is_aggregator();
     auto& feed = ctx.batches();
     const std::int64_t steps = feed.plan().steps();
-    // At each epoch's end, each rank predicts its slice of the test set; the member's slices
-    // concatenate in rank order, and the round goes to the aggregator without waiting for it.
-    feed.on_epoch_end([&](std::int64_t) {
-      const auto total = static_cast<Eigen::Index>(data.test.count);
-      const auto from = total * ctx.rank_in_member() / ctx.member_size();
-      const auto to = total * (ctx.rank_in_member() + 1) / ctx.member_size();
-      const sample_pixels x(data.test_pixels.data() + from * fm::pixels, fm::pixels, to - from);
-      const matrix probabilities = model.predict(x);
-      ctx.collect().submit(fc::span<const float>(probabilities.data(), static_cast<std::size_t>(probabilities.size())));
-    });
     double loss_sum = 0;
     int loss_count = 0;
     std::int64_t images_seen = 0;
     auto last = std::chrono::steady_clock::now();
     for (const fc::typed_batch& batch : feed) {
+      if (ctx.member_size() != ranks) {  // ranks joined at this step: a new sync, new gradient memory
+        ranks = ctx.member_size();
+        state.model.use_gradients(ctx.sync().gradient_memory(mlp::gradient_bytes(config)));
+      }
       const auto pixels = batch.as<float>();  // {samples, 28, 28}: a column of pixels per sample
       const sample_pixels x(pixels.data(), fm::pixels, static_cast<Eigen::Index>(batch.samples()));
       if (slow) {  // --slow-rank: a rank that computes longer, as one on a slower node would
         fc::trace::span delay("injected delay", batch.step());
         std::this_thread::sleep_for(std::chrono::milliseconds(s.slow_ms));
       }
-      const float loss = model.forward_backward(x, batch.labels<std::int32_t>().data(),
-                                                [&](int i, fc::span<float> g) { ctx.sync().ready(i, g); });
+      const float per_rank = static_cast<float>(batch.batch_samples()) / static_cast<float>(ctx.member_size());
+      const float loss = state.model.forward_backward(x, batch.labels<std::int32_t>().data(), per_rank,
+                                                      [&](int i, fc::span<float> g) { ctx.sync().ready(i, g); });
       ctx.sync().finish();
       {
         fc::trace::span update(fc::trace::names::update, batch.step());
-        model.step();
+        state.model.step();
       }
       if (batch.samples() > 0) {
         loss_sum += loss;
@@ -354,10 +471,33 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
         images_seen = 0;
         last = now;
       }
+      // A step boundary: the member stops here, on all its ranks at once, or trains on.
+      if (batch.last_in_epoch() && epoch_end(ctx, state, batch.epoch())) return ctx.finish_member();
     }
   };
 
-  pipe.run(images, train);
+  // Once, at the end, on the aggregator: how each member ended and who took its ranks.
+  auto ends = [&](auto& ctx) {
+    if (!rule.on()) return;
+    std::printf("early stopping (%s): how the members ended\n", s.early_stop.c_str());
+    for (const fc::handover_record& e : ctx.member_ends()) {
+      if (e.ended_at < 0) {
+        std::printf("  member %d trained to the end\n", e.member);
+        continue;
+      }
+      const auto epochs = static_cast<long long>(e.ended_at / steps_per_epoch);
+      if (e.joined < 0)
+        std::printf("  member %d stopped after epoch %lld (step %lld); no member took its ranks\n", e.member, epochs,
+                    static_cast<long long>(e.ended_at));
+      else
+        std::printf("  member %d stopped after epoch %lld (step %lld); its ranks joined member %d at its step %lld\n",
+                    e.member, epochs, static_cast<long long>(e.ended_at), e.joined,
+                    static_cast<long long>(e.joined_at));
+    }
+    std::fflush(stdout);
+  };
+
+  pipe.run(images, train, ends);
   barrier(comm);
   result.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   const double mine = cpu_seconds() - cpu_start;
@@ -379,7 +519,7 @@ data_sets load_data(const fc::mpi::communicator& world, const fc::ensemble_layou
     d.train.emplace(raw, 64, 1);
   }
   if (me.kind == fc::role::trainer || world.rank() == layout.aggregator()) {
-    d.test = fm::load(fm::split::test);
+    d.test = fm::load(fm::split::test, fm::default_dir(), s.test_images);
     d.test_pixels.resize(d.test.count * fm::pixels);
     const fm::augment_options plain{0, false, 0.0f};  // normalize only
     for (std::size_t i = 0; i < d.test.count; ++i)
@@ -391,10 +531,11 @@ data_sets load_data(const fc::mpi::communicator& world, const fc::ensemble_layou
 // A "members=auto:N" layout planned from the members' measured steps: each trainer rank times
 // one member's own model, built here for the warm-up and then dropped, on a few real training
 // batches of the whole batch size, alone (no communication); the plan gives a costlier member
-// more ranks. The aggregator prints the plan once; a layout with sizes is returned as written.
-fc::ensemble_layout planned(const fc::mpi::communicator& world, const fc::ensemble_layout& layout,
-                            const settings& s) {
-  if (layout.is_planned()) return layout;
+// more ranks. The aggregator prints the plan once; a layout with sizes is returned as written,
+// without costs. The costs (the same on every rank) also pick where a stopped member's ranks go.
+std::pair<fc::ensemble_layout, std::vector<double>> planned(const fc::mpi::communicator& world,
+                                                             const fc::ensemble_layout& layout, const settings& s) {
+  if (layout.is_planned()) return {layout, {}};
   // Ten timed steps: ranks that share a core take turns in slices of milliseconds, and a mean
   // over a few such slices is steadier than one over three steps of a narrow member.
   fc::measure_options measure;
@@ -416,12 +557,13 @@ fc::ensemble_layout planned(const fc::mpi::communicator& world, const fc::ensemb
     if (!model) {
       const member_config config = config_of(member, s);
       gradients.assign(mlp::gradient_bytes(config) / sizeof(float), 0.0f);
-      model.emplace(config, fc::span<std::byte>(reinterpret_cast<std::byte*>(gradients.data()),
-                                                gradients.size() * sizeof(float)));
+      model.emplace(config);
+      model->use_gradients(fc::span<std::byte>(reinterpret_cast<std::byte*>(gradients.data()),
+                                               gradients.size() * sizeof(float)));
     }
     const std::size_t first = (calls++ % batches) * s.batch;
     const sample_pixels x(pixels.data() + first * fm::pixels, fm::pixels, static_cast<Eigen::Index>(s.batch));
-    model->forward_backward(x, labels.data() + first, [](int, fc::span<float>) {});
+    model->forward_backward(x, labels.data() + first, static_cast<float>(s.batch), [](int, fc::span<float>) {});
     model->step();
   };
   const fc::layout_plan plan = fc::measure_and_plan(world, layout, step, measure);
@@ -429,7 +571,7 @@ fc::ensemble_layout planned(const fc::mpi::communicator& world, const fc::ensemb
     std::printf("%s", plan.text().c_str());
     std::fflush(stdout);
   }
-  return plan.layout;
+  return {plan.layout, plan.plan.costs};
 }
 
 }  // namespace
@@ -454,6 +596,7 @@ int main(int argc, char** argv) {
       "batch", counts::at_least<1>(&s.batch),
       "images per step and member (split over its ranks; any size, any layout)")(
       "train-images", counts::at_least<0>(&s.train_images), "use only the first N training images (0: all)")(
+      "test-images", counts::at_least<0>(&s.test_images), "score on only the first N test images (0: all)")(
       "progress-every", counts::at_least<1>(&s.progress_every), "steps between progress lines")(
       "elastic-alpha", po::value(&s.elastic_alpha)->default_value(1.5f),
       "elastic distortion in pixels (0: off), the costly part of preprocessing")(
@@ -461,7 +604,11 @@ int main(int argc, char** argv) {
       "run the baseline preset afterwards on the same members and compare CPU time")(
       "slow-rank", po::value(&s.slow_rank)->default_value(-1),
       "world rank that sleeps --slow-ms before each step's forward (a straggler for FLEXCOMM_TRACE to find)")(
-      "slow-ms", counts::at_least<0>(&s.slow_ms), "milliseconds --slow-rank sleeps per step");
+      "slow-ms", counts::at_least<0>(&s.slow_ms), "milliseconds --slow-rank sleeps per step")(
+      "early-stop", po::value(&s.early_stop)->default_value(""),
+      "patience:P (a member ends after P epochs without a better test accuracy), accuracy:A (ends once at A "
+      "percent), or both, comma-separated; its ranks then join a member still training (needs a preset whose "
+      "feed hands ranks over: baseline)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, flags), vm);
@@ -474,11 +621,26 @@ int main(int argc, char** argv) {
     if (root) std::cout << flags;
     return 0;
   }
+  // Early stopping hands a stopped member's ranks over, which not every preset's feed does yet:
+  // refused in one line, before any rank starts, rather than failing mid-run.
+  try {
+    const bool hands_over = !stop_rule_of(s.early_stop).on() || fc::presets::visit(s.preset, s.sync, [](auto preset) {
+      return fc::detail::hands_over<typename decltype(preset)::pipeline::feed_type>::value;
+    });
+    fc::check(hands_over, "ensemble_fashion_mnist",
+              fc::cat("--early-stop hands a stopped member's ranks to another member, which preset ", s.preset,
+                      "'s feed does not do yet; use --preset baseline"));
+  } catch (const fc::error& e) {
+    if (root) std::cerr << e.what() << "\n";
+    return 2;
+  }
 
   try {
     fc::check(s.members_span == "narrow" || s.members_span == "wide", "ensemble_fashion_mnist",
               fc::cat("--members-span is '", s.members_span, "'; it takes narrow or wide"));
-    const auto parsed = planned(world, fc::ensemble_layout::from_env(s.layout), s);  // members=auto:N
+    const auto plan = planned(world, fc::ensemble_layout::from_env(s.layout), s);  // members=auto:N
+    const fc::ensemble_layout& parsed = plan.first;
+    const std::vector<double>& costs = plan.second;
     parsed.validate(world.size());
     const auto layout = fc::placed_on_hosts(world, parsed);  // producers=per-host: on this job's hosts
     layout.validate(world.size());
@@ -502,7 +664,7 @@ int main(int argc, char** argv) {
                   train_count);
     std::fflush(stdout);  // the job's first line, out before set-up: a stall there follows it
     const outcome streamlined = fc::presets::visit(s.preset, s.sync, [&](auto preset) {
-      return run_preset<decltype(preset)>(world, layout, s, data, train_count);
+      return run_preset<decltype(preset)>(world, layout, costs, s, data, train_count);
     });
     if (world.rank() == layout.aggregator())
       std::printf("%s: %.1f s wall, %.1f s CPU summed over %d ranks (producers %.1f s, trainers %.1f s)\n",
@@ -517,7 +679,7 @@ int main(int argc, char** argv) {
       const int base_aggregator = layout.producers() + base_layout.aggregator();
       if (world.rank() == base_aggregator) std::printf("baseline (local_feed, allreduce after backward) on the same members:\n");
       outcome base;
-      if (trainers) base = run_preset<fc::presets::baseline<>>(trainers, base_layout, s, data, train_count);
+      if (trainers) base = run_preset<fc::presets::baseline<>>(trainers, base_layout, costs, s, data, train_count);
       barrier(world);
       if (world.rank() == base_aggregator) {
         std::printf("baseline: %.1f s wall, %.1f s CPU summed over %d ranks\n", base.wall, base.cpu, trainers.size());
