@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Early stopping and the hand-over in the main job (issue 56): six members of widths 32-512 sized
-# by members=auto:6 under the baseline preset, stopped by --early-stop; the run must end 0, at
-# least one member must stop before the last epoch with its ranks joining another member, and
-# the aggregator must print how the members ended exactly once. A preset whose feed does not
-# hand ranks over is refused in one line, exit status 2, before any training.
+# by members=auto:6, stopped by --early-stop, under the main job's default preset
+# (single_broadcast: a producer feeds them, one_to_many) and under the baseline (each member loads
+# its own, local_feed); each run must end 0, at least one member must stop before the last epoch
+# with its ranks joining another member, and the aggregator must print how the members ended
+# exactly once. A preset whose feed does not hand ranks over (all_shared) is refused in one line,
+# exit status 2, before any training.
 #   check_early_stop.sh MPIEXEC EXAMPLE EPOCHS [example arguments...]
 # MPIEXEC_FLAGS (environment): what the launcher takes before -n (Open MPI: --oversubscribe ...).
 set -uo pipefail
@@ -12,13 +14,14 @@ shift 3
 unset FLEXCOMM_LAYOUT
 status=0
 fail() { echo "$out"; echo "FAILED: $1"; status=1; }
-layout="members=auto:6 aggregator=0"
 rule="patience:1"
+for run in "single_broadcast|producers=1 members=auto:6 aggregator=1|8" "baseline|members=auto:6 aggregator=0|7"; do
+IFS='|' read -r preset layout ranks <<<"$run"
 # shellcheck disable=SC2086  # the flags are words
-out=$("$mpiexec" ${MPIEXEC_FLAGS:-} -n 7 "$example" --preset baseline --layout "$layout" --epochs "$epochs" \
-      --early-stop "$rule" "$@" 2>&1)
+out=$("$mpiexec" ${MPIEXEC_FLAGS:-} -n "$ranks" "$example" --preset "$preset" --layout "$layout" --epochs "$epochs" \
+      --early-stop "$rule" --compare-baseline false "$@" 2>&1)
 rc=$?
-what="7 ranks, '$layout', baseline, --early-stop $rule"
+what="$ranks ranks, '$layout', $preset, --early-stop $rule"
 if [ $rc != 0 ]; then
   fail "$what: exit status $rc"
 elif [ "$(grep -c "^early stopping ($rule): how the members ended$" <<<"$out")" != 1 ]; then
@@ -32,15 +35,16 @@ else
   echo "$what:"
   sed -n '/^layout /p; /^  epoch /p; /^early stopping/,$p' <<<"$out" | sed 's/^/    /'
 fi
-# The default preset, single_broadcast: its feed (one_to_many) does not hand ranks over yet.
+done
+# all_shared: its feed does not hand ranks over yet.
 # shellcheck disable=SC2086  # the flags are words
-out=$("$mpiexec" ${MPIEXEC_FLAGS:-} -n 3 "$example" --layout "producers=1 members=1 aggregator=1" \
+out=$("$mpiexec" ${MPIEXEC_FLAGS:-} -n 2 "$example" --preset all_shared --layout "members=1 aggregator=0" \
       --early-stop "$rule" "$@" 2>&1)
 rc=$?
-if [ $rc != 2 ] || [ "$(grep -c "does not do yet; use --preset baseline" <<<"$out")" != 1 ] ||
+if [ $rc != 2 ] || [ "$(grep -c "does not do yet; use --preset baseline, single_broadcast, multi_broadcast$" <<<"$out")" != 1 ] ||
    grep -q "^flexcomm ensemble" <<<"$out"; then
-  fail "single_broadcast with --early-stop: not refused in one line with exit status 2 (exit status $rc)"
+  fail "all_shared with --early-stop: not refused in one line with exit status 2 (exit status $rc)"
 else
-  echo "single_broadcast with --early-stop: refused, exit status 2 ($(head -1 <<<"$out"))"
+  echo "all_shared with --early-stop: refused, exit status 2 ($(head -1 <<<"$out"))"
 fi
 exit $status

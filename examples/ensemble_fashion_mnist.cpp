@@ -30,6 +30,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -624,12 +625,15 @@ int main(int argc, char** argv) {
   // Early stopping hands a stopped member's ranks over, which not every preset's feed does yet:
   // refused in one line, before any rank starts, rather than failing mid-run.
   try {
-    const bool hands_over = !stop_rule_of(s.early_stop).on() || fc::presets::visit(s.preset, s.sync, [](auto preset) {
-      return fc::detail::hands_over<typename decltype(preset)::pipeline::feed_type>::value;
-    });
-    fc::check(hands_over, "ensemble_fashion_mnist",
+    const auto hands_over = [&](std::string_view preset) {
+      return fc::presets::visit(preset, s.sync, [](auto p) { return decltype(p)::pipeline::can_hand_over; });
+    };
+    std::string those;
+    for (const char* name : fc::presets::names)
+      if (hands_over(name)) those += fc::cat(those.empty() ? "" : ", ", name);
+    fc::check(!stop_rule_of(s.early_stop).on() || hands_over(s.preset), "ensemble_fashion_mnist",
               fc::cat("--early-stop hands a stopped member's ranks to another member, which preset ", s.preset,
-                      "'s feed does not do yet; use --preset baseline"));
+                      "'s feed does not do yet; use --preset ", those));
   } catch (const fc::error& e) {
     if (root) std::cerr << e.what() << "\n";
     return 2;

@@ -194,6 +194,9 @@ class ensemble_pipeline {
   using backend = typename Collect::backend;
   using communicator = typename backend::communicator;
   using context = pipeline_context<ensemble_pipeline>;
+  // Whether on_handover() takes this pipeline's feed: a trainer that stops members early can
+  // choose its preset by it before any rank starts.
+  static constexpr bool can_hand_over = detail::hands_over<Feed>::value;
 
   // What a preset's `options` is too (Preset::options): the feed's (patterns/feed/vocabulary.hpp: steps,
   // shard_capacity, depth, flow; every rank must pass the same) and each member's sync's
