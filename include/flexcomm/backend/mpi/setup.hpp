@@ -28,23 +28,30 @@
 
 namespace flexcomm::detail {
 
-// The world ranks of `comm` but this one: whom a setup collective waits on.
-inline std::vector<int> world_peers_of(MPI_Comm comm) {
-  std::vector<int> out;
-  if (comm == MPI_COMM_NULL) return out;
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
-  MPI_Comm_group(comm, &mine);
+// The world ranks of `group` but this process's: whom a collective over it waits on.
+inline std::vector<int> world_peers_in(MPI_Group group) {
+  int size = 0, rank = MPI_UNDEFINED;
+  MPI_Group_size(group, &size);
+  MPI_Group_rank(group, &rank);
+  MPI_Group world = MPI_GROUP_NULL;
   MPI_Comm_group(MPI_COMM_WORLD, &world);
   std::vector<int> ranks, translated(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) ranks.push_back(r);
-  MPI_Group_translate_ranks(mine, size, ranks.data(), world, translated.data());
-  MPI_Group_free(&mine);
+  MPI_Group_translate_ranks(group, size, ranks.data(), world, translated.data());
   MPI_Group_free(&world);
+  std::vector<int> out;
   for (int r = 0; r < size; ++r)
     if (r != rank && translated[static_cast<std::size_t>(r)] != MPI_UNDEFINED) out.push_back(translated[static_cast<std::size_t>(r)]);
+  return out;
+}
+
+// The world ranks of `comm` but this one: whom a setup collective waits on.
+inline std::vector<int> world_peers_of(MPI_Comm comm) {
+  if (comm == MPI_COMM_NULL) return {};
+  MPI_Group mine = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &mine);
+  auto out = world_peers_in(mine);
+  MPI_Group_free(&mine);
   return out;
 }
 
@@ -92,20 +99,7 @@ inline MPI_Comm duplicate_of(MPI_Comm comm, const std::string& what) {
 inline MPI_Comm create_group_within(MPI_Comm comm, MPI_Group group, int tag, const std::string& what) {
   const std::string call = cat(what, ": MPI_Comm_create_group");
   const auto limit = default_timeout();
-  std::vector<int> peers;
-  {
-    int n = 0, mine = MPI_UNDEFINED;
-    MPI_Group_size(group, &n);
-    MPI_Group_rank(group, &mine);
-    MPI_Group world = MPI_GROUP_NULL;
-    MPI_Comm_group(MPI_COMM_WORLD, &world);
-    std::vector<int> ranks, translated(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r) ranks.push_back(r);
-    MPI_Group_translate_ranks(group, n, ranks.data(), world, translated.data());
-    MPI_Group_free(&world);
-    for (int r = 0; r < n; ++r)
-      if (r != mine && translated[static_cast<std::size_t>(r)] != MPI_UNDEFINED) peers.push_back(translated[static_cast<std::size_t>(r)]);
-  }
+  const std::vector<int> peers = world_peers_in(group);
   struct watch {
     std::mutex mutex;
     std::condition_variable returned;
