@@ -109,6 +109,10 @@ class stall_registry {
     return channel_;
   }
   void ask_all(stall_channel& ch, const std::vector<int>& ranks, std::chrono::milliseconds grace);
+  // Polls the asks in `open` until each is answered (`heard(rank, answer)`, which may ask more and
+  // returns false to stop), or `grace` passes; then gives up the rest, which stay in `open`.
+  template <class Heard>
+  static void await_answers(stall_channel& ch, std::set<int>& open, std::chrono::milliseconds grace, Heard&& heard);
   std::string chain_text(const std::vector<int>& start, std::chrono::milliseconds grace) const;
   std::string end_text(int r, std::chrono::milliseconds grace, bool asked) const;
   // Ranks on this host whose process is stopped or gone, with how ("stopped", "gone: dead").
@@ -251,23 +255,35 @@ inline void stall_registry::ask_all(stall_channel& ch, const std::vector<int>& r
     open.insert(r);
   };
   for (int r : ranks) ask(r);
+  await_answers(ch, open, grace, [&](int r, const stall_answer& a) {
+    known_[r] = a;
+    for (int next : a.waits_on) ask(next);
+    return true;
+  });
+  for (int r : open) known_[r] = stall_answer{};  // silent
+}
+
+template <class Heard>
+void stall_registry::await_answers(stall_channel& ch, std::set<int>& open, std::chrono::milliseconds grace,
+                                   Heard&& heard) {
   const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (!open.empty() && std::chrono::steady_clock::now() < deadline) {
+  bool going = true;
+  while (going && !open.empty() && std::chrono::steady_clock::now() < deadline) {
     ch.answer();
-    for (auto it = open.begin(); it != open.end();) {
+    // Erased before `heard` runs: it may insert the ranks the answer names.
+    for (auto it = open.begin(); going && it != open.end();) {
       stall_answer a;
       if (!ch.poll(*it, a)) {
         ++it;
         continue;
       }
-      known_[*it] = a;
+      const int r = *it;
       it = open.erase(it);
-      for (int next : a.waits_on) ask(next);
+      going = heard(r, a);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds{1});
   }
   ch.give_up();
-  for (int r : open) known_[r] = stall_answer{};  // silent
 }
 
 inline bool stall_registry::all_answer(const std::vector<int>& world_ranks, std::chrono::milliseconds grace) {
@@ -277,22 +293,11 @@ inline bool stall_registry::all_answer(const std::vector<int>& world_ranks, std:
   std::set<int> open;
   for (int r : world_ranks)
     if (r != process_rank() && open.insert(r).second) ch->ask(r);
-  const auto deadline = std::chrono::steady_clock::now() + grace;
   bool dead = false;
-  while (!open.empty() && !dead && std::chrono::steady_clock::now() < deadline) {
-    ch->answer();
-    for (auto it = open.begin(); it != open.end();) {
-      stall_answer a;
-      if (!ch->poll(*it, a)) {
-        ++it;
-        continue;
-      }
-      dead = dead || !a.answered;
-      it = open.erase(it);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  }
-  ch->give_up();
+  await_answers(*ch, open, grace, [&](int, const stall_answer& a) {
+    dead = !a.answered;
+    return a.answered;
+  });
   return open.empty() && !dead;
 }
 
