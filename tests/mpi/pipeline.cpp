@@ -539,6 +539,32 @@ std::vector<std::int64_t> everyone(const std::vector<std::int64_t>& mine) {
   return all;
 }
 
+// Every rank's deliveries as everyone() gathers them (per batch: member, step, first shard,
+// shards; -1 past a rank's last), tallied: how often each shard of each (member, step) came, and
+// whether every rank had each member's steps in order.
+struct delivery_tally {
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<int>> shards;  // (member, step) -> counts
+  bool ordered = true;
+};
+
+delivery_tally tally_of(const std::vector<std::int64_t>& all, int ranks, int shards_per_step) {
+  delivery_tally t;
+  const std::size_t per_rank = all.size() / static_cast<std::size_t>(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    std::map<std::int64_t, std::int64_t> last;  // member -> last step this rank had
+    for (std::size_t i = 0; i + 3 < per_rank; i += 4) {
+      const auto* d = all.data() + static_cast<std::size_t>(r) * per_rank + i;
+      if (d[0] < 0) break;
+      t.ordered = t.ordered && (!last.count(d[0]) || d[1] > last[d[0]]);
+      last[d[0]] = d[1];
+      auto& counts = t.shards[{d[0], d[1]}];
+      counts.resize(static_cast<std::size_t>(shards_per_step));
+      for (std::int64_t k = 0; k < d[3]; ++k) ++counts[static_cast<std::size_t>(d[2] + k)];
+    }
+  }
+  return t;
+}
+
 using handover_pipeline = fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
 // The main job's default preset's (single_broadcast): producers broadcast each step's pieces.
 using broadcast_pipeline = fc::ensemble_pipeline<fc::one_to_many<mpi>, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
@@ -691,20 +717,9 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int pro
     }
   }
   // Each member's steps: every shard once per step, each rank's steps in order; member 0 stops at 2.
-  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<int>> shards;  // (member, step) -> counts
-  const std::size_t per_rank = deliveries.size() / static_cast<std::size_t>(n);
-  for (int r = 0; r < n; ++r) {
-    std::map<std::int64_t, std::int64_t> last;  // member -> last step this rank had
-    for (std::size_t i = 0; i + 3 < per_rank; i += 4) {
-      const auto* d = deliveries.data() + static_cast<std::size_t>(r) * per_rank + i;
-      if (d[0] < 0) break;
-      ok = ok && (!last.count(d[0]) || d[1] > last[d[0]]);
-      last[d[0]] = d[1];
-      auto& counts = shards[{d[0], d[1]}];
-      counts.resize(static_cast<std::size_t>(layout.shards_per_step()));
-      for (std::int64_t k = 0; k < d[3]; ++k) ++counts[static_cast<std::size_t>(d[2] + k)];
-    }
-  }
+  const auto tally = tally_of(deliveries, n, layout.shards_per_step());
+  const auto& shards = tally.shards;
+  ok = ok && tally.ordered;
   for (int m = 0; m < layout.members(); ++m)
     for (std::int64_t s = 0; s < steps; ++s) {
       const auto it = shards.find({m, s});
@@ -809,22 +824,9 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_grows_unevenly_then_ends) {
       },
       [&](auto& ctx) { ends = ctx.member_ends(); });
   choreography.end();
-  const auto all = everyone(seen);
-  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<int>> shards;  // (member, step) -> counts
-  bool ordered = true;
-  const std::size_t per_rank = all.size() / static_cast<std::size_t>(world().size());
-  for (int r = 0; r < world().size(); ++r) {
-    std::map<std::int64_t, std::int64_t> last;
-    for (std::size_t i = 0; i + 3 < per_rank; i += 4) {
-      const auto* d = all.data() + static_cast<std::size_t>(r) * per_rank + i;
-      if (d[0] < 0) break;
-      ordered = ordered && (!last.count(d[0]) || d[1] > last[d[0]]);
-      last[d[0]] = d[1];
-      auto& counts = shards[{d[0], d[1]}];
-      counts.resize(3);
-      for (std::int64_t k = 0; k < d[3]; ++k) ++counts[static_cast<std::size_t>(d[2] + k)];
-    }
-  }
+  const auto tally = tally_of(everyone(seen), world().size(), layout.shards_per_step());
+  const auto& shards = tally.shards;
+  const bool ordered = tally.ordered;
   // How the members ended, as the aggregator (the producer) heard it.
   std::int64_t ended1 = pipe.is_aggregator() && ends.size() == 3 ? ends[1].ended_at : -1;
   mpi::iallreduce(world(), fc::span<std::int64_t>(&ended1, 1), fc::op::max).wait();
