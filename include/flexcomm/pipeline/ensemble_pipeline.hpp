@@ -265,6 +265,7 @@ class ensemble_pipeline {
       check(feed_options_.shared_memory != shared_memory_use::on, "ensemble_pipeline: on_handover",
             "one_to_many hands ranks over by message; feed_options.shared_memory (FLEXCOMM_SHM) is on");
       feed_options_.shared_memory = shared_memory_use::off;
+      feed_options_.hand_over = true;
     }
     handover_options_ = std::move(o);
   }
@@ -555,10 +556,11 @@ void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept
   sync_.emplace(member_comm_, sync_options_);
   const int n = static_cast<int>(a.ranks.size()), shards = h.shards_per_step(), r = role_.rank_in_member;
   const int first = r * shards / n;
+  const shard_range mine{first, (r + 1) * shards / n - first};
   if constexpr (detail::splits_ahead<Feed>::value) {
-    bytes_feed().reshard({first, (r + 1) * shards / n - first}, a.step, a.member);
+    bytes_feed().reshard(mine, a.step, a.member);
   } else if constexpr (detail::hands_over<Feed>::value) {
-    bytes_feed().reshard({first, (r + 1) * shards / n - first}, a.step);
+    bytes_feed().reshard(mine, a.step);
   }
   h.set_size(a.member, n);
 }

@@ -415,11 +415,11 @@ template <class B>
 void member_handover<B>::leave() {
   done();
   if (own_ >= 0 || listens_) {
-    std::string silent;
+    const auto waits_for = [&](std::size_t m) { return static_cast<int>(m) != own_ && !bye_from_[m]; };
     const auto all_left = [&] {
       poll();
       for (std::size_t m = 0; m < bye_from_.size(); ++m)
-        if (static_cast<int>(m) != own_ && !bye_from_[m]) return false;
+        if (waits_for(m)) return false;
       return true;
     };
     // A member that trains on longer than the timeout is no stall: its root still answers, and
@@ -428,8 +428,9 @@ void member_handover<B>::leave() {
     while (!default_wait().until(all_left, limit)) {
       std::vector<int> waited;
       for (std::size_t m = 0; m < bye_from_.size(); ++m)
-        if (static_cast<int>(m) != own_ && !bye_from_[m]) waited.push_back(control_.world_rank_of(roots_[m]));
+        if (waits_for(m)) waited.push_back(control_.world_rank_of(roots_[m]));
       if (stall_registry::instance().all_answer(waited, stall_grace(limit))) continue;
+      std::string silent;
       for (int r : waited) silent += cat(silent.empty() ? "" : ", ", r);
       const std::string what = "ensemble_pipeline: hand-over";
       fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) at the end: ",

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,7 +34,7 @@ inline std::vector<std::int64_t> agreement_key(bool rejected, const ensemble_lay
   }
   return {rejected ? 1 : 0, o.steps, static_cast<std::int64_t>(o.shard_capacity), o.depth,
           static_cast<std::int64_t>(o.flow.kind), o.flow.max_behind, f.folded(),
-          static_cast<std::int64_t>(o.shared_memory)};
+          static_cast<std::int64_t>(o.shared_memory), o.hand_over ? 1 : 0};
 }
 
 // What is wrong with these options on their own, or "" (the same answer on every rank).
@@ -58,8 +59,8 @@ void agree(const typename B::communicator& world, const ensemble_layout& layout,
   check(a.highest(0) == 0, feed, "another rank rejected the layout or the feed options");
   static const char* names[] = {"",           "steps",  "shard_capacity",
                                 "depth",      "flow policy", "skip_ahead n",
-                                "layout",     "shared_memory (FLEXCOMM_SHM)"};
-  for (std::size_t i = 1; i < 8; ++i)
+                                "layout",     "shared_memory (FLEXCOMM_SHM)", "hand_over"};
+  for (std::size_t i = 1; i < std::size(names); ++i)
     check(a.agreed(i), feed,
           cat("ranks disagree on ", names[i], i == 6 ? cat(" (this rank: '", layout.str(), "')") : cat(
                   ": values range from ", a.lowest(i), " to ", a.highest(i))));

@@ -191,7 +191,8 @@ class one_to_many : private detail::agreed_feed {
   std::deque<int> none_;                       // release(), fence(): the credits that answer the asked ones
   std::vector<request> none_sent_;
   // Hand-overs: a member whose split changed gets its steps as one message per rank on `joins_`
-  // (a duplicate of the world, its ranks the world's), from its producers.
+  // (a duplicate of the world, its ranks the world's), from its producers; made only under
+  // feed_options.hand_over.
   communicator joins_;
   std::function<void(std::int64_t)> between_;
   std::int64_t fence_ = std::numeric_limits<std::int64_t>::max();  // nothing posted from here
@@ -257,7 +258,7 @@ one_to_many<B>::one_to_many(const communicator& world, const ensemble_layout& la
   }
   member_comm_ = world.split(role_.kind == role::trainer ? role_.member : communicator::undefined,
                              role_.rank_in_member, cat("one_to_many member ", role_.member));
-  joins_ = world.dup("one_to_many hand-overs");
+  if (options_.hand_over) joins_ = world.dup("one_to_many hand-overs");
   setup_host_slots(world);
   if (role_.kind != role::trainer) return;
   for (const auto& credits : credit_comms_) producer_world_rank_.push_back(credits ? credits.world_rank_of(0) : -1);
@@ -804,9 +805,10 @@ void one_to_many<B>::answer_asked(std::int64_t from, int value) {
 template <class B>
 void one_to_many<B>::fence(std::int64_t at) {
   check(role_.kind == role::trainer && !released_ && !claims_ && options_.flow.kind == flow_control::policy::lockstep &&
-            !layout_.per_host() && !detail::any_shared(host_),
+            !layout_.per_host() && !detail::any_shared(host_) && options_.hand_over,
         "one_to_many: hand-over",
-        "a member's split changes only on a lockstep trainer fed by round-robin producers, by message");
+        "a member's split changes only on a lockstep trainer fed by round-robin producers, by message, under "
+        "feed_options.hand_over");
   check(at == next_post_, "one_to_many: hand-over",
         cat("the split changes at step ", at, " but this trainer has asked up to step ", next_post_));
   fence_ = at;
@@ -831,8 +833,9 @@ void one_to_many<B>::announce(int member, std::int64_t at, const std::vector<int
 
 template <class B>
 void one_to_many<B>::reshard(shard_range shards, std::int64_t from, int member) {
-  check(role_.kind == role::trainer && member >= 0 && shards.count > 0, "one_to_many: hand-over",
-        cat("reshard() to member ", member, ", ", shards.count, " shard(s): a trainer needs a member and a shard"));
+  check(role_.kind == role::trainer && member >= 0 && shards.count > 0 && options_.hand_over, "one_to_many: hand-over",
+        cat("reshard() to member ", member, ", ", shards.count, " shard(s): a trainer needs a member and a shard, and "
+            "the feed feed_options.hand_over"));
   if (!released_) {  // the member's own ranks: fenced at `from`, every step before it taken
     check(fence_ == from && next_step_ == from, "one_to_many: hand-over",
           cat("the split changes at step ", from, ", this trainer is at step ", next_step_));

@@ -43,6 +43,9 @@ struct feed_options {
   // automatic: wherever a producer shares a host with trainers it feeds; on: the same, and an
   // error where the backend has no shared memory; off: messages to every trainer (FLEXCOMM_SHM).
   shared_memory_use shared_memory = shared_memory_from_env();
+  // Whether a member's split may change mid-stream (ensemble_pipeline::on_handover sets it):
+  // one_to_many then makes the communicator a changed split's steps travel on.
+  bool hand_over = false;
 };
 
 }  // namespace flexcomm
