@@ -846,7 +846,7 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_grows_unevenly_then_ends) {
 
 // one_to_many hands over by message and in lockstep: shared memory forced on, and skip_ahead,
 // are refused, on every rank, by name.
-BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_or_skipping_is_refused) {
+BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_skipping_or_per_host_is_refused) {
   if (world().size() < 2) return;
   const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(world().size() - 1), 1), 0);
   auto options = handover_options_for<broadcast_pipeline>(2);
@@ -857,9 +857,14 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_or_skipping_is_ref
   options.feed.flow = fc::flow_control::skip_ahead(1);
   broadcast_pipeline skipping(world(), layout, options);
   const std::string skips = fc::testing::error_of([&] { skipping.on_handover({}); });
+  options.feed.flow = fc::flow_control::lockstep();
+  broadcast_pipeline per_host(world(), fc::ensemble_layout::parse(fc::cat("producers=per-host members=", world().size() - 1)),
+                              options);
+  const std::string hosts = fc::testing::error_of([&] { per_host.on_handover({}); });
   BOOST_TEST(fc::testing::all_ranks(fc::testing::contains(in_place, "hands ranks over by message") &&
-                                    fc::testing::contains(skips, "under lockstep with round-robin producers")),
-             in_place << " / " << skips);
+                                    fc::testing::contains(skips, "under lockstep flow control, not skip_ahead") &&
+                                    fc::testing::contains(hosts, "not a producer per host")),
+             in_place << " / " << skips << " / " << hosts);
 }
 
 // The typed feed hands over too (run(dataset, ...), ctx.batches()): member 0 ends after step 1

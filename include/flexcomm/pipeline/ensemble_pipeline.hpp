@@ -258,10 +258,11 @@ class ensemble_pipeline {
     if constexpr (detail::splits_ahead<Feed>::value) {
       // A changed split travels as messages: a producer learns of it from the credits, which
       // trainers reading its steps in shared memory do not send (docs/heterogeneous.md).
-      check(feed_options_.flow.kind == flow_control::policy::lockstep && !layout_.per_host(),
-            "ensemble_pipeline: on_handover",
-            "one_to_many hands ranks over under lockstep with round-robin producers (not skip_ahead, not a "
-            "producer per host)");
+      check(feed_options_.flow.kind == flow_control::policy::lockstep, "ensemble_pipeline: on_handover",
+            "one_to_many hands ranks over under lockstep flow control, not skip_ahead");
+      check(!layout_.per_host(), "ensemble_pipeline: on_handover",
+            cat("one_to_many hands ranks over with round-robin producers, not a producer per host (layout '",
+                layout_.str(), "')"));
       check(feed_options_.shared_memory != shared_memory_use::on, "ensemble_pipeline: on_handover",
             "one_to_many hands ranks over by message; feed_options.shared_memory (FLEXCOMM_SHM) is on");
       feed_options_.shared_memory = shared_memory_use::off;
