@@ -639,12 +639,44 @@ struct join_after_step_one {
   }
 };
 
+// The gradient_memory() a rank takes once, at its first member's first step, for `model`'s
+// gradients (weights, then bias); empty where the trainer keeps them in its own vectors.
+template <class Ctx>
+fc::span<float> kept_memory(Ctx& ctx) {
+  const auto bytes = ctx.sync().gradient_memory((features + 1) * sizeof(float));
+  return fc::span<float>(reinterpret_cast<float*>(bytes.data()), features + 1);
+}
+
+// One step of the test's trainer on `batch`: the gradients averaged in the model's own vectors,
+// or copied into `kept` (kept_memory()) and averaged there.
+template <class Ctx>
+void train_step(Ctx& ctx, linear_model& model, const fc::batch& batch, fc::span<float> kept) {
+  model.gradient(reinterpret_cast<const std::int8_t*>(batch.bytes().data()), batch.size() / record_bytes);
+  if (kept.empty()) {
+    ctx.sync().ready(1, fc::span<float>(model.grad_bias));
+    ctx.sync().ready(0, fc::span<float>(model.grad_weights));
+    ctx.sync().finish();
+  } else {
+    std::copy(model.grad_weights.begin(), model.grad_weights.end(), kept.data());
+    kept[features] = model.grad_bias[0];
+    ctx.sync().ready(1, kept.subspan(features, 1));
+    ctx.sync().ready(0, kept.subspan(0, features));
+    ctx.sync().finish();
+    std::copy(kept.data(), kept.data() + features, model.grad_weights.begin());
+    model.grad_bias[0] = kept[features];
+  }
+  model.step();
+}
+
 // Member 0 (one rank) ends after step 1 and joins member 1 (`sizes`: the layout's members, on the
 // world with `producers`). Member 1's parameters must match the serial run across the hand-over
 // within `tolerance` (0: bit for bit), and be the same bits on each of its ranks; every batch
-// holds the loader's bytes.
+// holds the loader's bytes. `memory_once`: every rank keeps its gradients in its first member's
+// gradient_memory(), taken once before the hand-over, so member 1's own ranks go on handing the
+// grown member's sync memory from the sync it outgrew (the joiner keeps its own vectors).
 template <class Pipeline = handover_pipeline>
-bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int producers = 0) {
+bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int producers = 0,
+                         bool memory_once = false) {
   const int n = world().size();
   const fc::ensemble_layout layout(producers, sizes, 0);
   Pipeline pipe(world(), layout, handover_options_for<Pipeline>(steps));
@@ -660,16 +692,14 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int pro
   const int before = layout.member_size(1);
   join_after_step_one choreography{before, layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
   bool same_bytes = true;
+  const int first_member = layout.role_of(world().rank()).member;
   pipe.run(load, [&](auto& ctx) {
     auto& model = models[ctx.member()];
+    const auto kept = memory_once && ctx.member() == first_member ? kept_memory(ctx) : fc::span<float>();
     while (auto batch = ctx.feed().next()) {
       seen.insert(seen.end(), {ctx.member(), batch->step(), batch->first_shard(), batch->shards()});
       same_bytes = same_bytes && as_loaded(*batch);
-      model.gradient(reinterpret_cast<const std::int8_t*>(batch->bytes().data()), batch->size() / record_bytes);
-      ctx.sync().ready(1, fc::span<float>(model.grad_bias));
-      ctx.sync().ready(0, fc::span<float>(model.grad_weights));
-      ctx.sync().finish();
-      model.step();
+      train_step(ctx, model, *batch, kept);
       if (choreography.after_step(ctx, batch->step())) return;
     }
     records = ctx.handovers();
@@ -737,6 +767,42 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int pro
 BOOST_AUTO_TEST_CASE(a_finished_member_hands_its_rank_on_with_the_state) {
   if (world().size() < 4) return;  // below: no member with room (a_member_with_nowhere_to_go_is_refused)
   BOOST_TEST(fc::testing::all_ranks(hand_over_and_check(handover_sizes(world().size()), 0)));
+}
+
+// The target's own ranks keep the gradient_memory() they took before the joiner came, and hand
+// it to the grown member's sync: the sync they outgrew is kept (retired) until run() returns, so
+// that memory stays theirs (it was freed under them before: a use-after-free). Member 1 of one
+// rank (its memory the sync's own buffer) and, at 6 ranks, of two (shared memory, unmapped
+// before). Below 4 ranks no member has room: member 0 ends with nowhere to go, and member 1's
+// ranks, with their memory taken once, match the serial run bit for bit.
+BOOST_AUTO_TEST_CASE(a_target_keeps_the_gradient_memory_it_took_before_ranks_joined) {
+  const int n = world().size();
+  if (n >= 4) {
+    BOOST_TEST(fc::testing::all_ranks(hand_over_and_check(handover_sizes(n), 0, 0, true)));
+    if (n == 6) BOOST_TEST(fc::testing::all_ranks(hand_over_and_check({1, 2, 3}, 1e-5f, 0, true)), "members=1,2,3");
+    return;
+  }
+  const fc::ensemble_layout layout(0, n == 1 ? std::vector<int>{1} : std::vector<int>{1, n - 1}, 0);
+  handover_pipeline pipe(world(), layout, handover_options_for(steps));
+  pipe.on_handover({});
+  linear_model model;
+  std::int64_t batches = 0;
+  pipe.run(load, [&](auto& ctx) {
+    const auto kept = kept_memory(ctx);
+    while (auto batch = ctx.feed().next()) {
+      ++batches;
+      train_step(ctx, model, *batch, kept);
+      if (ctx.member() == 0 && batch->step() == 1) return ctx.finish_member();
+    }
+  });
+  const int me = pipe.layout().role_of(world().rank()).member;
+  bool ok = batches == (me == 0 ? 2 : steps);
+  if (me == 1) {
+    const auto want = reference_across(layout.shards_per_step(), n - 1, n - 1, steps);
+    const auto got = model.parameters();
+    for (std::size_t i = 0; i < want.size(); ++i) ok = ok && bits(got[i]) == bits(want[i]);
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok), layout.str() << ": " << batches << " batches");
 }
 
 // A member of two learns of the joiner in its sync's per-step check word and takes it at the step
