@@ -52,6 +52,9 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "usage: run.sh [options] -- PROGRAM [ARGS...]" >&2; exit 2; }
 "$here/hosts.sh" check || exit 77
+# One run at a time per id: a second one would tear down the first one's hosts (same names).
+exec 9>"/tmp/flexcomm-cluster-$id.lock"
+flock 9
 
 # Ranks per host: "2x2" is two hosts of two, "2+1+2" three hosts of 2, 1 and 2.
 if [[ "$hosts" == *x* ]]; then
