@@ -200,6 +200,9 @@ class step_source {
   batch take(std::int64_t step, batch_assembly& assembly, const char* feed) {
     return assembly.assemble(feed, step, wait_for(step));
   }
+  // Waits until `step` is here and returns its pieces as the wire lays them (this trainer's,
+  // in shard order; valid until release(step)): all_shared repacks them for a changed split.
+  const std::vector<span<const std::byte>>& pieces(std::int64_t step) { return wait_for(step); }
   // A step the trainer skips: waited for and checked all the same, so that a loader's failure
   // still stops it there.
   void skip(std::int64_t step, const batch_assembly& assembly, const char* feed) {
