@@ -394,6 +394,7 @@ void all_shared<B>::finish_stream() {
   lent_ = -1;
   split_.reset();
   source_.drain([&] { post_free_rounds(); });
+  away_round_ = next_round_;  // nothing held: serve() has nothing left to let go of
   std::vector<typename B::request> rs;
   std::vector<int> peers;
   for (auto& s : sends_) rs.push_back(std::move(s.request)), peers.push_back(joins_.world_rank_of(s.to));
