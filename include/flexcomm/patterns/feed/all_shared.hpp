@@ -201,9 +201,17 @@ void all_shared<B>::setup_host_slots() {
   }
 }
 
+// Under hand-overs a rank that leaves by an exception does not wait in the rounds a second time
+// (each wait is a FLEXCOMM_TIMEOUT): it only stops holding the shared slots, and the job ends
+// with the error it carries.
 template <class B>
 all_shared<B>::~all_shared() {
-  if (role_.kind == role::trainer) drain();
+  if (role_.kind != role::trainer) return;
+  if (options_.hand_over && std::uncaught_exceptions() > 0) {
+    source_.leave();
+    return;
+  }
+  drain();
 }
 
 // Preprocesses this trainer's step of every round whose slot is free, and starts its allgathers.

@@ -237,13 +237,17 @@ class step_source {
     return newest;
   }
 
+  // No publisher waits for this trainer's reading in shared memory again (nothing is awaited).
+  void leave() const {
+    for (const auto& turn : shared_)
+      for (const auto& piece : turn)
+        if (piece.slots) piece.slots->leave();
+  }
   // Leaves the stream: no publisher waits for this trainer's reading again, and every entry held
   // is awaited, posting the rest (`post()`) as slots free, so that the publishers can finish.
   template <class Post>
   void drain(Post&& post) {
-    for (const auto& turn : shared_)
-      for (const auto& piece : turn)
-        if (piece.slots) piece.slots->leave();
+    leave();
     ring_.drain(post, [&](received& r, std::int64_t e) { ring_.await(r, name(e)); });
   }
 
