@@ -792,7 +792,7 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_hands_its_rank_on_with_the_state) {
 }
 
 // The same over all_shared (no producers: the members take turns loading each step for all),
-// with shared memory off and on: member 0's rank keeps its turn in every round after it ended,
+// with shared memory off and on (auto, on one host): member 0's rank keeps its turn in every round after it ended,
 // and member 1's steps from the hand-over come from member 1's layout rank by message. Below 4
 // ranks no member has room: member 0 ends with nowhere to go and takes its turn to the end of
 // the stream, which the others need. At 6 ranks also members=1,2,3 (member 1 of two grows to three).
@@ -812,7 +812,8 @@ BOOST_AUTO_TEST_CASE(an_all_shared_member_hands_its_rank_on_with_the_state) {
   const int n = world().size();
   const char* before = std::getenv("FLEXCOMM_SHM");
   const std::string kept = before ? before : "";
-  for (const char* shm : {"off", "on"}) {
+  // auto, not on: on pretend hosts (the cluster suite) a member's sync refuses "on" across hosts.
+  for (const char* shm : {"off", "auto"}) {
     shared_memory_env setting(shm);
     if (n >= 4) {
       BOOST_TEST(fc::testing::all_ranks(hand_over_and_check<shared_pipeline>(handover_sizes(n), 0)),
