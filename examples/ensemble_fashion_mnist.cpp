@@ -143,7 +143,7 @@ class mlp {
   }
 
   // Where the gradients live from now on (a member's sync is made anew when other members'
-  // ranks join it, and its gradient memory with it); each step writes them before reading.
+  // ranks join it, with gradient memory of its own); each step writes them before reading.
   void use_gradients(fc::span<std::byte> memory) {
     // Eigen's way to re-point a Map: placement new over the old one.
     new (&g_w1_) Eigen::Map<matrix>(gradient(memory, 0), config_.hidden, fm::pixels);
@@ -433,7 +433,7 @@ outcome run_preset(const fc::mpi::communicator& comm, const fc::ensemble_layout&
     std::int64_t images_seen = 0;
     auto last = std::chrono::steady_clock::now();
     for (const fc::typed_batch& batch : feed) {
-      if (ctx.member_size() != ranks) {  // ranks joined at this step: a new sync, new gradient memory
+      if (ctx.member_size() != ranks) {  // ranks joined: the new sync's memory, averaged in place
         ranks = ctx.member_size();
         state.model.use_gradients(ctx.sync().gradient_memory(mlp::gradient_bytes(config)));
       }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what flexcomm's tests need (Debian packages) if missing, configures, builds and runs
-# the suites.  Usage: tests/run.sh [plain|openmpi|asan|tsan] [--build-only | meson test arguments...]
+# the suites.  Usage: tests/run.sh [plain|openmpi|asan|tsan] [--build-only [--for-tests] | meson test arguments...]
 #   plain    the default build (CUDA code compiled when nvcc and NCCL are present), on MPICH; the
 #            fault rows at 4 ranks (asan runs them at 2, openmpi and tsan at 3: each row at 2, 3 and 4)
 #   openmpi  the same on Debian's Open MPI (installed beside MPICH), MPI tests at 1-4 ranks, the
@@ -35,7 +35,27 @@ build="build-$variant"
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "${options[@]}"
 fi
-meson compile -C "$build"
+if [ "${1:-}" = --build-only ] && [ "${2:-}" = --for-tests ]; then
+  # Only what the tests run, but the benchmarks' command lines (suite benchmarks): CI compiles the
+  # rest (the benchmarks, the CUDA-only programs: half the build) at idle priority later (.ci/run).
+  mapfile -t targets < <(python3 - "$build" <<'PY'
+import json, os, subprocess, sys
+build = sys.argv[1]
+ask = lambda what: json.loads(subprocess.check_output(["meson", "introspect", build, what]))
+needed = {d for test in ask("--tests") if "benchmarks" not in test["suite"] for d in test["depends"]}
+for target in ask("--targets"):
+    if target["id"] in needed:
+        print(*(os.path.relpath(f, build) for f in target["filename"]), sep="\n")
+PY
+)
+  ninja -C "$build" "${targets[@]}"
+  exit 0
+fi
+# The whole suite and --build-only build everything, the CUDA benchmarks too (they must compile
+# wherever nvcc is); chosen tests (meson test arguments) build what they need, as meson test does.
+if [ $# -eq 0 ] || [ "$1" = --build-only ]; then
+  meson compile -C "$build"
+fi
 [ "${1:-}" = --build-only ] && exit 0
 # The compiler's verdict on misuse does not depend on the MPI library: checked on MPICH only.
 [ "$variant" = openmpi ] && [ $# -eq 0 ] && set -- --no-suite compile_fail

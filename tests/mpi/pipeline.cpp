@@ -496,18 +496,18 @@ std::vector<int> handover_sizes(int world_size) {
   return sizes;
 }
 
-// What member m must end with when it ran on `before` ranks up to step `joined_at`, then on
-// `after` (the layout's shards split as the hand-over splits them).
-std::vector<float> reference_across(int shards, int before, int after, std::int64_t joined_at) {
+// What a member must end with when it ran step s on ranks[s] ranks (the layout's shards split as
+// the hand-over splits them), one step for each entry.
+std::vector<float> reference_over(int shards, const std::vector<int>& ranks) {
   linear_model model;
-  for (std::int64_t s = 0; s < steps; ++s) {
-    const int n = s < joined_at ? before : after;
+  for (std::size_t s = 0; s < ranks.size(); ++s) {
+    const int n = ranks[s];
     std::vector<float> sum_w, sum_b;
     for (int r = 0; r < n; ++r) {
       const int first = r * shards / n, count = (r + 1) * shards / n - first;
       std::vector<std::byte> bytes(static_cast<std::size_t>(count) * records_per_shard * record_bytes);
       for (int k = 0; k < count; ++k)
-        load(s, first + k,
+        load(static_cast<std::int64_t>(s), first + k,
              fc::span<std::byte>(bytes.data() + static_cast<std::size_t>(k) * records_per_shard * record_bytes,
                                  records_per_shard * record_bytes));
       model.gradient(reinterpret_cast<const std::int8_t*>(bytes.data()), bytes.size() / record_bytes);
@@ -526,6 +526,14 @@ std::vector<float> reference_across(int shards, int before, int after, std::int6
     model.step();
   }
   return model.parameters();
+}
+
+// What member m must end with when it ran on `before` ranks up to step `joined_at`, then on
+// `after`, for the test's `steps`.
+std::vector<float> reference_across(int shards, int before, int after, std::int64_t joined_at) {
+  std::vector<int> ranks;
+  for (std::int64_t s = 0; s < steps; ++s) ranks.push_back(s < joined_at ? before : after);
+  return reference_over(shards, ranks);
 }
 
 // Every rank's words, on every rank (rank order).
@@ -640,12 +648,44 @@ struct join_after_step_one {
   }
 };
 
+// The gradient_memory() a rank takes once, at its first member's first step, for `model`'s
+// gradients (weights, then bias); empty where the trainer keeps them in its own vectors.
+template <class Ctx>
+fc::span<float> kept_memory(Ctx& ctx) {
+  const auto bytes = ctx.sync().gradient_memory((features + 1) * sizeof(float));
+  return fc::span<float>(reinterpret_cast<float*>(bytes.data()), features + 1);
+}
+
+// One step of the test's trainer on `batch`: the gradients averaged in the model's own vectors,
+// or copied into `kept` (kept_memory()) and averaged there.
+template <class Ctx>
+void train_step(Ctx& ctx, linear_model& model, const fc::batch& batch, fc::span<float> kept) {
+  model.gradient(reinterpret_cast<const std::int8_t*>(batch.bytes().data()), batch.size() / record_bytes);
+  if (kept.empty()) {
+    ctx.sync().ready(1, fc::span<float>(model.grad_bias));
+    ctx.sync().ready(0, fc::span<float>(model.grad_weights));
+    ctx.sync().finish();
+  } else {
+    std::copy(model.grad_weights.begin(), model.grad_weights.end(), kept.data());
+    kept[features] = model.grad_bias[0];
+    ctx.sync().ready(1, kept.subspan(features, 1));
+    ctx.sync().ready(0, kept.subspan(0, features));
+    ctx.sync().finish();
+    std::copy(kept.data(), kept.data() + features, model.grad_weights.begin());
+    model.grad_bias[0] = kept[features];
+  }
+  model.step();
+}
+
 // Member 0 (one rank) ends after step 1 and joins member 1 (`sizes`: the layout's members, on the
 // world with `producers`). Member 1's parameters must match the serial run across the hand-over
 // within `tolerance` (0: bit for bit), and be the same bits on each of its ranks; every batch
-// holds the loader's bytes.
+// holds the loader's bytes. `memory_once`: every rank keeps its gradients in its first member's
+// gradient_memory(), taken once before the hand-over, so member 1's own ranks go on handing the
+// grown member's sync memory from the sync it outgrew (the joiner keeps its own vectors).
 template <class Pipeline = handover_pipeline>
-bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int producers = 0) {
+bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int producers = 0,
+                         bool memory_once = false) {
   const int n = world().size();
   const fc::ensemble_layout layout(producers, sizes, 0);
   Pipeline pipe(world(), layout, handover_options_for<Pipeline>(steps));
@@ -661,16 +701,14 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int pro
   const int before = layout.member_size(1);
   join_after_step_one choreography{before, layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
   bool same_bytes = true;
+  const int first_member = layout.role_of(world().rank()).member;
   pipe.run(load, [&](auto& ctx) {
     auto& model = models[ctx.member()];
+    const auto kept = memory_once && ctx.member() == first_member ? kept_memory(ctx) : fc::span<float>();
     while (auto batch = ctx.feed().next()) {
       seen.insert(seen.end(), {ctx.member(), batch->step(), batch->first_shard(), batch->shards()});
       same_bytes = same_bytes && as_loaded(*batch);
-      model.gradient(reinterpret_cast<const std::int8_t*>(batch->bytes().data()), batch->size() / record_bytes);
-      ctx.sync().ready(1, fc::span<float>(model.grad_bias));
-      ctx.sync().ready(0, fc::span<float>(model.grad_weights));
-      ctx.sync().finish();
-      model.step();
+      train_step(ctx, model, *batch, kept);
       if (choreography.after_step(ctx, batch->step())) return;
     }
     records = ctx.handovers();
@@ -738,6 +776,164 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int pro
 BOOST_AUTO_TEST_CASE(a_finished_member_hands_its_rank_on_with_the_state) {
   if (world().size() < 4) return;  // below: no member with room (a_member_with_nowhere_to_go_is_refused)
   BOOST_TEST(fc::testing::all_ranks(hand_over_and_check(handover_sizes(world().size()), 0)));
+}
+
+// The target's own ranks keep the gradient_memory() they took before the joiner came, and hand
+// it to the grown member's sync: the sync they outgrew is kept (retired) until run() returns, so
+// that memory stays theirs (it was freed under them before: a use-after-free). Member 1 of one
+// rank (its memory the sync's own buffer) and, at 6 ranks, of two (shared memory, unmapped
+// before). Below 4 ranks no member has room: member 0 ends with nowhere to go, and member 1's
+// ranks, with their memory taken once, match the serial run bit for bit.
+BOOST_AUTO_TEST_CASE(a_target_keeps_the_gradient_memory_it_took_before_ranks_joined) {
+  const int n = world().size();
+  if (n >= 4) {
+    BOOST_TEST(fc::testing::all_ranks(hand_over_and_check(handover_sizes(n), 0, 0, true)));
+    if (n == 6) BOOST_TEST(fc::testing::all_ranks(hand_over_and_check({1, 2, 3}, 1e-5f, 0, true)), "members=1,2,3");
+    return;
+  }
+  const fc::ensemble_layout layout(0, n == 1 ? std::vector<int>{1} : std::vector<int>{1, n - 1}, 0);
+  handover_pipeline pipe(world(), layout, handover_options_for(steps));
+  pipe.on_handover({});
+  linear_model model;
+  std::int64_t batches = 0;
+  pipe.run(load, [&](auto& ctx) {
+    const auto kept = kept_memory(ctx);
+    while (auto batch = ctx.feed().next()) {
+      ++batches;
+      train_step(ctx, model, *batch, kept);
+      if (ctx.member() == 0 && batch->step() == 1) return ctx.finish_member();
+    }
+  });
+  const int me = pipe.layout().role_of(world().rank()).member;
+  bool ok = batches == (me == 0 ? 2 : steps);
+  if (me == 1) {
+    const auto want = reference_across(layout.shards_per_step(), n - 1, n - 1, steps);
+    const auto got = model.parameters();
+    for (std::size_t i = 0; i < want.size(); ++i) ok = ok && bits(got[i]) == bits(want[i]);
+  }
+  BOOST_TEST(fc::testing::all_ranks(ok), layout.str() << ": " << batches << " batches");
+}
+
+// A member grows twice (6 ranks, members=1,1,1,3, a step of 3 shards): member 0 ends after step 1
+// and joins member 1; once member 1 trains on two ranks, member 2 ends after step 2 and joins it
+// too, at a later step. Member 1's first rank keeps the gradient_memory() it took at its first
+// step through both (two retired syncs, dropped in the order they were made). Each member's
+// steps: every shard once, each rank's in order, the loader's bytes; member 1's parameters the
+// same bits on its three ranks, those of the serial run across both hand-overs (within 1e-5, as
+// sums of three may round in another order; on one host's shared memory they were the same bits).
+BOOST_AUTO_TEST_CASE(a_member_grows_twice) {
+  if (world().size() != 6) {
+    BOOST_TEST_MESSAGE("a member that grows twice: needs 6 ranks, the world has " << world().size());
+    return;
+  }
+  constexpr std::int64_t long_steps = 16;  // on 2 busy cores the second joiner came at step 7-9 of 10
+  const fc::ensemble_layout layout(0, {1, 1, 1, 3}, 0);
+  handover_pipeline pipe(world(), layout, handover_options_for(long_steps));
+  std::map<int, linear_model> models;
+  pipe.on_handover({[&](int m) {
+                      auto& model = models[m];
+                      return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(model.weights)),
+                                                              fc::as_writable_bytes(fc::span<float>(model.bias))};
+                    },
+                    {}});
+  const int root1 = layout.trainer_rank(1, 0), root2 = layout.trainer_rank(2, 0);
+  join_after_step_one first{1, layout.trainer_rank(0, 0), root1};
+  // The second hand-over, as the first: member 2 ends once member 1 has grown (its root's word,
+  // tag 79), and member 1's root waits, one step later, for member 2's word that it has ended
+  // (tag 80), its ranks then taking 10 ms a step, so that member 1 still runs when the request comes.
+  std::int64_t token = 0, grown_at = -1;
+  bool waited = false;
+  std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
+  bool same_bytes = true;
+  std::vector<fc::handover_record> ends;
+  const int first_member = layout.role_of(world().rank()).member;
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        auto& model = models[ctx.member()];
+        const auto kept = ctx.member() == first_member ? kept_memory(ctx) : fc::span<float>();
+        while (auto batch = ctx.feed().next()) {
+          const std::int64_t step = batch->step();
+          seen.insert(seen.end(), {ctx.member(), step, batch->first_shard(), batch->shards()});
+          same_bytes = same_bytes && as_loaded(*batch);
+          train_step(ctx, model, *batch, kept);
+          if (first.after_step(ctx, step)) return;
+          if (ctx.member() == 2 && step == 2) {
+            mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root1, 79).wait();
+            ctx.finish_member();
+            mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root1, 80).wait();
+            return;
+          }
+          if (ctx.member() != 1 || ctx.member_size() != 2) continue;
+          if (ctx.rank_in_member() == 0 && grown_at < 0) {
+            grown_at = step;
+            mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root2, 79).wait();
+          } else if (ctx.rank_in_member() == 0 && !waited) {
+            mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root2, 80).wait();
+            waited = true;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      },
+      [&](auto& ctx) { ends = ctx.member_ends(); });
+  first.end();
+  if (world().rank() == root1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root2, 80).wait();
+  // Where members 0 and 2 went and from which step, as their ranks recorded it.
+  const auto& records = pipe.handovers();
+  bool ok = same_bytes;
+  std::int64_t joined[2] = {-1, -1};  // members 0 and 2 joined member 1 at
+  if (first_member == 0 || first_member == 2) {
+    const int k = first_member / 2;
+    ok = ok && records.size() == 1 && records[0].member == first_member &&
+         records[0].ended_at == (first_member == 0 ? 2 : 3) && records[0].joined == 1;
+    if (ok) joined[k] = records[0].joined_at;
+  }
+  mpi::iallreduce(world(), fc::span<std::int64_t>(joined, 2), fc::op::max).wait();
+  ok = ok && joined[0] >= 1 && joined[1] > joined[0] && joined[1] < long_steps;
+  if (pipe.is_aggregator()) {
+    ok = ok && ends.size() == 4;
+    for (int m = 0; ok && m < 4; ++m) {
+      const auto& e = ends[static_cast<std::size_t>(m)];
+      ok = e.member == m && (m == 0   ? e.ended_at == 2 && e.joined == 1 && e.joined_at == joined[0]
+                             : m == 2 ? e.ended_at == 3 && e.joined == 1 && e.joined_at == joined[1]
+                                      : e.ended_at == -1 && e.joined == -1);
+    }
+  }
+  // Member 1's three ranks: the same bits, those of the serial run on 1, then 2, then 3 ranks.
+  const int now = first_member == 3 ? 3 : 1;
+  std::vector<std::int64_t> mine{now};
+  for (const float p : models[now].parameters()) mine.push_back(bits(p));
+  const auto all = everyone(mine);
+  std::vector<int> ranks;
+  for (std::int64_t s = 0; s < long_steps; ++s) ranks.push_back(s < joined[0] ? 1 : s < joined[1] ? 2 : 3);
+  const auto want = reference_over(layout.shards_per_step(), ranks);
+  const std::size_t width = all.size() / static_cast<std::size_t>(world().size());
+  int on_member1 = 0;
+  for (int r = 0; r < world().size(); ++r) {
+    const auto* row = all.data() + static_cast<std::size_t>(r) * width;
+    if (row[0] != 1) continue;
+    ++on_member1;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      float got = 0;
+      const auto b = static_cast<std::uint32_t>(row[1 + i]);
+      std::memcpy(&got, &b, sizeof got);
+      ok = ok && row[1 + i] == all[static_cast<std::size_t>(root1) * width + 1 + i] &&
+           std::abs(got - want[i]) <= 1e-5f * (1 + std::abs(want[i]));
+    }
+  }
+  ok = ok && on_member1 == 3;
+  // Each member's steps: every shard once per step, each rank's in order.
+  const auto tally = tally_of(everyone(seen), world().size(), layout.shards_per_step());
+  ok = ok && tally.ordered;
+  for (int m = 0; m < 4; ++m)
+    for (std::int64_t s = 0; s < long_steps; ++s) {
+      const auto it = tally.shards.find({m, s});
+      const bool due = m == 0 ? s < 2 : m == 2 ? s < 3 : true;
+      ok = ok && (it != tally.shards.end()) == due &&
+           (!due || std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; }));
+    }
+  BOOST_TEST(fc::testing::all_ranks(ok), "joined at " << joined[0] << " and " << joined[1] << ", bytes " << same_bytes
+                                                      << ", ordered " << tally.ordered);
 }
 
 // A member of two learns of the joiner in its sync's per-step check word and takes it at the step
@@ -906,7 +1102,7 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_grows_unevenly_then_ends) {
 
 // one_to_many hands over by message and in lockstep: shared memory forced on, and skip_ahead,
 // are refused, on every rank, by name.
-BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_or_skipping_is_refused) {
+BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_skipping_or_per_host_is_refused) {
   if (world().size() < 2) return;
   const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(world().size() - 1), 1), 0);
   auto options = handover_options_for<broadcast_pipeline>(2);
@@ -917,9 +1113,14 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_or_skipping_is_ref
   options.feed.flow = fc::flow_control::skip_ahead(1);
   broadcast_pipeline skipping(world(), layout, options);
   const std::string skips = fc::testing::error_of([&] { skipping.on_handover({}); });
+  options.feed.flow = fc::flow_control::lockstep();
+  broadcast_pipeline per_host(world(), fc::ensemble_layout::parse(fc::cat("producers=per-host members=", world().size() - 1)),
+                              options);
+  const std::string hosts = fc::testing::error_of([&] { per_host.on_handover({}); });
   BOOST_TEST(fc::testing::all_ranks(fc::testing::contains(in_place, "hands ranks over by message") &&
-                                    fc::testing::contains(skips, "under lockstep with round-robin producers")),
-             in_place << " / " << skips);
+                                    fc::testing::contains(skips, "under lockstep flow control, not skip_ahead") &&
+                                    fc::testing::contains(hosts, "not a producer per host")),
+             in_place << " / " << skips << " / " << hosts);
 }
 
 // The typed feed hands over too (run(dataset, ...), ctx.batches()): member 0 ends after step 1

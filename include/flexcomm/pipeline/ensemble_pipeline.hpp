@@ -21,7 +21,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -131,8 +133,10 @@ class pipeline_context {
     check(pipe_.typed_.has_value(), "ensemble_pipeline", "batches() needs run(dataset, ...); this run has a byte loader");
     return *pipe_.typed_;
   }
+  // The member's sync. Made anew when ranks join the member; the one it outgrew is kept while the
+  // trainer function runs, so its gradient_memory() stays valid (docs/heterogeneous.md).
   sync_type& sync() {
-    check(pipe_.sync_.has_value(), "ensemble_pipeline", "sync() is for trainers; this rank is a producer");
+    check(pipe_.sync_ != nullptr, "ensemble_pipeline", "sync() is for trainers; this rank is a producer");
     return *pipe_.sync_;
   }
   collect_type& collect() { return pipe_.collect_; }
@@ -221,6 +225,7 @@ class ensemble_pipeline {
 
   ensemble_pipeline(const ensemble_pipeline&) = delete;
   ensemble_pipeline& operator=(const ensemble_pipeline&) = delete;
+  ~ensemble_pipeline() { drop_retired(); }
 
   const ensemble_layout& layout() const noexcept { return layout_; }
   // This rank's roles, known from construction: a trainer (else a producer), and whether it is
@@ -267,10 +272,11 @@ class ensemble_pipeline {
     if constexpr (detail::splits_ahead<Feed>::value) {
       // A changed split travels as messages: a producer learns of it from the credits, which
       // trainers reading its steps in shared memory do not send (docs/heterogeneous.md).
-      check(feed_options_.flow.kind == flow_control::policy::lockstep && !layout_.per_host(),
-            "ensemble_pipeline: on_handover",
-            "one_to_many hands ranks over under lockstep with round-robin producers (not skip_ahead, not a "
-            "producer per host)");
+      check(feed_options_.flow.kind == flow_control::policy::lockstep, "ensemble_pipeline: on_handover",
+            "one_to_many hands ranks over under lockstep flow control, not skip_ahead");
+      check(!layout_.per_host(), "ensemble_pipeline: on_handover",
+            cat("one_to_many hands ranks over with round-robin producers, not a producer per host (layout '",
+                layout_.str(), "')"));
       check(feed_options_.shared_memory != shared_memory_use::on, "ensemble_pipeline: on_handover",
             "one_to_many hands ranks over by message; feed_options.shared_memory (FLEXCOMM_SHM) is on");
       feed_options_.shared_memory = shared_memory_use::off;
@@ -344,6 +350,7 @@ class ensemble_pipeline {
   bool join();
   void adopt(const detail::handover_accept& a);
   void exchange_state(const communicator& comm, int member);
+  void drop_retired() noexcept;
 
   ensemble_layout layout_;
   rank_role role_;
@@ -354,7 +361,10 @@ class ensemble_pipeline {
   std::optional<typed_feed<Feed>> typed_;  // made by run(dataset, ...)
   std::function<void(bool wait)> rounds_;  // on_round's collection
   Collect collect_;
-  std::optional<Sync> sync_;
+  std::unique_ptr<Sync> sync_;
+  // The syncs this rank's member outgrew while its trainer function ran on (adopt), oldest first:
+  // their gradient_memory() is still the trainer's.
+  std::deque<std::unique_ptr<Sync>> retired_;
   bool ran_ = false;
   sync_options sync_options_;
   std::optional<handover_options> handover_options_;
@@ -379,7 +389,7 @@ ensemble_pipeline<Feed, Sync, Collect>::ensemble_pipeline(const communicator& wo
       feed_options_(opt.feed),
       collect_(world, layout_),
       sync_options_(opt.sync) {
-  if (role_.kind == role::trainer) sync_.emplace(member_comm_, opt.sync);
+  if (role_.kind == role::trainer) sync_ = std::make_unique<Sync>(member_comm_, opt.sync);
 }
 
 template <class Feed, class Sync, class Collect>
@@ -418,6 +428,7 @@ void ensemble_pipeline<Feed, Sync, Collect>::run_roles(Train& train, Aggregate& 
     }
   } else {
     train_members(train, ctx);
+    drop_retired();  // no trainer function holds their memory any more
     if (handover_) handover_->done();
     // A trainer that returned before the end of a shared stream lets the producers go on without it.
     if constexpr (detail::releases<Feed>::value) {
@@ -564,12 +575,21 @@ void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept
   const int me = feed_world_.rank();
   communicator comm = h.form(a, me);
   exchange_state(comm, a.member);
-  sync_.reset();
+  // The target's own ranks go on in the same trainer function, which may hold spans of the old
+  // sync's gradient_memory() and hand them to the new one (averaged as its own vectors are): the
+  // old sync is retired, not dropped, while that function runs. A joiner's trainer function has
+  // returned: its syncs go now, as its old member's other ranks' do.
+  if (role_.member == a.member) {
+    retired_.push_back(std::move(sync_));
+  } else {
+    drop_retired();
+    sync_.reset();
+  }
   member_comm_ = std::move(comm);
   member_ranks_ = a.ranks;
   role_.member = a.member;
   role_.rank_in_member = static_cast<int>(std::find(a.ranks.begin(), a.ranks.end(), me) - a.ranks.begin());
-  sync_.emplace(member_comm_, sync_options_);
+  sync_ = std::make_unique<Sync>(member_comm_, sync_options_);
   const int n = static_cast<int>(a.ranks.size()), shards = h.shards_per_step(), r = role_.rank_in_member;
   const int first = r * shards / n;
   const shard_range mine{first, (r + 1) * shards / n - first};
@@ -581,6 +601,18 @@ void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept
     bytes_feed().reshard(mine, a.step);
   }
   h.set_size(a.member, n);
+}
+
+// Oldest first, as they were made. Dropping a sync frees its communicators (MPI_Comm_free, which
+// MPI calls collective; nccl's ncclCommFinalize flushes work its peers take part in), so the
+// ranks must drop their retired syncs in one order that no two of them can cross: the order they
+// made them in is one (each was made collectively, so every rank of it agrees on it). Its shared
+// memory goes by a local munmap, and no bucket is in flight after a finish(). A retired sync's
+// ranks are all still in this member (a member only grows, and its ranks leave it together), so
+// they all come here at the same point: the end of their trainer function, or leaving the member.
+template <class Feed, class Sync, class Collect>
+void ensemble_pipeline<Feed, Sync, Collect>::drop_retired() noexcept {
+  while (!retired_.empty()) retired_.pop_front();
 }
 
 // The member's state, from its rank 0 to every rank, once all agree on its parts' sizes.
