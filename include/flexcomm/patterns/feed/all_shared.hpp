@@ -16,6 +16,8 @@
 
 #include "../../core/error.hpp"
 #include "../../core/layout.hpp"
+#include "../../core/stall.hpp"
+#include "../../core/wait.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
 #include "agreement.hpp"
@@ -372,14 +374,25 @@ batch all_shared<B>::changed_step(std::int64_t step) {
   }
   std::vector<char> done(receives.size(), 0);
   const auto limit = default_timeout();
-  const bool all = default_wait().until(
+  waiting_note note;  // peers following a stall through this rank learn whom it waits on
+  const auto owed = [&] {
+    std::vector<int> out;
+    for (std::size_t i = 0; i < receives.size(); ++i)
+      if (!done[i]) out.push_back(joins_.world_rank_of(peers[i]));
+    return out;
+  };
+  const bool all = wait_answering(
+      default_wait(), limit,
       [&] {
         serve();
         bool out = true;
         for (std::size_t i = 0; i < receives.size(); ++i) out = (done[i] = done[i] || receives[i].test()) && out;
         return out;
       },
-      limit);
+      [&] {
+        note.set(cat(what, ": step ", step, " of member ", x.member, "'s changed split"), owed());
+        detail::answer_watchdog();
+      });
   if (!all) {
     std::string silent;
     for (std::size_t i = 0; i < receives.size(); ++i)
