@@ -6,7 +6,8 @@
 //   mpiexec -n N adapter_fault <fault>
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
 //           gradient-order sync-stall sync-stall-messages claim-stall claim-dies claim-stall-messages
-//           claim-dies-messages claim-stall-hosts claim-dies-hosts handover-stall handover-dies bye-dies
+//           claim-dies-messages claim-stall-hosts claim-dies-hosts handover-stall handover-dies
+//           handover-stall-shared handover-dies-shared bye-dies
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -114,15 +115,18 @@ bool run_bye(const mpi::communicator& world, std::chrono::steady_clock::time_poi
 // stalls in its state callback for 4x the timeout (as under SIGSTOP; handover-dies: ends its
 // process there) once their communicator is made: member 0's rank, sending it the state, names
 // it. Member 0 takes 30 ms a step, so that it still runs when the request comes.
+// Feed: local_feed, or all_shared (handover-*-shared: the other members need the joining rank's
+// turn in every round, so they wait on it too, and each names it or its wait within the timeout).
+template <class Feed>
 bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady_clock::time_point& start) {
   const int n = world.size();
   std::vector<int> sizes{1, 2};
   for (int left = n - 3; left > 0; --left) sizes.push_back(1);
-  fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>::options options;
+  using pipeline = fc::ensemble_pipeline<Feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
+  typename pipeline::options options;
   options.feed.steps = 40;
   options.feed.shard_capacity = capacity;
-  fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>> pipe(
-      world, fc::ensemble_layout(0, sizes, 0), options);
+  pipeline pipe(world, fc::ensemble_layout(0, sizes, 0), options);
   const bool faulty = world.rank() == n - 1;
   std::vector<float> weights(16, 1.0f);
   pipe.on_handover({[&](int) {
@@ -248,7 +252,9 @@ int main(int argc, char** argv) {
   try {
     const bool ok = fault.rfind("sync", 0) == 0 || fault == "gradient-order" ? run_sync(world, fault, start)
                     : fault.rfind("claim", 0) == 0                           ? run_adaptive(world, fault, start)
-                    : fault.rfind("handover", 0) == 0 ? run_handover(world, fault == "handover-dies", start)
+                    : fault.rfind("handover", 0) == 0 && fault.find("-shared") != std::string::npos
+                        ? run_handover<fc::all_shared<mpi>>(world, fault.find("dies") != std::string::npos, start)
+                    : fault.rfind("handover", 0) == 0 ? run_handover<fc::local_feed>(world, fault == "handover-dies", start)
                     : fault == "bye-dies"                ? run_bye(world, start)
                                                                              : run_feed(world, fault, start);
     report(rank, ok ? "finished every step" : "WRONG DATA");

@@ -245,6 +245,19 @@ FAULTS = {
         mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
         expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
         reports='as handover-stall: rank 0 names world rank {f}'),
+    # The same under all_shared: every other rank needs the joining rank's turn in the rounds too.
+    'handover-stall-shared': dict(
+        driver='adapter', what="handover-stall under all_shared (the members take turns loading every step: each "
+                               "waits on rank {f}'s turn too)", min_ranks=4,
+        mpiexec=[], survivors='target', kind='timeout', guards=False,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
+        reports='as handover-stall: rank 0 names world rank {f}'),
+    'handover-dies-shared': dict(
+        driver='adapter', what="handover-dies under all_shared (mpiexec told to keep the job: {keep_going})",
+        min_ranks=4,
+        mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
+        reports='as handover-stall: rank 0 names world rank {f}'),
     # The end of a run with hand-overs: a root that waits for the others' byes past the timeout
     # waits on while they answer (a member that trains longer is no stall); one that died is named.
     'bye-dies': dict(

@@ -1078,3 +1078,137 @@ BOOST_AUTO_TEST_CASE(adaptive_refuses_skip_ahead_on_every_rank) {
   });
   BOOST_TEST(all_ranks(contains(e, "adaptive: flow_control::skip_ahead is one_to_many's")), e);
 }
+
+// all_shared hands a finished member's ranks on (docs/heterogeneous.md): the ranks of a member
+// that ends step aside (they keep their turn in every round, reading none) and, where a member
+// has room, train it from a step on; its steps then come from its layout ranks by message.
+namespace {
+
+// Member `finished` ends after `ended` steps; member `target` (-1: none has room) takes its
+// ranks from its step `from` on. In the order they happen in each member.
+struct handover_plan {
+  int finished, target;
+  std::int64_t ended, from;
+};
+
+std::vector<handover_plan> handover_plans(int n) {
+  switch (n) {
+    case 2: return {{0, -1, 3, 0}};                   // members=1,1: a step of one shard, no room
+    case 3: return {{0, -1, 3, 0}};                   // members=1,2: 3 ranks for a step of 2 shards
+    case 4: return {{0, 1, 5, 3}};                    // members=1,1,2: member 1 takes it behind member 0
+    case 5: return {{0, 1, 2, 4}, {3, -1, 6, 0}};     // members=1,1,2,1: ahead; then member 3 has nowhere to go
+    case 6: return {{0, 2, 2, 4}, {1, 2, 7, 9}};      // members=1,2,3: member 2 grows to 4 ranks (uneven), then 6
+    default: return {};
+  }
+}
+std::vector<int> handover_members(int n) {
+  switch (n) {
+    case 1: return {1};
+    case 2: return {1, 1};
+    case 3: return {1, 2};
+    case 4: return {1, 1, 2};
+    case 5: return {1, 1, 2, 1};
+    default: return {1, 2, 3};
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(all_shared_hands_a_finished_members_ranks_on) {
+  const int n = world().size();
+  if (n > 6) return;
+  const fc::ensemble_layout layout(0, handover_members(n), 0);
+  const auto plans = handover_plans(n);
+  const int shards = layout.shards_per_step(), members = layout.members();
+  // Each plan's ranks, world ranks in member order (the target's, then the joiners').
+  std::vector<std::vector<int>> ranks(static_cast<std::size_t>(members)), joined(plans.size());
+  for (int m = 0; m < members; ++m)
+    for (int r = 0; r < layout.member_size(m); ++r) ranks[static_cast<std::size_t>(m)].push_back(layout.trainer_rank(m, r));
+  for (std::size_t p = 0; p < plans.size(); ++p) {
+    auto& from = ranks[static_cast<std::size_t>(plans[p].finished)];
+    if (plans[p].target >= 0) {
+      joined[p] = ranks[static_cast<std::size_t>(plans[p].target)];
+      joined[p].insert(joined[p].end(), from.begin(), from.end());
+      ranks[static_cast<std::size_t>(plans[p].target)] = joined[p];
+    }
+    from.clear();
+  }
+  const std::int64_t steps = 23;
+  for (const auto shm : {fc::shared_memory_use::off, fc::shared_memory_use::automatic})
+    for (const std::int64_t depth : {1, 2}) {
+      if (shm != fc::shared_memory_use::off && shared_memory_off_by_environment()) continue;
+      fc::feed_options options;
+      options.steps = steps;
+      options.shard_capacity = 24;
+      options.depth = depth;
+      options.shared_memory = shm;
+      options.hand_over = true;
+      fc::all_shared<fc::mpi> feed(world(), layout, test_loader(options.shard_capacity), options);
+      const auto role = layout.role_of(world().rank());
+      int member = role.member;
+      fc::shard_range mine = layout.shards_of(role.member, role.rank_in_member);
+      std::vector<char> applied(plans.size(), 0);
+      // counts[(m * steps + s) * shards + k]: how often shard k of member m's step s came.
+      std::vector<std::int64_t> counts(static_cast<std::size_t>(members * steps * shards), 0);
+      std::map<int, std::int64_t> last;  // member -> the last step this rank had of it
+      // One host: the automatic setting puts every piece's round in shared memory.
+      bool ok = feed.shared_memory() == (shm != fc::shared_memory_use::off && members > 1), trains = true;
+      std::string error;
+      try {
+        while (trains) {
+          const std::int64_t at = feed.position();
+          bool changed = false;
+          for (std::size_t p = 0; p < plans.size() && !changed; ++p) {
+            const auto& plan = plans[p];
+            if (applied[p]) continue;
+            const auto& into = joined[p];
+            const auto me = std::find(into.begin(), into.end(), world().rank());
+            const int r = static_cast<int>(me - into.begin()), k = static_cast<int>(into.size());
+            const fc::shard_range share{r * shards / std::max(k, 1), (r + 1) * shards / std::max(k, 1) - r * shards / std::max(k, 1)};
+            if (member == plan.finished && at == plan.ended) {
+              applied[p] = 1;
+              changed = true;
+              feed.step_aside();
+              if (plan.target < 0) {
+                feed.release();
+                trains = false;
+                continue;
+              }
+              feed.reshard(share, plan.from, plan.target, into);
+              member = plan.target;
+              mine = share;
+            } else if (member == plan.target && at == plan.from) {
+              applied[p] = 1;
+              changed = true;
+              feed.reshard(share, plan.from, plan.target, into);
+              mine = share;
+            }
+          }
+          if (!trains) break;
+          if (changed) continue;  // another plan may apply at the same position
+          const auto batch = feed.next();
+          if (!batch) break;
+          ok = ok && batch_is_exact(*batch, mine, options.shard_capacity) &&
+               (!last.count(member) || batch->step() == last[member] + 1) && (last.count(member) || batch->step() == 0 || member != role.member);
+          last[member] = batch->step();
+          for (int k = 0; k < batch->shards(); ++k)
+            ++counts[static_cast<std::size_t>((member * steps + batch->step()) * shards + batch->first_shard() + k)];
+        }
+      } catch (const fc::error& e) {
+        ok = false;
+        error = e.what();
+      }
+      fc::mpi::iallreduce(world(), fc::span<std::int64_t>(counts), fc::op::sum).wait();
+      // Member m's steps: each shard once up to where it ended (its plan), none after.
+      for (int m = 0; m < members; ++m) {
+        std::int64_t end = steps;
+        for (const auto& plan : plans)
+          if (plan.finished == m) end = plan.ended;
+        for (std::int64_t s = 0; s < steps; ++s)
+          for (int k = 0; k < shards; ++k)
+            ok = ok && counts[static_cast<std::size_t>((m * steps + s) * shards + k)] == (s < end ? 1 : 0);
+      }
+      BOOST_TEST(all_ranks(ok), "members " << layout.str() << " depth " << depth << " shared memory "
+                                           << fc::name_of(shm) << " (this rank: " << error << ")");
+    }
+}

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -984,6 +985,65 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_hands_its_rank_on_with_the_state) {
                                              ends[0].ended_at == 2 && ends[0].joined == -1);
   BOOST_TEST(fc::testing::all_ranks(heard && (role.kind == fc::role::producer || (same_bytes && seen == want))),
              layout.str());
+}
+
+// The same over all_shared (no producers: the members take turns loading each step for all),
+// with shared memory off and on (auto, on one host): member 0's rank keeps its turn in every round after it ended,
+// and member 1's steps from the hand-over come from member 1's layout rank by message. Below 4
+// ranks no member has room: member 0 ends with nowhere to go and takes its turn to the end of
+// the stream, which the others need. At 6 ranks also members=1,2,3 (member 1 of two grows to three).
+namespace {
+using shared_pipeline = fc::ensemble_pipeline<fc::all_shared<mpi>, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
+
+// While alive, FLEXCOMM_SHM is `value` on every rank (the feed options' default).
+struct shared_memory_env {
+  explicit shared_memory_env(const char* value) { setenv("FLEXCOMM_SHM", value, 1); }
+  ~shared_memory_env() { unsetenv("FLEXCOMM_SHM"); }
+  shared_memory_env(const shared_memory_env&) = delete;
+  shared_memory_env& operator=(const shared_memory_env&) = delete;
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(an_all_shared_member_hands_its_rank_on_with_the_state) {
+  const int n = world().size();
+  const char* before = std::getenv("FLEXCOMM_SHM");
+  const std::string kept = before ? before : "";
+  // auto, not on: on pretend hosts (the cluster suite) a member's sync refuses "on" across hosts.
+  for (const char* shm : {"off", "auto"}) {
+    shared_memory_env setting(shm);
+    if (n >= 4) {
+      BOOST_TEST(fc::testing::all_ranks(hand_over_and_check<shared_pipeline>(handover_sizes(n), 0)),
+                 "FLEXCOMM_SHM=" << shm);
+      if (n == 6)
+        BOOST_TEST(fc::testing::all_ranks(hand_over_and_check<shared_pipeline>({1, 2, 3}, 1e-5f)),
+                   "members=1,2,3 FLEXCOMM_SHM=" << shm);
+      continue;
+    }
+    // members=1, 1,1 or 1,2: a step has too few shards for member 0's rank to join another.
+    const fc::ensemble_layout layout(0, n == 1 ? std::vector<int>{1} : std::vector<int>{1, n - 1}, 0);
+    shared_pipeline pipe(world(), layout, handover_options_for<shared_pipeline>(7));
+    pipe.on_handover({});
+    std::vector<std::int64_t> seen;
+    bool same_bytes = true;
+    std::vector<fc::handover_record> ends;
+    pipe.run(
+        load,
+        [&](auto& ctx) {
+          while (auto batch = ctx.feed().next()) {
+            seen.push_back(batch->step());
+            same_bytes = same_bytes && as_loaded(*batch);
+            if (ctx.member() == 0 && batch->step() == 1) return ctx.finish_member();
+          }
+        },
+        [&](auto& ctx) { ends = ctx.member_ends(); });
+    const auto role = pipe.layout().role_of(world().rank());
+    std::vector<std::int64_t> want;
+    for (std::int64_t s = 0; s < (role.member == 0 ? 2 : 7); ++s) want.push_back(s);
+    const bool heard = world().rank() != 0 || (ends.size() == static_cast<std::size_t>(layout.members()) &&
+                                               ends[0].ended_at == 2 && ends[0].joined == -1);
+    BOOST_TEST(fc::testing::all_ranks(heard && same_bytes && seen == want), layout.str() << " FLEXCOMM_SHM=" << shm);
+  }
+  if (!kept.empty()) setenv("FLEXCOMM_SHM", kept.c_str(), 1);
 }
 
 // An uneven split over one_to_many, then its end (6 ranks: one producer, members=1,1,3, a step

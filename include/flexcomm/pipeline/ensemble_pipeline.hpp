@@ -66,7 +66,7 @@ struct round_element<R (C::*)(Round, gathered<T>&) const> { using type = T; };
 template <class C, class R, class Round, class T>
 struct round_element<R (C::*)(Round, gathered<T>&)> { using type = T; };
 
-// Feeds that can hand a finished member's ranks on (local_feed, one_to_many): a hook at each step, a new
+// Feeds that can hand a finished member's ranks on (local_feed, one_to_many, all_shared): a hook at each step, a new
 // split from a given step, and where the stream is (pipeline/handover.hpp).
 template <class T, class = void> struct hands_over : std::false_type {};
 template <class T>
@@ -80,6 +80,14 @@ template <class T, class = void> struct splits_ahead : std::false_type {};
 template <class T>
 struct splits_ahead<T, std::void_t<decltype(std::declval<T&>().fence(std::int64_t{})),
                                    decltype(std::declval<T&>().first_unasked())>> : std::true_type {};
+
+// Feeds whose ranks take turns loading every step for all members (all_shared): a rank whose
+// member ended keeps its turn (step_aside(), then serve() in the hand-over's waits), and a
+// grown member's split names its ranks (pipeline/handover.hpp).
+template <class T, class = void> struct takes_turns : std::false_type {};
+template <class T>
+struct takes_turns<T, std::void_t<decltype(std::declval<T&>().step_aside()), decltype(std::declval<T&>().serve())>>
+    : std::true_type {};
 
 // Feeds whose trainer can leave the stream early (one_to_many): a member that ended stops
 // holding the producers back (release()).
@@ -259,7 +267,8 @@ class ensemble_pipeline {
     check(!ran_, "ensemble_pipeline", "on_handover() goes before run()");
     // Refused here, before run() makes the feed: a feed made and never run would wait for its stream.
     check(detail::hands_over<Feed>::value, "ensemble_pipeline: on_handover",
-          "this feed does not hand ranks over yet (local_feed and one_to_many do)");
+          "this feed does not hand ranks over yet (local_feed, one_to_many and all_shared do)");
+    if constexpr (detail::takes_turns<Feed>::value) feed_options_.hand_over = true;  // its parts' communicator
     if constexpr (detail::splits_ahead<Feed>::value) {
       // A changed split travels as messages: a producer learns of it from the credits, which
       // trainers reading its steps in shared memory do not send (docs/heterogeneous.md).
@@ -461,6 +470,8 @@ void ensemble_pipeline<Feed, Sync, Collect>::start_handover() {
     for (int r = 0; r < layout_.member_size(role_.member); ++r)
       member_ranks_.push_back(layout_.trainer_rank(role_.member, r));
     bytes_feed().between_steps([this](std::int64_t step) { between_steps(step); });
+    // A rank waiting in the hand-over still takes its turn in the rounds, which the others need.
+    if constexpr (detail::takes_turns<Feed>::value) handover_->while_waiting([this] { bytes_feed().serve(); });
   }
 }
 
@@ -539,7 +550,12 @@ bool ensemble_pipeline<Feed, Sync, Collect>::join() {
   const int finished = role_.member;
   // Its own stream ends here (one_to_many: the producers stop asking it), before it waits for
   // a target that may need those producers to reach the step it joins at.
-  if constexpr (detail::releases<Feed>::value) bytes_feed().release();
+  // all_shared: its turn in the rounds goes on, unread (every member needs it to the end).
+  if constexpr (detail::takes_turns<Feed>::value) {
+    bytes_feed().step_aside();
+  } else if constexpr (detail::releases<Feed>::value) {
+    bytes_feed().release();
+  }
   const auto a = role_.rank_in_member == 0 ? h.negotiate(finished, member_ranks_, target_)
                                            : h.outcome(member_ranks_.front());
   h.records().push_back({finished, finished_at_, a.member, a.step});
@@ -577,7 +593,9 @@ void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept
   const int n = static_cast<int>(a.ranks.size()), shards = h.shards_per_step(), r = role_.rank_in_member;
   const int first = r * shards / n;
   const shard_range mine{first, (r + 1) * shards / n - first};
-  if constexpr (detail::splits_ahead<Feed>::value) {
+  if constexpr (detail::takes_turns<Feed>::value) {
+    bytes_feed().reshard(mine, a.step, a.member, a.ranks);
+  } else if constexpr (detail::splits_ahead<Feed>::value) {
     bytes_feed().reshard(mine, a.step, a.member);
   } else if constexpr (detail::hands_over<Feed>::value) {
     bytes_feed().reshard(mine, a.step);

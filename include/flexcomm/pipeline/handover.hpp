@@ -82,8 +82,10 @@ class member_handover {
   void set_size(int member, int n) { sizes_[static_cast<std::size_t>(member)] = n; }
 
   // On a root, once per step (and inside every wait here): answers what arrived; a finished
-  // member asking to join this running member becomes pending().
+  // member asking to join this running member becomes pending(). On every rank first: `each()`
+  // of while_waiting (all_shared: the rank's turn in the rounds, which the others need).
   void poll();
+  void while_waiting(std::function<void()> each) { waiting_ = std::move(each); }
   const std::optional<std::vector<std::int64_t>>& pending() const noexcept { return pending_; }
   // The running member's root takes the pending joiners at `step`: tells its member's other
   // ranks and the finished member's root, and returns the new member.
@@ -140,6 +142,7 @@ class member_handover {
   std::deque<std::pair<std::vector<std::int64_t>, typename B::request>> sent_;
   std::vector<handover_record> records_;
   std::vector<handover_record> ends_;  // per member, as its root's bye said
+  std::function<void()> waiting_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -221,6 +224,7 @@ void member_handover<B>::serve(int m) {
 
 template <class B>
 void member_handover<B>::poll() {
+  if (waiting_) waiting_();
   if (own_ < 0 && !listens_) return;
   while (const auto source = B::probe(control_, inbox_tag)) {
     const auto root = std::find(roots_.begin(), roots_.end(), *source);

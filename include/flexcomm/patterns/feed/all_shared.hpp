@@ -6,7 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,10 +16,13 @@
 
 #include "../../core/error.hpp"
 #include "../../core/layout.hpp"
+#include "../../core/stall.hpp"
+#include "../../core/wait.hpp"
 #include "../../backend/contract.hpp"
 #include "vocabulary.hpp"
 #include "agreement.hpp"
 #include "../../backend/shm/feed/host_slots.hpp"
+#include "split_change.hpp"
 #include "step_source.hpp"
 #include "wire.hpp"
 
@@ -61,13 +66,40 @@ class all_shared : private detail::agreed_feed {
   // Whether some piece of this trainer's goes round in shared memory.
   bool shared_memory() const noexcept { return detail::any_shared(host_); }
 
+  // A member that finishes early hands its ranks on (pipeline/handover.hpp; options.hand_over,
+  // which on_handover() sets). The pieces and their owners never change: a rank whose member
+  // ended keeps its turn in every round (step_aside()), and a member that grew gets its steps
+  // from its own first ranks by message (reshard()). docs/heterogeneous.md says why.
+  // `each(step)` runs at the top of each next(), before the step is taken; it may reshard().
+  void between_steps(std::function<void(std::int64_t step)> each) { between_ = std::move(each); }
+  // The next step next() delivers (of the member this trainer trains now).
+  std::int64_t position() const noexcept { return next_step_; }
+  // This trainer reads its own member's stream no more, but keeps its turn in every round left
+  // (its member's steps loaded, its part in the allgathers and the shared slots), whenever the
+  // feed is called: next() of the member it joins, serve() in the pipeline's waits, release().
+  void step_aside();
+  // Takes part in the rounds without waiting: posts those whose slots are free and, after
+  // step_aside(), lets go of those that arrived.
+  void serve();
+  // From step `from` on, this trainer trains `member`, whose world ranks (member order: the
+  // layout's first, then those that joined) are `ranks`, on `shards` ([r*L/n, (r+1)*L/n) for
+  // its index r): each step's shards come from the member's layout ranks, which hold them in
+  // their pieces, as one message per holder (none from itself). Every rank in `ranks` calls it
+  // with the same `from`.
+  void reshard(shard_range shards, std::int64_t from, int member = -1, const std::vector<int>& ranks = {});
+  // A trainer done for good takes its part in every round left, so that the others can finish
+  // (a member that ended with nowhere to go); after it, next() is not called again.
+  void release();
+
  private:
   using source = detail::step_source<B>;
 
   void setup_host_slots();
   void setup_source();
-  void post_free_rounds();
+  void post_free_rounds(bool wait = true);
   void drain() noexcept;
+  void finish_stream();
+  batch changed_step(std::int64_t step);
   std::size_t rounds_in_flight() const {
     return static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(options_.depth, rounds_)));
   }
@@ -80,6 +112,31 @@ class all_shared : private detail::agreed_feed {
   detail::batch_assembly assembly_;          // this trainer's pieces, and its batches made of them
   source source_;
   std::int64_t next_round_ = 0, next_step_ = 0, lent_ = -1;
+
+  // The hand-over. A changed split: which member, from which step, its ranks, this rank's
+  // index, and this rank's shards as parts, one per holder (parts[i] from world rank from[i]).
+  struct changed_split {
+    int member = -1;
+    std::int64_t from = 0;
+    std::vector<int> ranks;
+    int me = -1;
+    std::vector<detail::piece> parts;
+    std::vector<int> holders;
+    std::vector<std::vector<std::byte>> in;  // per part
+    detail::batch_assembly assembly;
+  };
+  std::function<void(std::int64_t)> between_;
+  communicator joins_;                        // a duplicate of the world, under options.hand_over
+  std::optional<changed_split> split_;
+  bool away_ = false;                         // step_aside(): the own stream's rounds are not read
+  std::int64_t away_round_ = 0;               // the oldest round of it still held
+  std::vector<detail::piece> own_pieces_;     // this trainer's pieces, for repacking them
+  struct part_sent {
+    std::vector<std::byte> bytes;
+    typename B::request request;
+    int to = -1;  // world rank
+  };
+  std::deque<part_sent> sends_;  // parts on their way
 };
 
 template <class B>
@@ -92,11 +149,13 @@ all_shared<B>::all_shared(const communicator& world, const ensemble_layout& layo
                       pieces_[c].owner[static_cast<std::size_t>(role_.member)] == role_.rank_in_member;
     comms_.push_back(world.split(mine ? 0 : communicator::undefined, role_.member, cat("all_shared piece ", c)));
   }
+  if (options_.hand_over) joins_ = world.dup("all_shared hand-over");
   if (role_.kind != role::trainer) return;
 
   members_ = layout_.members();
   rounds_ = (options_.steps + members_ - 1) / members_;
   assembly_ = detail::batch_assembly(pieces_, layout_, role_, options_.shard_capacity);
+  for (int c : assembly_.pieces()) own_pieces_.push_back(pieces_[static_cast<std::size_t>(c)]);
   setup_host_slots();
   setup_source();
 }
@@ -144,17 +203,29 @@ void all_shared<B>::setup_host_slots() {
   }
 }
 
+// Under hand-overs a rank that leaves by an exception does not wait in the rounds a second time
+// (each wait is a FLEXCOMM_TIMEOUT): it only stops holding the shared slots, and the job ends
+// with the error it carries.
 template <class B>
 all_shared<B>::~all_shared() {
-  if (role_.kind == role::trainer) drain();
+  if (role_.kind != role::trainer) return;
+  if (options_.hand_over && std::uncaught_exceptions() > 0) {
+    source_.leave();
+    return;
+  }
+  drain();
 }
 
 // Preprocesses this trainer's step of every round whose slot is free, and starts its allgathers.
+// Without `wait`, only rounds whose shared slots are free already (serve()).
 template <class B>
-void all_shared<B>::post_free_rounds() {
+void all_shared<B>::post_free_rounds(bool wait) {
   const std::vector<int>& mine = assembly_.pieces();
   for (; next_round_ < rounds_; ++next_round_) {
     const std::int64_t g = next_round_;
+    if (!wait)
+      for (const auto& shared : host_)
+        if (shared && !shared.is_free(g)) return;
     auto* claimed = source_.claim(g);
     if (!claimed) return;  // still holds an earlier round
     auto& r = *claimed;
@@ -190,19 +261,173 @@ std::optional<batch> all_shared<B>::next() {
   check(role_.kind == role::trainer, "all_shared", "next() is for trainer ranks; this rank is a producer");
   if (lent_ >= 0) source_.release(lent_);  // a round is let go of with its last step
   lent_ = -1;
+  if (between_) between_(std::min(next_step_, options_.steps));
   if (next_step_ >= options_.steps) return std::nullopt;
+  if (split_ && next_step_ >= split_->from) return changed_step(next_step_++);
+  check(!away_, "all_shared", cat("next() after step_aside(), before reshard() (step ", next_step_, ")"));
   post_free_rounds();
   const batch out = source_.take(next_step_, assembly_, "all_shared");
   lent_ = next_step_++;
   return out;
 }
 
+template <class B>
+void all_shared<B>::step_aside() {
+  check(role_.kind == role::trainer, "all_shared", "step_aside() is for trainer ranks; this rank is a producer");
+  if (lent_ >= 0) source_.release(lent_);
+  lent_ = -1;
+  if (!away_) away_round_ = next_step_ / members_;  // the earlier rounds are let go of already
+  away_ = true;
+  split_.reset();
+  serve();
+}
+
+template <class B>
+void all_shared<B>::serve() {
+  if (role_.kind != role::trainer) return;
+  while (!sends_.empty() && sends_.front().request.test()) sends_.pop_front();
+  for (; away_ && away_round_ < next_round_; ++away_round_) {
+    const std::int64_t first = away_round_ * members_;
+    for (std::int64_t s = first; s < first + members_; ++s)
+      if (!source_.here(s)) return post_free_rounds(false);
+    source_.release(first + members_ - 1);
+  }
+  post_free_rounds(false);
+}
+
+template <class B>
+void all_shared<B>::reshard(shard_range shards, std::int64_t from, int member, const std::vector<int>& ranks) {
+  check(role_.kind == role::trainer, "all_shared", "reshard() is for trainer ranks; this rank is a producer");
+  const int me = joins_ ? joins_.rank() : -1;
+  const auto at = std::find(ranks.begin(), ranks.end(), me);
+  check(static_cast<bool>(joins_) && member >= 0 && member < members_ && at != ranks.end() && shards.count > 0 &&
+            from >= 0,
+        "all_shared",
+        cat("reshard() to member ", member, " from step ", from, " over ", ranks.size(),
+            " rank(s): needs feed_options.hand_over, a member, this rank among its ranks and a shard"));
+  check(away_ || member == role_.member, "all_shared",
+        cat("reshard() to member ", member, ": this rank reads member ", role_.member, "'s stream (step_aside() first)"));
+  changed_split x;
+  x.member = member;
+  x.from = from;
+  x.ranks = ranks;
+  x.me = static_cast<int>(at - ranks.begin());
+  // Every shard of a step lies in the pieces of each of the member's layout ranks: take each
+  // of this rank's shards from the one whose layout split holds it.
+  std::vector<int> all;
+  for (int t = 0; t < layout_.member_size(member); ++t) {
+    const shard_range held = layout_.shards_of(member, t);
+    const int lo = std::max(held.first, shards.first), hi = std::min(held.first + held.count, shards.first + shards.count);
+    if (lo >= hi) continue;
+    all.push_back(static_cast<int>(x.parts.size()));
+    x.parts.push_back({lo, hi - lo, {}});
+    x.holders.push_back(layout_.trainer_rank(member, t));
+    x.in.emplace_back(detail::piece_bytes(hi - lo, options_.shard_capacity));
+  }
+  x.assembly = detail::batch_assembly(x.parts, std::move(all), shards, options_.shard_capacity);
+  split_ = std::move(x);
+  next_step_ = from;
+}
+
+// A step of a changed split: a layout rank of the member sends each other rank its shards
+// of the step out of its own pieces, then every rank takes its parts (pumping the rounds while
+// it waits: a rank that stepped aside is needed in them).
+template <class B>
+batch all_shared<B>::changed_step(std::int64_t step) {
+  auto& x = *split_;
+  const int me = joins_.rank(), shards = layout_.shards_per_step(), n = static_cast<int>(x.ranks.size());
+  const char* what = "all_shared: hand-over";
+  std::vector<span<const std::byte>> mine;  // this rank's pieces of the step, if it holds the member's
+  if (!away_) {
+    post_free_rounds();
+    mine = source_.pieces(step);
+    lent_ = step;
+    const shard_range held = layout_.shards_of(role_.member, role_.rank_in_member);
+    const auto piece = [&](int i) { return mine[static_cast<std::size_t>(i)]; };
+    for (int r = 0; r < n; ++r) {
+      const int lo = std::max(held.first, r * shards / n), hi = std::min(held.first + held.count, (r + 1) * shards / n);
+      if (lo >= hi || r == x.me) continue;
+      const int to = x.ranks[static_cast<std::size_t>(r)];
+      sends_.push_back({std::vector<std::byte>(detail::piece_bytes(hi - lo, options_.shard_capacity)), {}, to});
+      auto& out = sends_.back();
+      detail::repack(own_pieces_, piece, step, lo, hi - lo, options_.shard_capacity, span<std::byte>(out.bytes));
+      out.request = B::isend(joins_, span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(out.bytes.data()),
+                                                             out.bytes.size()),
+                             to, detail::split_piece_tag(x.member));
+    }
+  }
+  std::vector<typename B::request> receives;
+  std::vector<int> peers;
+  std::vector<span<const std::byte>> parts;
+  for (std::size_t i = 0; i < x.parts.size(); ++i) {
+    auto& buffer = x.in[i];
+    parts.emplace_back(buffer.data(), buffer.size());
+    if (x.holders[i] == me) {
+      const auto piece = [&](int c) { return mine[static_cast<std::size_t>(c)]; };
+      detail::repack(own_pieces_, piece, step, x.parts[i].first_shard, x.parts[i].shards, options_.shard_capacity,
+                     span<std::byte>(buffer));
+      continue;
+    }
+    receives.push_back(B::irecv(joins_, span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(buffer.data()), buffer.size()),
+                                x.holders[i], detail::split_piece_tag(x.member)));
+    peers.push_back(x.holders[i]);
+  }
+  std::vector<char> done(receives.size(), 0);
+  const auto limit = default_timeout();
+  waiting_note note;  // peers following a stall through this rank learn whom it waits on
+  const auto owed = [&] {
+    std::vector<int> out;
+    for (std::size_t i = 0; i < receives.size(); ++i)
+      if (!done[i]) out.push_back(joins_.world_rank_of(peers[i]));
+    return out;
+  };
+  const bool all = wait_answering(
+      default_wait(), limit,
+      [&] {
+        serve();
+        bool out = true;
+        for (std::size_t i = 0; i < receives.size(); ++i) out = (done[i] = done[i] || receives[i].test()) && out;
+        return out;
+      },
+      [&] {
+        note.set(cat(what, ": step ", step, " of member ", x.member, "'s changed split"), owed());
+        detail::answer_watchdog();
+      });
+  if (!all) {
+    std::string silent;
+    for (std::size_t i = 0; i < receives.size(); ++i)
+      if (!done[i]) silent += cat(silent.empty() ? "" : ", ", joins_.world_rank_of(peers[i]));
+    fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) waiting for step ", step, " of member ",
+                   x.member, "'s changed split from world rank(s) ", silent));
+  }
+  return x.assembly.assemble("all_shared", step, parts);
+}
+
+template <class B>
+void all_shared<B>::release() {
+  check(role_.kind == role::trainer, "all_shared", "release() is for trainer ranks; this rank is a producer");
+  finish_stream();
+}
+
+// Every round left, its part taken, and every part sent on its way.
+template <class B>
+void all_shared<B>::finish_stream() {
+  lent_ = -1;
+  split_.reset();
+  source_.drain([&] { post_free_rounds(); });
+  away_round_ = next_round_;  // nothing held: serve() has nothing left to let go of
+  std::vector<typename B::request> rs;
+  std::vector<int> peers;
+  for (auto& s : sends_) rs.push_back(std::move(s.request)), peers.push_back(joins_.world_rank_of(s.to));
+  detail::await_named(rs, peers, "all_shared: hand-over (the last changed split's steps sent)");
+  sends_.clear();
+}
+
 // Takes part in every round left (preprocessing its share), so the other members can finish.
 template <class B>
 void all_shared<B>::drain() noexcept {
   try {
-    lent_ = -1;
-    source_.drain([&] { post_free_rounds(); });
+    finish_stream();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n(all_shared: while draining the stream in the destructor)\n", e.what());
   }

@@ -200,6 +200,9 @@ class step_source {
   batch take(std::int64_t step, batch_assembly& assembly, const char* feed) {
     return assembly.assemble(feed, step, wait_for(step));
   }
+  // Waits until `step` is here and returns its pieces as the wire lays them (this trainer's,
+  // in shard order; valid until release(step)): all_shared repacks them for a changed split.
+  const std::vector<span<const std::byte>>& pieces(std::int64_t step) { return wait_for(step); }
   // A step the trainer skips: waited for and checked all the same, so that a loader's failure
   // still stops it there.
   void skip(std::int64_t step, const batch_assembly& assembly, const char* feed) {
@@ -234,13 +237,17 @@ class step_source {
     return newest;
   }
 
+  // No publisher waits for this trainer's reading in shared memory again (nothing is awaited).
+  void leave() const {
+    for (const auto& turn : shared_)
+      for (const auto& piece : turn)
+        if (piece.slots) piece.slots->leave();
+  }
   // Leaves the stream: no publisher waits for this trainer's reading again, and every entry held
   // is awaited, posting the rest (`post()`) as slots free, so that the publishers can finish.
   template <class Post>
   void drain(Post&& post) {
-    for (const auto& turn : shared_)
-      for (const auto& piece : turn)
-        if (piece.slots) piece.slots->leave();
+    leave();
     ring_.drain(post, [&](received& r, std::int64_t e) { ring_.await(r, name(e)); });
   }
 
