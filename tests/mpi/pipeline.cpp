@@ -1157,6 +1157,124 @@ BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner
                                                       << same_bytes << ", ordered " << tally.ordered);
 }
 
+// The same on a member already grown, whose producer learns of the split it agreed to from the
+// credits of its changed one (7 ranks: one producer, members=1,1,1,3, a step of 3 shards; by hand,
+// `mpiexec -n 7`: mpi_pipeline is registered up to 6). Member 0 joins member 1 as above; once
+// member 1 trains on two ranks, member 2 ends and asks it, and member 1 returns right after the
+// step it agreed at: member 2's rank is turned away and ends (member 3 has no room). Member 2
+// looks for member 1's word that it grew at each step (10 ms a step meanwhile), not blocking:
+// in lockstep a member that waits holds every member within `depth` steps of it.
+BOOST_AUTO_TEST_CASE(a_grown_target_that_ends_before_the_joining_step_turns_the_joiner_away) {
+  const int n = world().size();
+  if (n != 7) {
+    BOOST_TEST_MESSAGE("a grown target that ends before the joining step: needs 7 ranks, the world has " << n);
+    return;
+  }
+  constexpr std::int64_t long_steps = 20;
+  const fc::ensemble_layout layout(1, {1, 1, 1, 3}, 0);
+  broadcast_pipeline pipe(world(), layout, handover_options_for<broadcast_pipeline>(long_steps));
+  std::map<int, linear_model> models;
+  pipe.on_handover({[&](int m) {
+                      auto& model = models[m];
+                      return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(model.weights)),
+                                                              fc::as_writable_bytes(fc::span<float>(model.bias))};
+                    },
+                    {}});
+  join_after_step_one first{1, layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
+  const int root1 = layout.trainer_rank(1, 0), root2 = layout.trainer_rank(2, 0);
+  std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
+  bool same_bytes = true, waited = false;
+  std::int64_t at[4] = {-1, -1, -1, -1};  // member 1: grown at, agreed at, to take member 2 at; member 2 ended at
+  std::optional<decltype(mpi::irecv(world(), fc::span<std::int64_t>(), 0, 0))> grown;  // member 2: the word
+  std::int64_t token = 0;
+  int now = -1;
+  std::vector<fc::handover_record> ends;
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        now = ctx.member();
+        auto& model = models[ctx.member()];
+        while (auto batch = ctx.feed().next()) {
+          const std::int64_t step = batch->step();
+          seen.insert(seen.end(), {ctx.member(), step, batch->first_shard(), batch->shards()});
+          same_bytes = same_bytes && as_loaded(*batch);
+          train_step(ctx, model, *batch, {});
+          if (first.after_step(ctx, step)) return;
+          if (ctx.member() == 2) {  // ends once member 1 has grown (tag 79)
+            if (!grown) grown = mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root1, 79);
+            if (!grown->test()) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+              continue;
+            }
+            ctx.finish_member();
+            at[3] = step + 1;
+            mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root1, 80).wait();
+            return;
+          }
+          if (ctx.member() != 1 || ctx.member_size() != 2) continue;
+          if (ctx.joiners_at() >= 0) {
+            at[1] = step;
+            at[2] = ctx.joiners_at();
+            return;
+          }
+          if (at[0] < 0) {
+            at[0] = step;
+            if (ctx.rank_in_member() == 0) mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root2, 79).wait();
+          } else if (ctx.rank_in_member() == 0 && !waited) {
+            mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root2, 80).wait();
+            waited = true;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      },
+      [&](auto& ctx) { ends = ctx.member_ends(); });
+  first.end();
+  if (world().rank() == root1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root2, 80).wait();
+  const int first_member = layout.role_of(world().rank()).member;
+  const auto& records = pipe.handovers();
+  bool ok = same_bytes;
+  if (first_member == 2) ok = ok && records.size() == 1 && records[0].ended_at == at[3] && records[0].joined == -1;
+  mpi::iallreduce(world(), fc::span<std::int64_t>(at, 4), fc::op::max).wait();
+  if (first_member == 0) ok = ok && records.size() == 1 && records[0].joined == 1 && records[0].joined_at == at[0];
+  ok = ok && at[0] >= 1 && at[1] > at[0] && at[2] > at[1] && at[2] < long_steps && at[3] > at[0];
+  if (pipe.is_aggregator()) {
+    ok = ok && ends.size() == 4 && ends[0].joined == 1 && ends[0].joined_at == at[0] && ends[2].ended_at == at[3] &&
+         ends[2].joined == -1 && ends[1].ended_at == -1 && ends[3].ended_at == -1;
+  }
+  std::vector<std::int64_t> mine{now};
+  if (now >= 0)
+    for (const float p : models[now].parameters()) mine.push_back(bits(p));
+  const auto all = everyone(mine);
+  const std::size_t width = all.size() / static_cast<std::size_t>(n);
+  for (int r = 0; r < n; ++r) {
+    const auto* row = all.data() + static_cast<std::size_t>(r) * width;
+    if (row[0] < 0) continue;
+    std::vector<int> ranks;  // the member's ranks at each step it trained
+    const int m = static_cast<int>(row[0]);
+    const std::int64_t last = m == 1 ? at[1] + 1 : m == 2 ? at[3] : long_steps;
+    for (std::int64_t s = 0; s < last; ++s) ranks.push_back(m == 1 ? (s < at[0] ? 1 : 2) : layout.member_size(m));
+    const auto want = reference_over(layout.shards_per_step(), ranks);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      float got = 0;
+      const auto b = static_cast<std::uint32_t>(row[1 + i]);
+      std::memcpy(&got, &b, sizeof got);
+      ok = ok && std::abs(got - want[i]) <= 1e-5f * (1 + std::abs(want[i]));  // sums of three: another order
+    }
+  }
+  const auto tally = tally_of(everyone(seen), n, layout.shards_per_step());
+  ok = ok && tally.ordered;
+  for (int m = 0; m < 4; ++m)
+    for (std::int64_t s = 0; s < long_steps; ++s) {
+      const auto it = tally.shards.find({m, s});
+      const bool due = m == 0 ? s < 2 : m == 1 ? s <= at[1] : m == 2 ? s < at[3] : true;
+      ok = ok && (it != tally.shards.end()) == due &&
+           (!due || std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; }));
+    }
+  BOOST_TEST(fc::testing::all_ranks(ok), "member 1 grew at " << at[0] << ", agreed at " << at[1] << " to take member 2 at "
+                                                             << at[2] << ", member 2 ended at " << at[3] << ", bytes "
+                                                             << same_bytes << ", ordered " << tally.ordered);
+}
+
 // one_to_many hands over by message and in lockstep: shared memory forced on, and skip_ahead,
 // are refused, on every rank, by name.
 BOOST_AUTO_TEST_CASE(a_one_to_many_hand_over_in_shared_memory_skipping_or_per_host_is_refused) {
