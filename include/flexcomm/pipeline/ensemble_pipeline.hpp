@@ -153,6 +153,10 @@ class pipeline_context {
   void finish_member(int target = -1) { pipe_.finish_member(target); }
   // The hand-overs of the members this rank finished (each: ended at, joined which, from when).
   const std::vector<handover_record>& handovers() const { return pipe_.handovers(); }
+  // The step from which ranks of a finished member join this one, where its ranks agreed to take
+  // them at a later step (one_to_many: the first step not yet asked for), until they join; else -1.
+  // A trainer function that returns before it lets them go on to another member.
+  std::int64_t joiners_at() const noexcept { return pipe_.joining_ ? pipe_.joining_->step : -1; }
   // On the aggregator, in the aggregate function: how each member ended, member by member
   // ({member, ended_at, joined, joined_at}; ended_at -1: it ran to the end of the stream).
   const std::vector<handover_record>& member_ends() const {
@@ -348,7 +352,8 @@ class ensemble_pipeline {
   void finish_member(int target);
   void between_steps(std::int64_t step);
   bool join();
-  void adopt(const detail::handover_accept& a);
+  bool adopt(const detail::handover_accept& a);
+  void turn_away();
   void exchange_state(const communicator& comm, int member);
   void drop_retired() noexcept;
 
@@ -455,6 +460,7 @@ void ensemble_pipeline<Feed, Sync, Collect>::train_members(Train& train, context
       if (!join()) return;
       train(ctx);
     }
+    if (joining_) turn_away();
   } catch (...) {
     if (handover_) handover_->quit();
     throw;
@@ -515,7 +521,10 @@ void ensemble_pipeline<Feed, Sync, Collect>::between_steps(std::int64_t step) {
   check(finished_at_ < 0, "ensemble_pipeline: feed().next()",
         cat("finish_member() ended member ", role_.member, " at step ", finished_at_,
             "; return from the trainer function (the pipeline then hands this rank on)"));
-  if (joining_ && step >= joining_->step) return adopt(*std::exchange(joining_, std::nullopt));
+  if (joining_ && step >= joining_->step) {
+    adopt(*std::exchange(joining_, std::nullopt));  // the member's own ranks: always taken
+    return;
+  }
   auto& h = *handover_;
   h.poll();
   if (joining_) return;  // a request that came meanwhile waits until the joiners are in
@@ -538,7 +547,10 @@ void ensemble_pipeline<Feed, Sync, Collect>::between_steps(std::int64_t step) {
     bytes_feed().fence(a.step);
     if (root) bytes_feed().announce(a.member, a.step, a.ranks);
   }
-  if (a.step == step) return adopt(a);
+  if (a.step == step) {
+    adopt(a);
+    return;
+  }
   joining_ = a;  // the steps before it on the old split; the joiners wait in form() until then
 }
 
@@ -556,24 +568,41 @@ bool ensemble_pipeline<Feed, Sync, Collect>::join() {
   } else if constexpr (detail::releases<Feed>::value) {
     bytes_feed().release();
   }
-  const auto a = role_.rank_in_member == 0 ? h.negotiate(finished, member_ranks_, target_)
-                                           : h.outcome(member_ranks_.front());
+  detail::handover_accept a;
+  do {  // a target that ended before the step it took them at turns them away: they ask again
+    a = role_.rank_in_member == 0 ? h.negotiate(finished, member_ranks_, target_) : h.outcome(member_ranks_.front());
+  } while (a.member >= 0 && !adopt(a));
   h.records().push_back({finished, finished_at_, a.member, a.step});
   check(a.member >= 0 || target_ < 0, cat("ensemble_pipeline: finish_member (member ", finished, ")"),
         cat("member ", target_, ", the target, had ended or had no room by the time it was asked"));
   if (a.member < 0) return false;
   finished_at_ = -1;
-  adopt(a);
   return true;
 }
 
-// Every rank of the new member: its communicator, the state from its rank 0, its sync and its
-// share of each step's shards from the agreed step on.
+// The trainer function returned before the step its member agreed to take joiners at (joining_):
+// the joiners hear so in their handshake and ask another member, and the split announced for
+// that step is left on every rank of it, so that the producers neither wait for it nor ship to it.
 template <class Feed, class Sync, class Collect>
-void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept& a) {
+void ensemble_pipeline<Feed, Sync, Collect>::turn_away() {
+  const auto a = *std::exchange(joining_, std::nullopt);
+  if constexpr (detail::splits_ahead<Feed>::value) bytes_feed().leave_split(a.member, a.step);
+  if (role_.rank_in_member == 0) handover_->turn_away(a, member_ranks_.size());
+}
+
+// Every rank of the new member: its communicator, the state from its rank 0, its sync and its
+// share of each step's shards from the agreed step on. False on a joiner that the target turned
+// away (it ended first; turn_away()): it leaves the split announced with it and is not taken.
+template <class Feed, class Sync, class Collect>
+bool ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept& a) {
   auto& h = *handover_;
   const int me = feed_world_.rank();
-  communicator comm = h.form(a, me);
+  auto formed = h.form(a, me);
+  if (!formed) {
+    if constexpr (detail::splits_ahead<Feed>::value) bytes_feed().leave_split(a.member, a.step);
+    return false;
+  }
+  communicator comm = std::move(*formed);
   exchange_state(comm, a.member);
   // The target's own ranks go on in the same trainer function, which may hold spans of the old
   // sync's gradient_memory() and hand them to the new one (averaged as its own vectors are): the
@@ -601,6 +630,7 @@ void ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept
     bytes_feed().reshard(mine, a.step);
   }
   h.set_size(a.member, n);
+  return true;
 }
 
 // Oldest first, as they were made. Dropping a sync frees its communicators (MPI_Comm_free, which

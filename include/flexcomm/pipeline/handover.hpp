@@ -64,6 +64,7 @@ class member_handover {
   using communicator = typename B::communicator;
   enum kind : std::int64_t { request = 1, bye, accept, refuse, none, grown };
   static constexpr int inbox_tag = 7101, outcome_tag = 7102, here_tag = 7103, go_tag = 7104;
+  static constexpr std::int64_t ended_token = -1;  // the handshake's answer from a target that ended
 
   // Collective over `world` (a duplicate for the protocol's messages).
   member_handover(const communicator& world, const ensemble_layout& layout, std::int64_t steps, handover_options o);
@@ -103,8 +104,13 @@ class member_handover {
     return read_accept(wait_message(root, outcome_tag, "the finished member's root"));
   }
   // Every rank of the new member: all alive (a handshake under FLEXCOMM_TIMEOUT), then its
-  // communicator, made by its ranks alone.
-  communicator form(const handover_accept& a, int world_rank);
+  // communicator, made by its ranks alone; none on a joiner whose target's root turned it away
+  // (turn_away(): the target ended first), which then asks again.
+  std::optional<communicator> form(const handover_accept& a, int world_rank);
+  // The running member's root, whose trainer function returned before the step it took `a`'s
+  // joiners at (its first `kept` ranks are the member's own, which returned too): it answers the
+  // joiners' handshake with "ended" and takes no more.
+  void turn_away(const handover_accept& a, std::size_t kept);
   // After the trainer function's last return: a root says it asks no more (no wait), refusing
   // what it holds; before the collect's flush, which may wait on a root still training.
   void done();
@@ -355,7 +361,7 @@ void member_handover<B>::wait_until(const std::function<bool()>& done, const std
 }
 
 template <class B>
-typename B::communicator member_handover<B>::form(const handover_accept& a, int world_rank) {
+std::optional<typename B::communicator> member_handover<B>::form(const handover_accept& a, int world_rank) {
   const std::string what = cat("ensemble_pipeline: hand-over to member ", a.member, " at step ", a.step);
   std::int64_t token = a.step;
   if (a.ranks.front() == world_rank) {
@@ -387,8 +393,30 @@ typename B::communicator member_handover<B>::form(const handover_accept& a, int 
     wait_until([&] { return poll(), r.test(); }, what,
                cat("member ", a.member, "'s rank 0 (world rank ", a.ranks.front(), ") did not confirm it"));
     sent.wait();
+    check(go == a.step || go == ended_token, what,
+          cat("member ", a.member, "'s rank 0 (world rank ", a.ranks.front(), ") confirmed step ", go));
+    if (go == ended_token) {  // the target ended before the step: this rank is not taken
+      ended_[static_cast<std::size_t>(a.member)] = 1;
+      return std::nullopt;
+    }
   }
   return control_.group(a.ranks, a.member, cat("member ", a.member, " from step ", a.step));
+}
+
+template <class B>
+void member_handover<B>::turn_away(const handover_accept& a, std::size_t kept) {
+  stop_taking();
+  const std::string what = cat("ensemble_pipeline: hand-over to member ", a.member, " at step ", a.step);
+  // The joiners' "here" is received, so that no message of theirs is left unmatched; they come
+  // at once (they were told at the agreement), each wait under FLEXCOMM_TIMEOUT.
+  std::vector<std::int64_t> here(a.ranks.size(), -1);
+  const std::int64_t token = ended_token;
+  for (std::size_t i = kept; i < a.ranks.size(); ++i) {
+    auto r = B::irecv(control_, span<std::int64_t>(&here[i], 1), a.ranks[i], here_tag);
+    wait_until([&] { return poll(), r.test(); }, what,
+               cat("world rank ", a.ranks[i], " did not come to it (member ", a.member, " ended before it)"));
+    B::isend(control_, span<const std::int64_t>(&token, 1), a.ranks[i], go_tag).wait();
+  }
 }
 
 template <class B>

@@ -106,6 +106,11 @@ class one_to_many : private detail::agreed_feed {
   // From step `from`, this trainer gets `shards` of member `member`'s steps, one message a step
   // from its producer (after fence(from), or release() on a rank that joins).
   void reshard(shard_range shards, std::int64_t from, int member = -1);
+  // A split of member `member` announced from `at` that this rank will not be on, because the
+  // member ended before `at`: on its own ranks (fenced at `at`, their stream left as release()
+  // leaves it) and on the ranks that were to join it (released already). Each producer with a
+  // step from `at` on gets one credit for that split, "none, on the split from `at`".
+  void leave_split(int member, std::int64_t at);
 
   // Steps this trainer's member skipped under flow_control::skip_ahead (the same on its ranks).
   std::int64_t skipped() const noexcept { return skipped_; }
@@ -157,8 +162,11 @@ class one_to_many : private detail::agreed_feed {
   void post_free_slots();
   std::int64_t choose_step();
   void drain() noexcept;
-  // Sends `value` as the credits each producer still asks of this trainer from step `from`.
-  void answer_asked(std::int64_t from, int value);
+  // release()'s: receives what was asked, posts nothing more; next() gives nothing.
+  void leave_stream();
+  // Sends `value` as the credits each producer still asks of this trainer from step `from`: on
+  // member `split`'s changed split (one per producer), or on the layout's (`split` -1).
+  void answer_asked(std::int64_t from, int value, int split);
 
   // Claims (trainer side): asks step s's producer for work while s has not come, and makes
   // what it grants; answers that came meanwhile are acted on first.
@@ -768,33 +776,51 @@ void one_to_many<B>::release() {
   check(role_.kind == role::trainer, "one_to_many", "release() is for trainer ranks; this rank is a producer");
   check(!claims_, "adaptive", "a trainer cannot leave the stream early under claims by message (not built)");
   if (released_) return;
+  const std::int64_t from = next_post_;
+  leave_stream();
+  // Fenced on the layout's split, its "moved" answered those credits already.
+  if (split_member_ >= 0 || fence_ == std::numeric_limits<std::int64_t>::max())
+    answer_asked(from, credit_none, split_member_);
+}
+
+template <class B>
+void one_to_many<B>::leave_stream() {
   released_ = true;
   if (lent_ >= 0) source_.release(lent_);
   lent_ = -1;
-  const std::int64_t from = next_post_;
   source_.drain([] {});  // leaves the shared slots; awaits what is posted, posts nothing more
-  // Fenced on the layout's split, its "moved" answered those credits already.
-  if (split_member_ >= 0 || fence_ == std::numeric_limits<std::int64_t>::max()) answer_asked(from, credit_none);
   next_post_ = next_step_ = options_.steps;
+}
+
+// The producer learns the split from the credit (on a member already split: its ranks' credits
+// name the split from `at`; on the layout's split: its ranks' "moved"), and takes this credit
+// from every rank of it: all of them gone, it ships that member nothing more.
+template <class B>
+void one_to_many<B>::leave_split(int member, std::int64_t at) {
+  check(role_.kind == role::trainer && options_.hand_over && member >= 0 && (released_ || fence_ == at),
+        "one_to_many: hand-over",
+        cat("leave_split(", member, ", ", at, "): on a trainer under feed_options.hand_over, released or fenced there"));
+  if (!released_) leave_stream();
+  answer_asked(at, static_cast<int>(-(1 + at)), member);
 }
 
 // On the layout's split a producer has asked this trainer the credits of its next `depth` steps
 // from `from`; on a changed split it asks one at a time, as it ships (split_change.hpp), so each
 // producer with a step from `from` on gets one answer there.
 template <class B>
-void one_to_many<B>::answer_asked(std::int64_t from, int value) {
+void one_to_many<B>::answer_asked(std::int64_t from, int value, int split) {
   const auto P = static_cast<std::int64_t>(layout_.producers());
   std::vector<std::int64_t> told(static_cast<std::size_t>(P), 0);
-  const std::int64_t per_producer = split_member_ >= 0 ? 1 : options_.depth;
+  const std::int64_t per_producer = split >= 0 ? 1 : options_.depth;
   for (std::int64_t s = from; s < options_.steps && s < from + per_producer * P; ++s) {
     const int p = producer_of(s);
     auto& n = told[static_cast<std::size_t>(p)];
     if (n == per_producer || source_.in_shared_memory(s)) continue;
     ++n;
     none_.push_back(value);  // a deque: earlier sends keep pointing at theirs
-    if (split_member_ >= 0) {
+    if (split >= 0) {
       none_sent_.push_back(B::isend(joins_, span<const int>(&none_.back(), 1), layout_.producer_rank(p),
-                                    detail::split_credit_tag(split_member_)));
+                                    detail::split_credit_tag(split)));
     } else {
       none_sent_.push_back(B::isend(credit_comms_[static_cast<std::size_t>(p)], span<const int>(&none_.back(), 1), 0,
                                     credit_tag));
@@ -813,7 +839,7 @@ void one_to_many<B>::fence(std::int64_t at) {
         cat("the split changes at step ", at, " but this trainer has asked up to step ", next_post_));
   fence_ = at;
   // A changed split's credits say which split they ask for: the producer waits for its notice.
-  if (split_member_ < 0) answer_asked(at, credit_moved(role_.member));
+  if (split_member_ < 0) answer_asked(at, credit_moved(role_.member), -1);
 }
 
 template <class B>

@@ -174,8 +174,9 @@ std::int64_t changed_splits<B>::credits_of(int m, std::int64_t s, const split& x
   std::int64_t newest = x.from;
   for (std::size_t i = 0; i < peers.size(); ++i) {
     answered.push_back(peers[i]);
-    if (value[i] == 0) {  // "none": the rank left the member's stream
-      gone_[static_cast<std::size_t>(m)].push_back(peers[i]);
+    if (value[i] <= 0) {  // "none": the rank left the member's stream; -(1 + from): it left the split from
+      gone_[static_cast<std::size_t>(m)].push_back(peers[i]);  // `from` before it began (the member ended)
+      newest = std::max<std::int64_t>(newest, -std::int64_t{value[i]} - 1);
       continue;
     }
     check(value[i] - 1 >= x.from, "one_to_many: hand-over",
