@@ -42,7 +42,8 @@ if [ "${1:-}" = --build-only ] && [ "${2:-}" = --for-tests ]; then
 import json, os, subprocess, sys
 build = sys.argv[1]
 ask = lambda what: json.loads(subprocess.check_output(["meson", "introspect", build, what]))
-needed = {d for test in ask("--tests") if "benchmarks" not in test["suite"] for d in test["depends"]}
+benchmarks = lambda test: any(suite.split(":")[-1] == "benchmarks" for suite in test["suite"])  # project:suite
+needed = {d for test in ask("--tests") if not benchmarks(test) for d in test["depends"]}
 for target in ask("--targets"):
     if target["id"] in needed:
         print(*(os.path.relpath(f, build) for f in target["filename"]), sep="\n")
