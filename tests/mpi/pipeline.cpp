@@ -1218,8 +1218,8 @@ BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner
 }
 
 // The same on a member already grown, whose producer learns of the split it agreed to from the
-// credits of its changed one (7 ranks: one producer, members=1,1,1,3, a step of 3 shards; by hand,
-// `mpiexec -n 7`: mpi_pipeline is registered up to 6). Member 0 joins member 1 as above; once
+// credits of its changed one (7 ranks: one producer, members=1,1,1,3, a step of 3 shards; the
+// test 'mpi_pipeline np7' runs this case alone). Member 0 joins member 1 as above; once
 // member 1 trains on two ranks, member 2 ends and asks it, and member 1 returns right after the
 // step it agreed at: member 2's rank is turned away and ends (member 3 has no room). Member 2
 // looks for member 1's word that it grew at each step (10 ms a step meanwhile), not blocking:
