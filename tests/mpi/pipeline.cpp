@@ -76,6 +76,17 @@ struct linear_model {
   }
 };
 
+// The hand-over of members' linear models: a member's state is its weights and bias, the model
+// in `models` under its number (made on first use, on a rank that joins it).
+fc::handover_options handover_of(std::map<int, linear_model>& models) {
+  return {[&models](int m) {
+            auto& model = models[m];
+            return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(model.weights)),
+                                                    fc::as_writable_bytes(fc::span<float>(model.bias))};
+          },
+          {}};
+}
+
 // The same training done serially: what member m of `layout` must end with.
 std::vector<float> reference_model(const fc::ensemble_layout& layout, int m) {
   linear_model model;
@@ -690,12 +701,7 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int pro
   const fc::ensemble_layout layout(producers, sizes, 0);
   Pipeline pipe(world(), layout, handover_options_for<Pipeline>(steps));
   std::map<int, linear_model> models;
-  pipe.on_handover({[&](int m) {
-                      auto& model = models[m];
-                      return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(model.weights)),
-                                                              fc::as_writable_bytes(fc::span<float>(model.bias))};
-                    },
-                    {}});
+  pipe.on_handover(handover_of(models));
   std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
   std::vector<fc::handover_record> records, ends;  // ends: the aggregator's report
   const int before = layout.member_size(1);
@@ -830,12 +836,7 @@ BOOST_AUTO_TEST_CASE(a_member_grows_twice) {
   const fc::ensemble_layout layout(0, {1, 1, 1, 3}, 0);
   handover_pipeline pipe(world(), layout, handover_options_for(long_steps));
   std::map<int, linear_model> models;
-  pipe.on_handover({[&](int m) {
-                      auto& model = models[m];
-                      return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(model.weights)),
-                                                              fc::as_writable_bytes(fc::span<float>(model.bias))};
-                    },
-                    {}});
+  pipe.on_handover(handover_of(models));
   const int root1 = layout.trainer_rank(1, 0), root2 = layout.trainer_rank(2, 0);
   join_after_step_one first{1, layout.trainer_rank(0, 0), root1};
   // The second hand-over, as the first: member 2 ends once member 1 has grown (its root's word,
@@ -1109,12 +1110,7 @@ BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner
   const fc::ensemble_layout layout(1, second ? std::vector<int>{1, 1, 1, 2} : std::vector<int>{1, 1, 2}, 0);
   broadcast_pipeline pipe(world(), layout, handover_options_for<broadcast_pipeline>(long_steps));
   std::map<int, linear_model> models;
-  pipe.on_handover({[&](int m) {
-                      auto& model = models[m];
-                      return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(model.weights)),
-                                                              fc::as_writable_bytes(fc::span<float>(model.bias))};
-                    },
-                    {}});
+  pipe.on_handover(handover_of(models));
   join_after_step_one choreography{1, layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
   const int root1 = layout.trainer_rank(1, 0), root2 = layout.trainer_rank(2, 0);
   std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
@@ -1223,12 +1219,7 @@ BOOST_AUTO_TEST_CASE(a_grown_target_that_ends_before_the_joining_step_turns_the_
   const fc::ensemble_layout layout(1, {1, 1, 1, 3}, 0);
   broadcast_pipeline pipe(world(), layout, handover_options_for<broadcast_pipeline>(long_steps));
   std::map<int, linear_model> models;
-  pipe.on_handover({[&](int m) {
-                      auto& model = models[m];
-                      return std::vector<fc::span<std::byte>>{fc::as_writable_bytes(fc::span<float>(model.weights)),
-                                                              fc::as_writable_bytes(fc::span<float>(model.bias))};
-                    },
-                    {}});
+  pipe.on_handover(handover_of(models));
   join_after_step_one first{1, layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
   const int root1 = layout.trainer_rank(1, 0), root2 = layout.trainer_rank(2, 0);
   std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
