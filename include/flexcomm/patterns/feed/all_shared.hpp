@@ -395,8 +395,7 @@ batch all_shared<B>::changed_step(std::int64_t step) {
       });
   if (!all) {
     std::string silent;
-    for (std::size_t i = 0; i < receives.size(); ++i)
-      if (!done[i]) silent += cat(silent.empty() ? "" : ", ", joins_.world_rank_of(peers[i]));
+    for (const int r : owed()) silent += cat(silent.empty() ? "" : ", ", r);
     fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) waiting for step ", step, " of member ",
                    x.member, "'s changed split from world rank(s) ", silent));
   }
