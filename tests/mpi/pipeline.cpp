@@ -615,6 +615,13 @@ bool as_loaded(const fc::batch& batch) {
   return same;
 }
 
+// One batch a rank was fed: its member, step, first shard and shard count into `seen`, and
+// whether it held the loader's bytes into `same_bytes`.
+void log_batch(int member, const fc::batch& batch, std::vector<std::int64_t>& seen, bool& same_bytes) {
+  seen.insert(seen.end(), {member, batch.step(), batch.first_shard(), batch.shards()});
+  same_bytes = same_bytes && as_loaded(batch);
+}
+
 }  // namespace
 
 // Member 0 ends at step 2; its rank joins member 1 with member 1's model, the member's steps
@@ -712,8 +719,7 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int pro
     auto& model = models[ctx.member()];
     const auto kept = memory_once && ctx.member() == first_member ? kept_memory(ctx) : fc::span<float>();
     while (auto batch = ctx.feed().next()) {
-      seen.insert(seen.end(), {ctx.member(), batch->step(), batch->first_shard(), batch->shards()});
-      same_bytes = same_bytes && as_loaded(*batch);
+      log_batch(ctx.member(), *batch, seen, same_bytes);
       train_step(ctx, model, *batch, kept);
       if (choreography.after_step(ctx, batch->step())) return;
     }
@@ -855,8 +861,7 @@ BOOST_AUTO_TEST_CASE(a_member_grows_twice) {
         const auto kept = ctx.member() == first_member ? kept_memory(ctx) : fc::span<float>();
         while (auto batch = ctx.feed().next()) {
           const std::int64_t step = batch->step();
-          seen.insert(seen.end(), {ctx.member(), step, batch->first_shard(), batch->shards()});
-          same_bytes = same_bytes && as_loaded(*batch);
+          log_batch(ctx.member(), *batch, seen, same_bytes);
           train_step(ctx, model, *batch, kept);
           if (first.after_step(ctx, step)) return;
           if (ctx.member() == 2 && step == 2) {
@@ -1059,8 +1064,7 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_grows_unevenly_then_ends) {
       load,
       [&](auto& ctx) {
         while (auto batch = ctx.feed().next()) {
-          seen.insert(seen.end(), {ctx.member(), batch->step(), batch->first_shard(), batch->shards()});
-          same_bytes = same_bytes && as_loaded(*batch);
+          log_batch(ctx.member(), *batch, seen, same_bytes);
           if (choreography.after_step(ctx, batch->step())) return;
           if (ctx.member() != 1 || ctx.member_size() != 2) continue;
           split = split && batch->first_shard() == ctx.rank_in_member() && batch->shards() == 1 + ctx.rank_in_member();
@@ -1126,8 +1130,7 @@ BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner
         auto& model = models[ctx.member()];
         while (auto batch = ctx.feed().next()) {
           const std::int64_t step = batch->step();
-          seen.insert(seen.end(), {ctx.member(), step, batch->first_shard(), batch->shards()});
-          same_bytes = same_bytes && as_loaded(*batch);
+          log_batch(ctx.member(), *batch, seen, same_bytes);
           train_step(ctx, model, *batch, {});
           if (choreography.after_step(ctx, step)) return;
           if (ctx.member() == 1 && ctx.joiners_at() >= 0) {  // agreed: it ends before the joiner comes
@@ -1236,8 +1239,7 @@ BOOST_AUTO_TEST_CASE(a_grown_target_that_ends_before_the_joining_step_turns_the_
         auto& model = models[ctx.member()];
         while (auto batch = ctx.feed().next()) {
           const std::int64_t step = batch->step();
-          seen.insert(seen.end(), {ctx.member(), step, batch->first_shard(), batch->shards()});
-          same_bytes = same_bytes && as_loaded(*batch);
+          log_batch(ctx.member(), *batch, seen, same_bytes);
           train_step(ctx, model, *batch, {});
           if (first.after_step(ctx, step)) return;
           if (ctx.member() == 2) {  // ends once member 1 has grown (tag 79)
