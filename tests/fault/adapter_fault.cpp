@@ -153,6 +153,13 @@ bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady
   return true;
 }
 
+// handover-stall, handover-dies, and the same under all_shared (-shared).
+bool run_handover(const mpi::communicator& world, const std::string& fault, std::chrono::steady_clock::time_point& start) {
+  const bool dies = fault.find("-dies") != std::string::npos;
+  return fault.find("-shared") != std::string::npos ? run_handover<fc::all_shared<mpi>>(world, dies, start)
+                                                    : run_handover<fc::local_feed>(world, dies, start);
+}
+
 // Runs a shared feed over "producers=1 members=(n-1)x1"; the loader misbehaves on fault_step.
 bool run_feed(const mpi::communicator& world, const std::string& fault, std::chrono::steady_clock::time_point& start) {
   const int n = world.size();
@@ -252,9 +259,7 @@ int main(int argc, char** argv) {
   try {
     const bool ok = fault.rfind("sync", 0) == 0 || fault == "gradient-order" ? run_sync(world, fault, start)
                     : fault.rfind("claim", 0) == 0                           ? run_adaptive(world, fault, start)
-                    : fault.rfind("handover", 0) == 0 && fault.find("-shared") != std::string::npos
-                        ? run_handover<fc::all_shared<mpi>>(world, fault.find("dies") != std::string::npos, start)
-                    : fault.rfind("handover", 0) == 0 ? run_handover<fc::local_feed>(world, fault == "handover-dies", start)
+                    : fault.rfind("handover", 0) == 0 ? run_handover(world, fault, start)
                     : fault == "bye-dies"                ? run_bye(world, start)
                                                                              : run_feed(world, fault, start);
     report(rank, ok ? "finished every step" : "WRONG DATA");
