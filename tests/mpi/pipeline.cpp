@@ -701,9 +701,20 @@ void train_step(Ctx& ctx, linear_model& model, const fc::batch& batch, fc::span<
 // holds the loader's bytes. `memory_once`: every rank keeps its gradients in its first member's
 // gradient_memory(), taken once before the hand-over, so member 1's own ranks go on handing the
 // grown member's sync memory from the sync it outgrew (the joiner keeps its own vectors).
+// Whether a feed makes its steps by whoever is idle (adaptive's balancing()); false for others.
+template <class F>
+auto balances(F& feed, int) -> decltype(feed.balancing()) {
+  return feed.balancing();
+}
+template <class F>
+bool balances(F&, long) {
+  return false;
+}
+
+// `balanced`: set on trainers to whether their feed balanced (balances()).
 template <class Pipeline = handover_pipeline>
 bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int producers = 0,
-                         bool memory_once = false) {
+                         bool memory_once = false, bool* balanced = nullptr) {
   const int n = world().size();
   const fc::ensemble_layout layout(producers, sizes, 0);
   Pipeline pipe(world(), layout, handover_options_for<Pipeline>(steps));
@@ -718,6 +729,7 @@ bool hand_over_and_check(const std::vector<int>& sizes, float tolerance, int pro
   pipe.run(load, [&](auto& ctx) {
     auto& model = models[ctx.member()];
     const auto kept = memory_once && ctx.member() == first_member ? kept_memory(ctx) : fc::span<float>();
+    if (balanced) *balanced = balances(ctx.feed(), 0);
     while (auto batch = ctx.feed().next()) {
       log_batch(ctx.member(), *batch, seen, same_bytes);
       train_step(ctx, model, *batch, kept);
@@ -1039,6 +1051,60 @@ BOOST_AUTO_TEST_CASE(an_all_shared_member_hands_its_rank_on_with_the_state) {
     BOOST_TEST(ends_with_nowhere_to_go<shared_pipeline>(layout, 7), layout.str() << " FLEXCOMM_SHM=" << shm);
   }
   if (!kept.empty()) setenv("FLEXCOMM_SHM", kept.c_str(), 1);
+}
+
+// The same over adaptive. On its boards in shared memory (auto: on one host; across hosts with
+// no producer, the couriers carry every piece to every host), with no producer and, on one host,
+// one: member 0's rank lets its reader line go when it ends, holds the step it joins at, and
+// reads its new shards out of the board's pieces, repacked (at 6 ranks, members=1,2,3: member 1
+// of two grows to three, and a rank's shards lie in two pieces). Shared memory off and no
+// producer, it takes turns: all_shared's hand-over. Below 4 trainers, nowhere to go.
+namespace {
+using adaptive_pipeline = fc::ensemble_pipeline<fc::adaptive<mpi>, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(an_adaptive_member_hands_its_rank_on_with_the_state) {
+  const int n = world().size();
+  const bool one_host = fc::mpi::hosts(world()).hosts() == 1;
+  for (const char* shm : {"off", "auto"})
+    for (int producers = 0; producers <= 1 && producers < n; ++producers) {
+      // Producers without a board: refused (an_adaptive_hand_over_with_producers_and_no_board_is_refused).
+      if (producers > 0 && (std::string(shm) == "off" || !one_host)) continue;
+      shared_memory_env setting(shm);
+      const std::string what = fc::cat("FLEXCOMM_SHM=", shm, ", ", producers, " producer(s)");
+      const int trainers = n - producers;
+      if (trainers >= 4) {
+        const bool board = std::string(shm) == "auto";  // on every host
+        bool balanced = board;                            // a producer's stays
+        BOOST_TEST(fc::testing::all_ranks(
+                       hand_over_and_check<adaptive_pipeline>(handover_sizes(trainers), 0, producers, false, &balanced) &&
+                       balanced == board),
+                   what << (balanced == board ? "" : board ? ": no board" : ": a board"));
+        if (n == 6 && producers == 0)
+          BOOST_TEST(fc::testing::all_ranks(hand_over_and_check<adaptive_pipeline>({1, 2, 3}, 1e-5f)),
+                     "members=1,2,3 " << what);
+        continue;
+      }
+      const fc::ensemble_layout layout(producers, trainers == 1 ? std::vector<int>{1} : std::vector<int>{1, trainers - 1},
+                                       0);
+      BOOST_TEST(ends_with_nowhere_to_go<adaptive_pipeline>(layout, 7), layout.str() << " " << what);
+    }
+}
+
+// With producers and no board (shared memory off; across hosts, round-robin producers, whose
+// trainers claim by message) adaptive refuses a hand-over when run() makes the feed, named, on
+// every rank.
+BOOST_AUTO_TEST_CASE(an_adaptive_hand_over_with_producers_and_no_board_is_refused) {
+  if (world().size() < 2) return;
+  const fc::ensemble_layout layout(1, std::vector<int>(static_cast<std::size_t>(world().size() - 1), 1), 0);
+  auto options = handover_options_for<adaptive_pipeline>(2);
+  options.feed.shared_memory = fc::shared_memory_use::off;
+  adaptive_pipeline pipe(world(), layout, options);
+  pipe.on_handover({});
+  const std::string refused = fc::testing::error_of([&] { pipe.run(load, [](auto&) {}); });
+  BOOST_TEST(fc::testing::all_ranks(fc::testing::contains(refused, "adaptive: hand-over") &&
+                                    fc::testing::contains(refused, "FLEXCOMM_SHM) is off")),
+             refused);
 }
 
 // An uneven split over one_to_many, then its end (6 ranks: one producer, members=1,1,3, a step
@@ -1411,6 +1477,12 @@ void typed_hand_over(int producers) {
 BOOST_AUTO_TEST_CASE(the_typed_feed_hands_a_finished_members_rank_on) {
   if (world().size() < 4) return;  // below: no member with room
   typed_hand_over<handover_pipeline>(0);
+}
+
+// The same over adaptive (no producer: its board in shared memory, or turns across hosts).
+BOOST_AUTO_TEST_CASE(the_typed_feed_over_adaptive_hands_a_finished_members_rank_on) {
+  if (world().size() < 4) return;  // below: no member with room
+  typed_hand_over<adaptive_pipeline>(0);
 }
 
 // The same over one_to_many (run(dataset, ...), as the main example runs single_broadcast).

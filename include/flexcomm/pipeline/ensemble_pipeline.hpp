@@ -66,7 +66,7 @@ struct round_element<R (C::*)(Round, gathered<T>&) const> { using type = T; };
 template <class C, class R, class Round, class T>
 struct round_element<R (C::*)(Round, gathered<T>&)> { using type = T; };
 
-// Feeds that can hand a finished member's ranks on (local_feed, one_to_many, all_shared): a hook at each step, a new
+// Feeds that can hand a finished member's ranks on (local_feed, one_to_many, all_shared, adaptive): a hook at each step, a new
 // split from a given step, and where the stream is (pipeline/handover.hpp).
 template <class T, class = void> struct hands_over : std::false_type {};
 template <class T>
@@ -88,6 +88,11 @@ template <class T, class = void> struct takes_turns : std::false_type {};
 template <class T>
 struct takes_turns<T, std::void_t<decltype(std::declval<T&>().step_aside()), decltype(std::declval<T&>().serve())>>
     : std::true_type {};
+
+// Feeds where a joiner's stream must be held at the joining step before the member's ranks go
+// on (adaptive's board: its slot would otherwise come free): hold() before their first collective.
+template <class T, class = void> struct holds : std::false_type {};
+template <class T> struct holds<T, std::void_t<decltype(std::declval<T&>().hold(std::int64_t{}))>> : std::true_type {};
 
 // Feeds whose trainer can leave the stream early (one_to_many): a member that ended stops
 // holding the producers back (release()).
@@ -271,7 +276,7 @@ class ensemble_pipeline {
     check(!ran_, "ensemble_pipeline", "on_handover() goes before run()");
     // Refused here, before run() makes the feed: a feed made and never run would wait for its stream.
     check(detail::hands_over<Feed>::value, "ensemble_pipeline: on_handover",
-          "this feed does not hand ranks over yet (local_feed, one_to_many and all_shared do)");
+          "this feed does not hand ranks over yet (local_feed, one_to_many, all_shared and adaptive do)");
     if constexpr (detail::takes_turns<Feed>::value) feed_options_.hand_over = true;  // its parts' communicator
     if constexpr (detail::splits_ahead<Feed>::value) {
       // A changed split travels as messages: a producer learns of it from the credits, which
@@ -603,6 +608,7 @@ bool ensemble_pipeline<Feed, Sync, Collect>::adopt(const detail::handover_accept
     return false;
   }
   communicator comm = std::move(*formed);
+  if constexpr (detail::holds<Feed>::value) bytes_feed().hold(a.step);
   exchange_state(comm, a.member);
   // The target's own ranks go on in the same trainer function, which may hold spans of the old
   // sync's gradient_memory() and hand them to the new one (averaged as its own vectors are): the

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +28,7 @@
 #include "../../backend/shm/feed/board_courier.hpp"
 #include "../../backend/shm/feed/claim_board.hpp"
 #include "one_to_many.hpp"
+#include "split_change.hpp"
 #include "step_source.hpp"
 #include "wire.hpp"
 
@@ -94,6 +96,32 @@ class adaptive : private detail::agreed_feed {
   // The pieces this rank made with its loader.
   std::int64_t pieces_made() const noexcept { return by_message_ ? by_producers_->pieces_made() : made_; }
 
+  // A member that finishes early hands its ranks on (pipeline/handover.hpp; options.hand_over,
+  // which on_handover() sets), where the feed balances on boards or takes turns (all_shared's
+  // hand-over, unchanged). On a board the pieces never change and every host's board holds every
+  // piece: a rank whose member ended lets its reader line go (step_aside()), holds the step it
+  // joins at before the member's ranks can pass it (hold()), and reads its new shards out of the
+  // pieces, repacked (reshard()). With producers and no board (shared memory off, round-robin
+  // producers across hosts) it is refused: one_to_many hands over by credits, which claims by
+  // message do not send. docs/heterogeneous.md says why.
+  // `each(step)` runs at the top of each next(), before the step is taken; it may reshard().
+  void between_steps(std::function<void(std::int64_t step)> each);
+  // The next step next() delivers (of the member this trainer trains now).
+  std::int64_t position() const noexcept { return by_turns_ ? by_turns_->position() : next_step_; }
+  // This trainer reads its member's stream no more (all_shared: it keeps its turn in the rounds).
+  void step_aside();
+  // all_shared: takes part in the rounds without waiting; on a board, nothing to do.
+  void serve() {
+    if (by_turns_) by_turns_->serve();
+  }
+  // After step_aside(): this trainer reads steps from `from` again (the board keeps their slots).
+  void hold(std::int64_t from);
+  // From step `from` on, this trainer trains `member`, over world ranks `ranks` (member order), on
+  // `shards`; every rank in `ranks` calls it with the same `from`.
+  void reshard(shard_range shards, std::int64_t from, int member = -1, const std::vector<int>& ranks = {});
+  // A trainer done for good: nobody waits for it again (all_shared: it takes its turn to the end).
+  void release();
+
  private:
   bool set_up_board(const communicator& world);
   // set_up_board's parts: the pieces each host reads, ascending; the trainers on each host
@@ -101,6 +129,17 @@ class adaptive : private detail::agreed_feed {
   std::vector<std::vector<std::size_t>> pieces_read_on(const host_map& hosts) const;
   std::vector<int> count_trainers(const communicator& world, const host_map& hosts, int host);
   void name_couriers(const communicator& world, const host_map& hosts);
+  // The hand-over on a board: this trainer's shards from step `from` on, out of `pieces`, repacked
+  // into `bytes` (split_change.hpp's repack) and read from there.
+  struct changed_split {
+    std::int64_t from = 0;
+    shard_range shards;
+    std::vector<int> pieces;
+    std::vector<std::byte> bytes;
+    detail::batch_assembly assembly;
+  };
+  batch changed_step(std::int64_t k);
+
   // Trainer: makes pieces of the board until this trainer's pieces of step k are all made.
   void make_until_ready(std::int64_t k);
   bool ready(std::int64_t k) const;
@@ -148,6 +187,10 @@ class adaptive : private detail::agreed_feed {
   std::unique_ptr<detail::board_courier<B>> courier_;  // on the courier rank; before couriers_ goes
   detail::batch_assembly assembly_;
   std::vector<span<const std::byte>> taken_;
+  std::vector<int> reading_;  // the board's pieces this trainer reads: assembly_'s, or split_'s
+  std::optional<changed_split> split_;
+  std::function<void(std::int64_t)> between_;
+  bool away_ = false;  // step_aside(): the reader line is let go of
   std::vector<std::byte> failure_;  // producer: the first failed piece it made
   std::int64_t next_step_ = 0, lent_ = -1, made_ = 0;
   int producers_here_ = 0;                            // producers on this host's board
@@ -163,6 +206,14 @@ adaptive<B>::adaptive(const communicator& world, const ensemble_layout& layout, 
   check(options_.flow.kind == flow_control::policy::lockstep, "adaptive",
         "flow_control::skip_ahead is one_to_many's: the adaptive feed delivers every step to every member");
   balancing_ = set_up_board(world);
+  // Agreed on every rank (the board's answer is), so every rank refuses alike, before a feed
+  // underneath posts anything.
+  check(!options_.hand_over || balancing_ || layout_.producers() == 0, "adaptive: hand-over",
+        cat("members hand ranks over where the feed balances in shared memory or takes turns (no producers); "
+            "layout '", layout_.str(), "' has producers, and no board serves its trainers (",
+            options_.shared_memory == shared_memory_use::off ? "feed_options.shared_memory (FLEXCOMM_SHM) is off"
+                                                             : "round-robin producers feed trainers on other hosts",
+            ")"));
   if (!balancing_) {
     if (layout_.producers() > 0 && !layout_.per_host()) {
       by_producers_ = std::make_unique<one_to_many<B>>(world, layout, std::move(load), options,
@@ -177,6 +228,7 @@ adaptive<B>::adaptive(const communicator& world, const ensemble_layout& layout, 
   if (role_.kind != role::trainer) return;
   assembly_ = detail::batch_assembly(pieces_, layout_, role_, options_.shard_capacity);
   taken_.resize(assembly_.pieces().size());
+  reading_ = assembly_.pieces();
 }
 
 // Collective over `world`: a board per host where the readers of every step share one, and the
@@ -201,9 +253,15 @@ bool adaptive<B>::set_up_board(const communicator& world) {
     }
     // A host makes the pieces it reads, or with couriers every piece of its home steps; the
     // others have no room on its board.
+    // Under hand-over a rank may join a member whose pieces no trainer of its host read before.
     std::vector<std::vector<std::size_t>> reads = pieces_read_on(hosts);
     std::vector<std::size_t> wire(pieces_.size());
     for (std::size_t c = 0; c < pieces_.size(); ++c) wire[c] = detail::piece_bytes(pieces_[c].shards, options_.shard_capacity);
+    if (options_.hand_over)
+      for (auto& on : reads) {
+        on.resize(pieces_.size());
+        for (std::size_t c = 0; c < pieces_.size(); ++c) on[c] = c;
+      }
     if (across)
       for (std::size_t c = 0; c < pieces_.size(); ++c) here_.push_back(c);
     else
@@ -367,7 +425,7 @@ void adaptive<B>::produce() {
 
 template <class B>
 bool adaptive<B>::ready(std::int64_t k) const {
-  for (int c : assembly_.pieces())
+  for (int c : reading_)
     if (!board_->is_made(k, static_cast<std::size_t>(c))) return false;
   return true;
 }
@@ -435,7 +493,7 @@ void adaptive<B>::make_until_ready(std::int64_t k) {
   while (!ready(k)) {
     if (make_one(k)) continue;
     std::size_t waiting_for = 0;  // the first of this trainer's pieces not made, named in a timeout
-    for (int c : assembly_.pieces())
+    for (int c : reading_)
       if (!board_->is_made(k, static_cast<std::size_t>(c))) {
         waiting_for = static_cast<std::size_t>(c);
         break;
@@ -467,6 +525,8 @@ std::optional<batch> adaptive<B>::next() {
     training_.back();
   }
   lent_ = -1;
+  if (between_ && next_step_ < options_.steps) between_(next_step_);
+  check(!away_, "adaptive", cat("next() after step_aside(), before reshard() (step ", next_step_, ")"));
   if (next_step_ >= options_.steps) return std::nullopt;
   const std::int64_t k = next_step_;
   {
@@ -490,15 +550,107 @@ std::optional<batch> adaptive<B>::next() {
       8 * training_.ns() >= static_cast<double>(board_->make_time().count()) &&
       board_->trainers_training() + 1 >= static_cast<std::uint64_t>(trainers_here_))
     make_one(k + 1);
-  const std::vector<int>& mine = assembly_.pieces();
-  for (std::size_t i = 0; i < mine.size(); ++i)
-    taken_[i] = {board_->piece(k, static_cast<std::size_t>(mine[i])), assembly_.bytes(i)};
-  const batch out = assembly_.assemble("adaptive", k, taken_);
+  const batch out = split_ ? changed_step(k) : [&] {
+    const std::vector<int>& mine = assembly_.pieces();
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      taken_[i] = {board_->piece(k, static_cast<std::size_t>(mine[i])), assembly_.bytes(i)};
+    return assembly_.assemble("adaptive", k, taken_);
+  }();
   lent_ = k;
   board_->training_starts();
   training_.handed_out();
   ++next_step_;
   return out;
+}
+
+template <class B>
+void adaptive<B>::between_steps(std::function<void(std::int64_t step)> each) {
+  if (by_turns_) return by_turns_->between_steps(std::move(each));
+  between_ = std::move(each);
+}
+
+template <class B>
+void adaptive<B>::step_aside() {
+  check(role_.kind == role::trainer, "adaptive", "step_aside() is for trainer ranks; this rank is a producer");
+  if (by_turns_) return by_turns_->step_aside();
+  check(balancing_ && options_.hand_over, "adaptive", "step_aside() is for a hand-over on a board (feed_options.hand_over)");
+  // Its member's steps stay on the board for the member's other readers; the slots it held go
+  // as soon as they let go of them too. While it waits for a member to join, nobody waits for it.
+  if (lent_ >= 0) {
+    board_->training_ends();
+    training_.back();
+  }
+  lent_ = -1;
+  board_->leave();
+  split_.reset();
+  away_ = true;
+}
+
+// The joiner's line comes back at `from`, the step the member's own ranks are at and hold: they
+// agreed on it at their next() of it, and go on only through the new member's first collective
+// (the pipeline calls this before it), so its slot cannot have come free in between.
+template <class B>
+void adaptive<B>::hold(std::int64_t from) {
+  if (by_turns_ || !away_) return;
+  board_->hold(from);
+}
+
+template <class B>
+void adaptive<B>::reshard(shard_range shards, std::int64_t from, int member, const std::vector<int>& ranks) {
+  check(role_.kind == role::trainer, "adaptive", "reshard() is for trainer ranks; this rank is a producer");
+  if (by_turns_) return by_turns_->reshard(shards, from, member, ranks);
+  check(balancing_ && options_.hand_over && shards.count > 0 && shards.first >= 0 &&
+            shards.first + shards.count <= layout_.shards_per_step() && from >= 0,
+        "adaptive", cat("reshard() to ", shards.count, " shard(s) from step ", from,
+                        ": needs a board under feed_options.hand_over, a shard of the step's and a step"));
+  check(away_ || from == next_step_, "adaptive",
+        cat("reshard() from step ", from, " on a trainer at step ", next_step_, " (the member's own ranks change at theirs)"));
+  changed_split x;
+  x.from = from;
+  x.shards = shards;
+  for (std::size_t c = 0; c < pieces_.size(); ++c) {
+    const int lo = std::max(pieces_[c].first_shard, shards.first);
+    const int hi = std::min(pieces_[c].first_shard + pieces_[c].shards, shards.first + shards.count);
+    if (lo < hi) x.pieces.push_back(static_cast<int>(c));
+  }
+  x.bytes.assign(detail::piece_bytes(shards.count, options_.shard_capacity), std::byte{0});
+  x.assembly = detail::batch_assembly({detail::piece{shards.first, shards.count, {}}}, {0}, shards, options_.shard_capacity);
+  reading_ = x.pieces;
+  split_ = std::move(x);
+  next_step_ = from;
+  away_ = false;
+}
+
+// A step of a changed split: its shards copied out of the board's pieces (which stay there for
+// their other readers) into one piece of this trainer's own.
+template <class B>
+batch adaptive<B>::changed_step(std::int64_t k) {
+  auto& x = *split_;
+  for (int c : x.pieces) {
+    const auto& h = *reinterpret_cast<const detail::piece_header*>(board_->piece(k, static_cast<std::size_t>(c)));
+    check(h.step == k, "adaptive: hand-over",
+          cat("piece ", c, " of step ", k, " holds step ", h.step, " (its slot was reused before this trainer read it)"));
+  }
+  detail::repack(
+      pieces_,
+      [&](int c) {
+        return span<const std::byte>(board_->piece(k, static_cast<std::size_t>(c)),
+                                     detail::piece_bytes(pieces_[static_cast<std::size_t>(c)].shards, options_.shard_capacity));
+      },
+      k, x.shards.first, x.shards.count, options_.shard_capacity, span<std::byte>(x.bytes));
+  return x.assembly.assemble("adaptive", k, {span<const std::byte>(x.bytes.data(), x.bytes.size())});
+}
+
+template <class B>
+void adaptive<B>::release() {
+  if (role_.kind != role::trainer) return;
+  if (by_turns_) return by_turns_->release();
+  if (by_producers_ && !by_message_) return by_producers_->release();
+  if (!board_) return;  // claims by message: the destructor closes the claims
+  if (lent_ >= 0) board_->training_ends();
+  lent_ = -1;
+  board_->leave();
+  next_step_ = options_.steps;
 }
 
 }  // namespace flexcomm

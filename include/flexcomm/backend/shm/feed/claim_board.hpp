@@ -144,6 +144,11 @@ class claim_board {
   void release(std::int64_t k) const noexcept { release_line(this_rank(), static_cast<std::uint64_t>(k) + 1); }
   // Reader that leaves the stream: nobody waits for it again.
   void leave() const noexcept { release_line(this_rank(), std::numeric_limits<std::uint64_t>::max()); }
+  // A reader that left comes back at step k (a hand-over): steps from k on wait for it again. Only
+  // while every slot from k on is held by another reader, which keeps k's from coming free.
+  void hold(std::int64_t k) const noexcept {
+    counter(this_rank()).store(static_cast<std::uint64_t>(k), std::memory_order_seq_cst);
+  }
   // Reader line `line` is done with steps [0, done). The reader that moves the slowest reader on
   // frees a slot, and rings for the producer that sleeps on it. Of two readers that release the
   // same step at once, at least one sees the other's store (both are sequentially consistent, as
