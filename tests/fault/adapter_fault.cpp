@@ -7,7 +7,7 @@
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
 //           gradient-order sync-stall sync-stall-messages claim-stall claim-dies claim-stall-messages
 //           claim-dies-messages claim-stall-hosts claim-dies-hosts handover-stall handover-dies
-//           handover-stall-shared handover-dies-shared bye-dies
+//           handover-stall-shared handover-dies-shared handover-stall-adaptive handover-dies-adaptive bye-dies
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -116,7 +116,8 @@ bool run_bye(const mpi::communicator& world, std::chrono::steady_clock::time_poi
 // process there) once their communicator is made: member 0's rank, sending it the state, names
 // it. Member 0 takes 30 ms a step, so that it still runs when the request comes.
 // Feed: local_feed, or all_shared (handover-*-shared: the other members need the joining rank's
-// turn in every round, so they wait on it too, and each names it or its wait within the timeout).
+// turn in every round, so they wait on it too, and each names it or its wait within the timeout),
+// or adaptive (handover-*-adaptive: on its board, where the joining rank holds the joining step).
 template <class Feed>
 bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady_clock::time_point& start) {
   const int n = world.size();
@@ -153,11 +154,12 @@ bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady
   return true;
 }
 
-// handover-stall, handover-dies, and the same under all_shared (-shared).
+// handover-stall, handover-dies, and the same under all_shared (-shared) and adaptive (-adaptive).
 bool run_handover(const mpi::communicator& world, const std::string& fault, std::chrono::steady_clock::time_point& start) {
   const bool dies = fault.find("-dies") != std::string::npos;
-  return fault.find("-shared") != std::string::npos ? run_handover<fc::all_shared<mpi>>(world, dies, start)
-                                                    : run_handover<fc::local_feed>(world, dies, start);
+  if (fault.find("-shared") != std::string::npos) return run_handover<fc::all_shared<mpi>>(world, dies, start);
+  if (fault.find("-adaptive") != std::string::npos) return run_handover<fc::adaptive<mpi>>(world, dies, start);
+  return run_handover<fc::local_feed>(world, dies, start);
 }
 
 // Runs a shared feed over "producers=1 members=(n-1)x1"; the loader misbehaves on fault_step.

@@ -258,6 +258,19 @@ FAULTS = {
         mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
         expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
         reports='as handover-stall: rank 0 names world rank {f}'),
+    # The same under adaptive, on its board: the joining rank holds the step it joins at.
+    'handover-stall-adaptive': dict(
+        driver='adapter', what="handover-stall under adaptive (on its board in shared memory: the joining rank "
+                               "holds the step it joins at)", min_ranks=4,
+        mpiexec=[], survivors='target', kind='timeout', guards=False,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
+        reports='as handover-stall: rank 0 names world rank {f}'),
+    'handover-dies-adaptive': dict(
+        driver='adapter', what="handover-dies under adaptive (mpiexec told to keep the job: {keep_going})",
+        min_ranks=4,
+        mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
+        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
+        reports='as handover-stall: rank 0 names world rank {f}'),
     # The end of a run with hand-overs: a root that waits for the others' byes past the timeout
     # waits on while they answer (a member that trains longer is no stall); one that died is named.
     'bye-dies': dict(
