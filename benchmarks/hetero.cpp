@@ -1,9 +1,10 @@
 // hetero: a heterogeneous ensemble, members whose steps cost up to 8x apart and that stop after
 // different numbers of steps (early stopping), trained to the end under several splits of the
 // same ranks, one after the other in one job: the time until every member has finished, and the
-// CPU the ranks spent. Each step a trainer's accelerator computes its shards (the host sleeps for
-// member cost x its share of the step, as in overlap's idle backward) and its member averages a
-// gradient through subgroup_allreduce, so a member of r ranks steps in about cost/r + sync.
+// CPU the ranks spent (--feed: how the members' steps are loaded). Each step a trainer's
+// accelerator computes its shards (the host sleeps for member cost x its share of the step, as in
+// overlap's idle backward) and its member averages a gradient through subgroup_allreduce, so a
+// member of r ranks steps in about cost/r + sync.
 //   mpiexec.mpich -n 12 build/benchmarks/hetero -j hetero.json
 // Rows: "even" (the ranks dealt evenly), "by work" (ranks in proportion to cost x steps), every
 // --split given, --search splits that move one rank from the fastest split so far, and "auto" (members=auto:N planned from the costs as hints, pipeline/
@@ -39,7 +40,8 @@ using fc::mpi;
 
 namespace {
 
-using pipeline = fc::ensemble_pipeline<fc::local_feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
+template <class Feed>
+using pipeline = fc::ensemble_pipeline<Feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
 
 struct member_spec {
   double cost_ms;       // one step of the member's whole batch on one rank
@@ -105,13 +107,16 @@ std::vector<int> proportional(const std::vector<double>& weights, int ranks) {
 // last step ends with ctx.finish_member() and its ranks join the running member with the longest
 // expected step (cost / ranks), which then steps faster; `ends` (on rank 0, the aggregator) gets
 // how each member ended.
+// `Feed`: each member loads its own steps (local_feed), or the members share the loading
+// (all_shared, adaptive), which ties their paces together within the feed's depth.
+template <class Feed>
 row train(const mpi::communicator& world, const std::string& name, const fc::ensemble_layout& layout,
           const std::vector<member_spec>& members, std::size_t gradient, bool handover,
           std::vector<fc::handover_record>& ends) {
-  pipeline::options options;
+  typename pipeline<Feed>::options options;
   options.feed.steps = std::max_element(members.begin(), members.end(), [](auto& a, auto& b) { return a.steps < b.steps; })->steps;
   options.feed.shard_capacity = 8;
-  pipeline pipe(world, layout, options);
+  pipeline<Feed> pipe(world, layout, options);
   std::map<int, std::vector<float>> models;  // a member's parameters, handed to a rank that joins it
   if (handover) {
     std::vector<double> costs;
@@ -170,7 +175,7 @@ row train(const mpi::communicator& world, const std::string& name, const fc::ens
 int main(int argc, char** argv) {
   fc::environment env(argc, argv);
   const auto& world = env.world();
-  std::string costs_text, steps_text, json;
+  std::string costs_text, steps_text, json, feed = "local";
   std::vector<std::string> splits;
   double unit_ms = 20;
   std::size_t gradient = 65536;
@@ -184,6 +189,7 @@ int main(int argc, char** argv) {
       ("gradient", counts::at_least<1>(&gradient), "floats each member averages per step")
       ("split", po::value(&splits)->composing(), "another fixed split to try, e.g. 1,1,2,2,3,3 (repeatable)")
       ("search", counts::at_least<0>(&search), "fixed splits tried by moving one rank from the fastest so far")
+      ("feed", po::value(&feed)->default_value(feed), "local (each member loads its own), all_shared or adaptive")
       ("repeat,n", counts::at_least<1>(&repeat), "runs of every row (the fastest is kept)")
       ("json,j", po::value(&json), "write the rows as JSON here");
   if (const auto status = benchmark_flags::parse(argc, argv, opts, world.rank())) return *status;
@@ -195,6 +201,8 @@ int main(int argc, char** argv) {
     stops = numbers(steps_text, "--steps");
     fc::check(costs.size() == stops.size() && costs.size() >= 2, "hetero",
               fc::cat("--costs has ", costs.size(), " members and --steps ", stops.size(), "; give both, for 2 or more"));
+    fc::check(feed == "local" || feed == "all_shared" || feed == "adaptive", "hetero",
+              fc::cat("--feed ", feed, ": local, all_shared or adaptive"));
     fc::check(world.size() >= static_cast<int>(costs.size()), "hetero",
               fc::cat(costs.size(), " members need at least as many ranks; the job has ", world.size()));
     for (const auto& s : splits) {
@@ -226,7 +234,9 @@ int main(int argc, char** argv) {
   auto best_of = [&](const std::string& name, const fc::ensemble_layout& layout, bool handover = false) {
     row best;
     for (int i = 0; i < repeat; ++i) {
-      auto r = train(world, name, layout, members, gradient, handover, ends);
+      auto r = feed == "all_shared" ? train<fc::all_shared<mpi>>(world, name, layout, members, gradient, handover, ends)
+               : feed == "adaptive"   ? train<fc::adaptive<mpi>>(world, name, layout, members, gradient, handover, ends)
+                                      : train<fc::local_feed>(world, name, layout, members, gradient, handover, ends);
       if (i == 0 || r.wall_s < best.wall_s) best = r;
     }
     return best;
@@ -260,8 +270,9 @@ int main(int argc, char** argv) {
   rows.push_back(best_of("auto+hand-over", planned.layout, true));
 
   if (world.rank() != 0) return 0;
-  std::printf("# hetero: %d ranks, %d members, costs %s units of %.2f ms, stopping at steps %s, %zu floats averaged\n",
-              world.size(), n, costs_text.c_str(), unit_ms, steps_text.c_str(), gradient);
+  std::printf("# hetero: %d ranks, %d members, costs %s units of %.2f ms, stopping at steps %s, %zu floats averaged, "
+              "feed %s\n",
+              world.size(), n, costs_text.c_str(), unit_ms, steps_text.c_str(), gradient, feed.c_str());
   std::printf("# %-14s %-28s %9s %9s %9s %7s\n", "config", "layout", "wall(s)", "cpu(s)", "speedup", "#wrong");
   for (const auto& r : rows)
     std::printf("  %-14s %-28s %9.3f %9.3f %9.2f %7lld\n", r.name.c_str(), r.layout.c_str(), r.wall_s, r.cpu_s,
@@ -275,7 +286,7 @@ int main(int argc, char** argv) {
   if (!json.empty()) {
     std::ofstream out(json);
     out << "{\"ranks\": " << world.size() << ", \"costs\": \"" << costs_text << "\", \"steps\": \"" << steps_text
-        << "\", \"unit_ms\": " << unit_ms << ", \"best_fixed\": \"" << best_name << "\", \"rows\": [";
+        << "\", \"unit_ms\": " << unit_ms << ", \"feed\": \"" << feed << "\", \"best_fixed\": \"" << best_name << "\", \"rows\": [";
     for (std::size_t i = 0; i < rows.size(); ++i)
       out << (i ? ", " : "") << "{\"config\": \"" << rows[i].name << "\", \"layout\": \"" << rows[i].layout
           << "\", \"wall_s\": " << rows[i].wall_s << ", \"cpu_s\": " << rows[i].cpu_s

@@ -845,14 +845,13 @@ BOOST_AUTO_TEST_CASE(a_target_keeps_the_gradient_memory_it_took_before_ranks_joi
 // steps: every shard once, each rank's in order, the loader's bytes; member 1's parameters the
 // same bits on its three ranks, those of the serial run across both hand-overs (within 1e-5, as
 // sums of three may round in another order; on one host's shared memory they were the same bits).
-BOOST_AUTO_TEST_CASE(a_member_grows_twice) {
-  if (world().size() != 6) {
-    BOOST_TEST_MESSAGE("a member that grows twice: needs 6 ranks, the world has " << world().size());
-    return;
-  }
+// Over local_feed, all_shared and adaptive (a_member_grows_twice_on_shared_feeds, below).
+namespace {
+template <class Pipeline>
+void grows_twice() {
   constexpr std::int64_t long_steps = 16;  // on 2 busy cores the second joiner came at step 7-9 of 10
   const fc::ensemble_layout layout(0, {1, 1, 1, 3}, 0);
-  handover_pipeline pipe(world(), layout, handover_options_for(long_steps));
+  Pipeline pipe(world(), layout, handover_options_for<Pipeline>(long_steps));
   std::map<int, linear_model> models;
   pipe.on_handover(handover_of(models));
   const int root1 = layout.trainer_rank(1, 0), root2 = layout.trainer_rank(2, 0);
@@ -952,6 +951,15 @@ BOOST_AUTO_TEST_CASE(a_member_grows_twice) {
     }
   BOOST_TEST(fc::testing::all_ranks(ok), "joined at " << joined[0] << " and " << joined[1] << ", bytes " << same_bytes
                                                       << ", ordered " << tally.ordered);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_member_grows_twice) {
+  if (world().size() != 6) {
+    BOOST_TEST_MESSAGE("a member that grows twice: needs 6 ranks, the world has " << world().size());
+    return;
+  }
+  grows_twice<handover_pipeline>();
 }
 
 // A member of two learns of the joiner in its sync's per-step check word and takes it at the step
@@ -1105,6 +1113,18 @@ BOOST_AUTO_TEST_CASE(an_adaptive_hand_over_with_producers_and_no_board_is_refuse
   BOOST_TEST(fc::testing::all_ranks(fc::testing::contains(refused, "adaptive: hand-over") &&
                                     fc::testing::contains(refused, "FLEXCOMM_SHM) is off")),
              refused);
+}
+
+// A member grows twice over the shared feeds: all_shared (the two ended members' ranks keep
+// their turns; member 1's parts from its one layout rank) and adaptive on its board (two joiners
+// hold their joining steps; the second joins a member whose ranks already read repacked shards).
+BOOST_AUTO_TEST_CASE(a_member_grows_twice_on_shared_feeds) {
+  if (world().size() != 6) {
+    BOOST_TEST_MESSAGE("a member that grows twice: needs 6 ranks, the world has " << world().size());
+    return;
+  }
+  BOOST_TEST_CONTEXT("all_shared") { grows_twice<shared_pipeline>(); }
+  BOOST_TEST_CONTEXT("adaptive") { grows_twice<adaptive_pipeline>(); }
 }
 
 // An uneven split over one_to_many, then its end (6 ranks: one producer, members=1,1,3, a step
@@ -1479,7 +1499,13 @@ BOOST_AUTO_TEST_CASE(the_typed_feed_hands_a_finished_members_rank_on) {
   typed_hand_over<handover_pipeline>(0);
 }
 
-// The same over adaptive (no producer: its board in shared memory, or turns across hosts).
+// The same over all_shared (the members take turns; the grown member's parts by message).
+BOOST_AUTO_TEST_CASE(the_typed_feed_over_all_shared_hands_a_finished_members_rank_on) {
+  if (world().size() < 4) return;  // below: no member with room
+  typed_hand_over<shared_pipeline>(0);
+}
+
+// The same over adaptive (no producer: its board in shared memory, with couriers across hosts).
 BOOST_AUTO_TEST_CASE(the_typed_feed_over_adaptive_hands_a_finished_members_rank_on) {
   if (world().size() < 4) return;  // below: no member with room
   typed_hand_over<adaptive_pipeline>(0);
