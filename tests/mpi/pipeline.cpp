@@ -851,7 +851,12 @@ template <class Pipeline>
 void grows_twice() {
   constexpr std::int64_t long_steps = 16;  // on 2 busy cores the second joiner came at step 7-9 of 10
   const fc::ensemble_layout layout(0, {1, 1, 1, 3}, 0);
-  Pipeline pipe(world(), layout, handover_options_for<Pipeline>(long_steps));
+  // Every step in flight: a shared feed (all_shared, adaptive) holds members within its depth of
+  // one another, and member 2 waits at its step 2 until member 1 has grown (at step 3-9 on 2 busy
+  // cores), so member 1 must be able to run on past member 2's window meanwhile.
+  auto options = handover_options_for<Pipeline>(long_steps);
+  options.feed.depth = long_steps;
+  Pipeline pipe(world(), layout, options);
   std::map<int, linear_model> models;
   pipe.on_handover(handover_of(models));
   const int root1 = layout.trainer_rank(1, 0), root2 = layout.trainer_rank(2, 0);
