@@ -279,16 +279,13 @@ class ensemble_pipeline {
           "this feed does not hand ranks over yet (local_feed, one_to_many, all_shared and adaptive do)");
     if constexpr (detail::takes_turns<Feed>::value) feed_options_.hand_over = true;  // its parts' communicator
     if constexpr (detail::splits_ahead<Feed>::value) {
-      // A changed split travels as messages: a producer learns of it from the credits, which
-      // trainers reading its steps in shared memory do not send (docs/heterogeneous.md).
+      // A producer learns of a changed split from the credits (trainers reading in shared memory
+      // ask in counters there) before it ships the step it changes at (docs/heterogeneous.md).
       check(feed_options_.flow.kind == flow_control::policy::lockstep, "ensemble_pipeline: on_handover",
             "one_to_many hands ranks over under lockstep flow control, not skip_ahead");
       check(!layout_.per_host(), "ensemble_pipeline: on_handover",
             cat("one_to_many hands ranks over with round-robin producers, not a producer per host (layout '",
                 layout_.str(), "')"));
-      check(feed_options_.shared_memory != shared_memory_use::on, "ensemble_pipeline: on_handover",
-            "one_to_many hands ranks over by message; feed_options.shared_memory (FLEXCOMM_SHM) is on");
-      feed_options_.shared_memory = shared_memory_use::off;
       feed_options_.hand_over = true;
     }
     handover_options_ = std::move(o);

@@ -160,6 +160,7 @@ class one_to_many : private detail::agreed_feed {
   void setup_source();
   std::size_t ring_size() const;
   void post_free_slots();
+  void post_messages();
   std::int64_t choose_step();
   void drain() noexcept;
   // release()'s: receives what was asked, posts nothing more; next() gives nothing.
@@ -317,6 +318,15 @@ std::size_t one_to_many<B>::ring_size() const {
 // lies in shared memory needs neither.
 template <class B>
 void one_to_many<B>::post_free_slots() {
+  post_messages();
+  // Under hand-overs the producers here learn what it asked in shared memory, as from credits.
+  if (options_.hand_over && split_member_ < 0 && !released_)
+    for (const auto& slots : host_)
+      if (slots) slots.ask_up_to(next_post_);
+}
+
+template <class B>
+void one_to_many<B>::post_messages() {
   for (; next_post_ < std::min(options_.steps, fence_); ++next_post_) {
     const std::int64_t s = next_post_;
     auto* t = source_.claim(s);
@@ -540,6 +550,10 @@ struct one_to_many<B>::production {
   void note_gone(shipment& t);
   // Members whose split changed (hand-overs): their steps, repacked, one message per rank.
   detail::changed_splits<B> splits;
+  // Where the trainers here read in place: the members they said split anew (and from which
+  // step), and how many of them the producer has the notice of.
+  std::vector<std::pair<int, std::int64_t>> moved;
+  std::size_t moves_known = 0;
   std::vector<int> index_in_mine;  // [piece]: its index in `mine`, or -1
   void ship_splits(std::int64_t s, std::int64_t k);
   std::vector<std::byte> failure;  // the first failed piece, rethrown once the stream is complete
@@ -660,16 +674,24 @@ void one_to_many<B>::production::ship(std::int64_t s, std::int64_t k) {
     const std::string what = cat("one_to_many: credits of step ", s);
     if (desk) desk.serve_until([&] { return here->is_free(k); }, [&] { here->wait_free(k, what); });
     here->fill_and_publish(k, what, fill);
+    // Under hand-overs the trainers here ask for each step too (in shared memory), or say that
+    // their member's split changes: its root's notice, then the member's messages.
+    if (feed.options_.hand_over) {
+      here->await_asked(s, moved, what);
+      for (; moves_known < moved.size(); ++moves_known) splits.await_notice(moved[moves_known].first, moved[moves_known].second);
+    }
   } else {
     fill();
   }
   t.sends.clear();
-  if (!messages) {
+  if (!messages && moved.empty()) {
     if (desk) desk.shipped(s);
     return;
   }
-  await(t.credits, cat("one_to_many: credits of step ", s));
-  note_gone(t);
+  if (messages) {
+    await(t.credits, cat("one_to_many: credits of step ", s));
+    note_gone(t);
+  }
   ship_splits(s, k);
   const auto shipped_to = [&](int world_rank) {
     return !in_place(world_rank) && std::find(gone_world.begin(), gone_world.end(), world_rank) == gone_world.end();
@@ -685,9 +707,9 @@ void one_to_many<B>::production::ship(std::int64_t s, std::int64_t k) {
                      piece_peers[i][static_cast<std::size_t>(r)]);
   }
   t.step = s;
-  ring.start(k, t.sends, cat("one_to_many: send of step ", s));
+  if (!t.sends.requests.empty()) ring.start(k, t.sends, cat("one_to_many: send of step ", s));
   if (desk) desk.shipped(s);
-  if (s + depth * P < feed.options_.steps) ask_credits(s + depth * P, k + depth);
+  if (messages && s + depth * P < feed.options_.steps) ask_credits(s + depth * P, k + depth);
 }
 
 template <class B>
@@ -815,7 +837,8 @@ void one_to_many<B>::answer_asked(std::int64_t from, int value, int split) {
   for (std::int64_t s = from; s < options_.steps && s < from + per_producer * P; ++s) {
     const int p = producer_of(s);
     auto& n = told[static_cast<std::size_t>(p)];
-    if (n == per_producer || source_.in_shared_memory(s)) continue;
+    // A changed split's credits go by message whether or not the layout's steps lie here.
+    if (n == per_producer || (split < 0 && source_.in_shared_memory(s))) continue;
     ++n;
     none_.push_back(value);  // a deque: earlier sends keep pointing at theirs
     if (split >= 0) {
@@ -831,15 +854,18 @@ void one_to_many<B>::answer_asked(std::int64_t from, int value, int split) {
 template <class B>
 void one_to_many<B>::fence(std::int64_t at) {
   check(role_.kind == role::trainer && !released_ && !claims_ && options_.flow.kind == flow_control::policy::lockstep &&
-            !layout_.per_host() && !detail::any_shared(host_) && options_.hand_over,
+            !layout_.per_host() && options_.hand_over,
         "one_to_many: hand-over",
-        "a member's split changes only on a lockstep trainer fed by round-robin producers, by message, under "
+        "a member's split changes only on a lockstep trainer fed by round-robin producers, under "
         "feed_options.hand_over");
   check(at == next_post_, "one_to_many: hand-over",
         cat("the split changes at step ", at, " but this trainer has asked up to step ", next_post_));
   fence_ = at;
   // A changed split's credits say which split they ask for: the producer waits for its notice.
-  if (split_member_ < 0) answer_asked(at, credit_moved(role_.member), -1);
+  if (split_member_ >= 0) return;
+  answer_asked(at, credit_moved(role_.member), -1);
+  for (const auto& slots : host_)
+    if (slots) slots.move(role_.member, at);
 }
 
 template <class B>

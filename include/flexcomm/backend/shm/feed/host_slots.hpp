@@ -31,8 +31,10 @@ inline void answer_watchdog() { watchdog::instance().answer_queries(); }
 // `published`; every reader counts in `released` the steps it is done with. A publisher fills
 // slot k only once every other rank of the group has released step k - slots, so a batch stays
 // as it is until its reader lets go of it (at its next next()): no step is ever dropped and no
-// batch changes under a reader. Each rank's region: `published`, `released` (a cache line
-// each), then its slots if it publishes.
+// batch changes under a reader. Each rank's region: `published`, `released`, and for one_to_many's
+// hand-overs `asked` and `moved` (a cache line each), then its slots if it publishes.
+//   asked   the steps [0, asked) a reader has asked for (a credit, as a counter; global steps)
+//   moved   (at + 1) << 16 | (member + 1) once the reader's member splits anew from step `at`
 template <class B>
 class host_slots {
  public:
@@ -46,13 +48,12 @@ class host_slots {
   host_slots(const typename B::communicator& group, bool publishes, std::size_t slots, std::size_t slot_bytes,
              std::vector<int> world_ranks, const std::string& who)
       : slots_(slots), slot_bytes_(round_up(slot_bytes)), world_ranks_(std::move(world_ranks)) {
-    window_ = typename B::host_window(group, 2 * line + (publishes ? slots_ * slot_bytes_ : 0), who);
+    window_ = typename B::host_window(group, header + (publishes ? slots_ * slot_bytes_ : 0), who);
     for (int r = 0; r < window_.size(); ++r) regions_.push_back(window_.region(r));
     // Each rank places its own counters; the file starts zeroed, so a peer that reads them before
     // the placement reads 0 all the same.
     static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
-    new (window_.region(window_.rank())) std::atomic<std::uint64_t>(0);
-    new (window_.region(window_.rank()) + line) std::atomic<std::uint64_t>(0);
+    for (std::size_t c = 0; c < header / line; ++c) new (window_.region(window_.rank()) + c * line) std::atomic<std::uint64_t>(0);
   }
 
   explicit operator bool() const noexcept { return static_cast<bool>(window_); }
@@ -64,7 +65,7 @@ class host_slots {
 
   // Where group rank r's k-th step lies.
   std::byte* slot(int r, std::int64_t k) const noexcept {
-    return regions_[static_cast<std::size_t>(r)] + 2 * line + static_cast<std::size_t>(k) % slots_ * slot_bytes_;
+    return regions_[static_cast<std::size_t>(r)] + header + static_cast<std::size_t>(k) % slots_ * slot_bytes_;
   }
 
   // Publisher: whether every other rank is done with the step its slot k held before.
@@ -123,13 +124,61 @@ class host_slots {
   // Reader that leaves the stream: no publisher waits for it again.
   void leave() const noexcept { release_all(std::numeric_limits<std::uint64_t>::max()); }
 
+  // one_to_many's hand-over, where a member's split may change at a step the member agrees on
+  // (first_unasked(): the first it has not asked for), a producer must learn of a change before it
+  // ships that step, as from a credit by message. Reader: it has asked for steps [0, n).
+  void ask_up_to(std::int64_t n) const noexcept {
+    auto& mine = counter(window_.rank(), asked_at);
+    if (mine.load(std::memory_order_relaxed) < static_cast<std::uint64_t>(n))
+      mine.store(static_cast<std::uint64_t>(n), std::memory_order_release);
+  }
+  // Reader: its member's split changes at step `at`; it asks for nothing from there.
+  void move(int member, std::int64_t at) const noexcept {
+    counter(window_.rank(), moved_at)
+        .store((static_cast<std::uint64_t>(at) + 1) << member_bits | static_cast<std::uint64_t>(member + 1),
+               std::memory_order_release);
+  }
+  // Publisher, before it ships `step` (a global step): waits until every other rank asked for it,
+  // left, or said its member splits anew at or before it; those members into `moved`, once each.
+  void await_asked(std::int64_t step, std::vector<std::pair<int, std::int64_t>>& moved, const std::string& what) const {
+    auto answered = [&](int r) {
+      return released(r).load(std::memory_order_acquire) == std::numeric_limits<std::uint64_t>::max() ||
+             counter(r, asked_at).load(std::memory_order_acquire) > static_cast<std::uint64_t>(step) ||
+             moved_from(r) <= step;
+    };
+    auto late = [&] {
+      std::string out;
+      for (int r = 0; r < window_.size(); ++r)
+        if (r != window_.rank() && !answered(r)) out += cat(out.empty() ? "" : ", ", world_ranks_[static_cast<std::size_t>(r)]);
+      return out;
+    };
+    wait_in_shared_memory([&] { return late().empty(); }, answer_watchdog, what, [&] {
+      const std::string who = late();
+      return cat("world rank", who.find(',') == std::string::npos ? " " : "s ", who,
+                 "\n  (in shared memory on this host: step ", step, " not asked for)");
+    });
+    for (int r = 0; r < window_.size(); ++r) {
+      if (r == window_.rank() || moved_from(r) > step) continue;
+      const std::uint64_t w = counter(r, moved_at).load(std::memory_order_acquire);
+      const std::pair<int, std::int64_t> m{static_cast<int>(w & ((std::uint64_t{1} << member_bits) - 1)) - 1,
+                                           static_cast<std::int64_t>(w >> member_bits) - 1};
+      if (std::find(moved.begin(), moved.end(), m) == moved.end()) moved.push_back(m);
+    }
+  }
+
 
  private:
-  std::atomic<std::uint64_t>& published(int r) const noexcept {
-    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions_[static_cast<std::size_t>(r)]));
+  static constexpr std::size_t published_at = 0, released_at = 1, asked_at = 2, moved_at = 3, header = 4 * line;
+  static constexpr int member_bits = 16;
+  std::atomic<std::uint64_t>& counter(int r, std::size_t at) const noexcept {
+    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions_[static_cast<std::size_t>(r)] + at * line));
   }
-  std::atomic<std::uint64_t>& released(int r) const noexcept {
-    return *std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(regions_[static_cast<std::size_t>(r)] + line));
+  std::atomic<std::uint64_t>& published(int r) const noexcept { return counter(r, published_at); }
+  std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(r, released_at); }
+  // The step rank r's member splits anew at; the largest step where it does not.
+  std::int64_t moved_from(int r) const noexcept {
+    const std::uint64_t w = counter(r, moved_at).load(std::memory_order_acquire);
+    return w == 0 ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(w >> member_bits) - 1;
   }
   void release_all(std::uint64_t done) const noexcept {
     auto& mine = released(window_.rank());
