@@ -43,6 +43,18 @@ STALLED = r'(?:stalled at [^\n]*; )?'
 
 # How the driver behaves for each fault (tests/fault/fault.cpp); {f} is the faulty (last) rank,
 # {others} the other ranks as the report lists them, {n} the world size.
+def handover_rows(suffix, feed, how):
+    """handover-stall and handover-dies under another feed (-suffix): the same rows, `how` it feeds."""
+    timed_out = [r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}']
+    common = dict(driver='adapter', min_ranks=4, survivors='target', kind='timeout', guards=False,
+                  expect=timed_out, reports='as handover-stall: rank 0 names world rank {f}')
+    return {
+        f'handover-stall-{suffix}': dict(common, what=f"handover-stall under {feed} {how}", mpiexec=[]),
+        f'handover-dies-{suffix}': dict(common, what=f"handover-dies under {feed} (mpiexec told to keep the job: "
+                                                  "{keep_going})", mpiexec='keep_going'),
+    }
+
+
 FAULTS = {
     'none': dict(
         what='no fault (control: the driver can succeed)',
@@ -246,31 +258,11 @@ FAULTS = {
         expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
         reports='as handover-stall: rank 0 names world rank {f}'),
     # The same under all_shared: every other rank needs the joining rank's turn in the rounds too.
-    'handover-stall-shared': dict(
-        driver='adapter', what="handover-stall under all_shared (the members take turns loading every step: each "
-                               "waits on rank {f}'s turn too)", min_ranks=4,
-        mpiexec=[], survivors='target', kind='timeout', guards=False,
-        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
-        reports='as handover-stall: rank 0 names world rank {f}'),
-    'handover-dies-shared': dict(
-        driver='adapter', what="handover-dies under all_shared (mpiexec told to keep the job: {keep_going})",
-        min_ranks=4,
-        mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
-        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
-        reports='as handover-stall: rank 0 names world rank {f}'),
+    **handover_rows('shared', 'all_shared', "(the members take turns loading every step: each waits on rank {f}'s "
+                                            "turn too)"),
     # The same under adaptive, on its board: the joining rank holds the step it joins at.
-    'handover-stall-adaptive': dict(
-        driver='adapter', what="handover-stall under adaptive (on its board in shared memory: the joining rank "
-                               "holds the step it joins at)", min_ranks=4,
-        mpiexec=[], survivors='target', kind='timeout', guards=False,
-        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
-        reports='as handover-stall: rank 0 names world rank {f}'),
-    'handover-dies-adaptive': dict(
-        driver='adapter', what="handover-dies under adaptive (mpiexec told to keep the job: {keep_going})",
-        min_ranks=4,
-        mpiexec='keep_going', survivors='target', kind='timeout', guards=False,
-        expect=[r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}'],
-        reports='as handover-stall: rank 0 names world rank {f}'),
+    **handover_rows('adaptive', 'adaptive', "(on its board in shared memory: the joining rank holds the step "
+                                            "it joins at)"),
     # The end of a run with hand-overs: a root that waits for the others' byes past the timeout
     # waits on while they answer (a member that trains longer is no stall); one that died is named.
     'bye-dies': dict(
