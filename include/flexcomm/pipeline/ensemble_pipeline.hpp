@@ -278,7 +278,8 @@ class ensemble_pipeline {
     check(detail::hands_over<Feed>::value, "ensemble_pipeline: on_handover",
           "this feed does not hand ranks over yet (local_feed, one_to_many, all_shared and adaptive do)");
     if constexpr (detail::takes_turns<Feed>::value) feed_options_.hand_over = true;  // its parts' communicator
-    if constexpr (detail::splits_ahead<Feed>::value) {
+    // adaptive takes turns or reads its boards, else runs as one_to_many: it refuses for itself.
+    if constexpr (detail::splits_ahead<Feed>::value && !detail::takes_turns<Feed>::value) {
       // A producer learns of a changed split from the credits (trainers reading in shared memory
       // ask in counters there) before it ships the step it changes at (docs/heterogeneous.md).
       check(feed_options_.flow.kind == flow_control::policy::lockstep, "ensemble_pipeline: on_handover",

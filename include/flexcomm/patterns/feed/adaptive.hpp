@@ -101,13 +101,28 @@ class adaptive : private detail::agreed_feed {
   // hand-over, unchanged). On a board the pieces never change and every host's board holds every
   // piece: a rank whose member ended lets its reader line go (step_aside()), holds the step it
   // joins at before the member's ranks can pass it (hold()), and reads its new shards out of the
-  // pieces, repacked (reshard()). With producers and no board (shared memory off, round-robin
-  // producers across hosts) it is refused: one_to_many hands over by credits, which claims by
-  // message do not send. docs/heterogeneous.md says why.
+  // pieces, repacked (reshard()). With round-robin producers and no board (shared memory off,
+  // producers across hosts) it runs as one_to_many, whose hand-over goes by credits, which claims
+  // by message do not send: no trainer makes pieces then. docs/heterogeneous.md says why.
   // `each(step)` runs at the top of each next(), before the step is taken; it may reshard().
   void between_steps(std::function<void(std::int64_t step)> each);
   // The next step next() delivers (of the member this trainer trains now).
-  std::int64_t position() const noexcept { return by_turns_ ? by_turns_->position() : next_step_; }
+  std::int64_t position() const noexcept {
+    return by_turns_ ? by_turns_->position() : by_producers_ ? by_producers_->position() : next_step_;
+  }
+  // Where the split of this trainer's member can change: one_to_many's first_unasked() (a few
+  // steps ahead), else its position. fence(), announce() and leave_split() are one_to_many's
+  // (nothing to do on a board or in turns).
+  std::int64_t first_unasked() const noexcept { return by_producers_ ? by_producers_->first_unasked() : position(); }
+  void fence(std::int64_t at) {
+    if (by_producers_) by_producers_->fence(at);
+  }
+  void announce(int member, std::int64_t at, const std::vector<int>& ranks) {
+    if (by_producers_) by_producers_->announce(member, at, ranks);
+  }
+  void leave_split(int member, std::int64_t at) {
+    if (by_producers_) by_producers_->leave_split(member, at);
+  }
   // This trainer reads its member's stream no more (all_shared: it keeps its turn in the rounds).
   void step_aside();
   // all_shared: takes part in the rounds without waiting; on a board, nothing to do.
@@ -207,15 +222,15 @@ adaptive<B>::adaptive(const communicator& world, const ensemble_layout& layout, 
         "flow_control::skip_ahead is one_to_many's: the adaptive feed delivers every step to every member");
   balancing_ = set_up_board(world);
   // Agreed on every rank (the board's answer is), so every rank refuses alike, before a feed
-  // underneath posts anything.
-  check(!options_.hand_over || balancing_ || layout_.producers() == 0, "adaptive: hand-over",
-        cat("members hand ranks over where the feed balances in shared memory or takes turns (no producers); "
-            "layout '", layout_.str(), "' has producers, and no board serves its trainers (",
-            options_.shared_memory == shared_memory_use::off ? "feed_options.shared_memory (FLEXCOMM_SHM) is off"
-                                                             : "round-robin producers feed trainers on other hosts",
-            ")"));
+  // underneath posts anything: one_to_many hands over with round-robin producers only.
+  check(!options_.hand_over || balancing_ || !layout_.per_host(), "adaptive: hand-over",
+        cat("members hand ranks over with a producer per host only on the hosts' boards in shared memory, and "
+            "feed_options.shared_memory (FLEXCOMM_SHM) is off (layout '", layout_.str(), "')"));
   if (!balancing_) {
-    if (layout_.producers() > 0 && !layout_.per_host()) {
+    if (layout_.producers() > 0 && options_.hand_over) {
+      // Claims by message have no hand-over: as one_to_many, producers alone make the steps.
+      by_producers_ = std::make_unique<one_to_many<B>>(world, layout, std::move(load), options);
+    } else if (layout_.producers() > 0 && !layout_.per_host()) {
       by_producers_ = std::make_unique<one_to_many<B>>(world, layout, std::move(load), options,
                                                        detail::claims_by_message{});
       by_message_ = true;
@@ -566,6 +581,7 @@ std::optional<batch> adaptive<B>::next() {
 template <class B>
 void adaptive<B>::between_steps(std::function<void(std::int64_t step)> each) {
   if (by_turns_) return by_turns_->between_steps(std::move(each));
+  if (by_producers_) return by_producers_->between_steps(std::move(each));
   between_ = std::move(each);
 }
 
@@ -573,6 +589,7 @@ template <class B>
 void adaptive<B>::step_aside() {
   check(role_.kind == role::trainer, "adaptive", "step_aside() is for trainer ranks; this rank is a producer");
   if (by_turns_) return by_turns_->step_aside();
+  if (by_producers_) return by_producers_->release();  // one_to_many: its stream is left
   check(balancing_ && options_.hand_over, "adaptive", "step_aside() is for a hand-over on a board (feed_options.hand_over)");
   // Its member's steps stay on the board for the member's other readers; the slots it held go
   // as soon as they let go of them too. While it waits for a member to join, nobody waits for it.
@@ -599,6 +616,7 @@ template <class B>
 void adaptive<B>::reshard(shard_range shards, std::int64_t from, int member, const std::vector<int>& ranks) {
   check(role_.kind == role::trainer, "adaptive", "reshard() is for trainer ranks; this rank is a producer");
   if (by_turns_) return by_turns_->reshard(shards, from, member, ranks);
+  if (by_producers_) return by_producers_->reshard(shards, from, member);
   check(balancing_ && options_.hand_over && shards.count > 0 && shards.first >= 0 &&
             shards.first + shards.count <= layout_.shards_per_step() && from >= 0,
         "adaptive", cat("reshard() to ", shards.count, " shard(s) from step ", from,
