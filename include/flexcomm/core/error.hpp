@@ -11,6 +11,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace flexcomm {
 
@@ -94,6 +95,18 @@ std::string cat(const Parts&... parts) {
   std::string out;
   (detail::append_part(out, parts), ...);
   return out;
+}
+
+// "world rank 3" or "world ranks 1, 2": the ranks a message blames, in the words a wait's report
+// reads back (core/wait.hpp's ranks_named_in); each followed by after(rank) (a host, say).
+template <class After>
+std::string world_ranks_named(const std::vector<int>& ranks, After&& after) {
+  std::string out = ranks.size() == 1 ? "world rank " : "world ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) out += cat(i ? ", " : "", ranks[i], after(ranks[i]));
+  return out;
+}
+inline std::string world_ranks_named(const std::vector<int>& ranks) {
+  return world_ranks_named(ranks, [](int) { return ""; });
 }
 
 // Precondition check that reports instead of crashing: check(n <= cap, "feed", "...", n). The

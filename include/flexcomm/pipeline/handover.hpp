@@ -377,13 +377,13 @@ std::optional<typename B::communicator> member_handover<B>::form(const handover_
           return done;
         },
         control_.timeout());
-    std::string missing;
+    std::vector<int> missing;
     for (std::size_t i = 1; i < a.ranks.size(); ++i)
-      if (here[i] != a.step) missing += cat(missing.empty() ? "" : ", ", a.ranks[i]);
+      if (here[i] != a.step) missing.push_back(a.ranks[i]);
     check(all, what,
-          cat("timed out after ", control_.timeout().count(), " ms (FLEXCOMM_TIMEOUT): world rank(s) ", missing,
+          cat("timed out after ", control_.timeout().count(), " ms (FLEXCOMM_TIMEOUT): ", world_ranks_named(missing),
               " did not come to it"));
-    check(missing.empty(), what, cat("world rank(s) ", missing, " came for another step"));
+    check(missing.empty(), what, cat(world_ranks_named(missing), " came for another step"));
     for (std::size_t i = 1; i < a.ranks.size(); ++i)
       B::isend(control_, span<const std::int64_t>(&token, 1), a.ranks[i], go_tag).wait();
   } else {
@@ -462,11 +462,9 @@ void member_handover<B>::leave() {
       for (std::size_t m = 0; m < bye_from_.size(); ++m)
         if (waits_for(m)) waited.push_back(control_.world_rank_of(roots_[m]));
       if (stall_registry::instance().all_answer(waited, stall_grace(limit))) continue;
-      std::string silent;
-      for (int r : waited) silent += cat(silent.empty() ? "" : ", ", r);
       const std::string what = "ensemble_pipeline: hand-over";
       fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) at the end: ",
-                     stall_registry::instance().lead(what, waited, limit), "member roots (world ranks ", silent,
+                     stall_registry::instance().lead(what, waited, limit), "member roots (", world_ranks_named(waited),
                      ") did not say they were done"));
     }
   }

@@ -393,12 +393,9 @@ batch all_shared<B>::changed_step(std::int64_t step) {
         note.set(cat(what, ": step ", step, " of member ", x.member, "'s changed split"), owed());
         detail::answer_watchdog();
       });
-  if (!all) {
-    std::string silent;
-    for (const int r : owed()) silent += cat(silent.empty() ? "" : ", ", r);
+  if (!all)
     fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) waiting for step ", step, " of member ",
-                   x.member, "'s changed split from world rank(s) ", silent));
-  }
+                   x.member, "'s changed split from ", world_ranks_named(owed())));
   return x.assembly.assemble("all_shared", step, parts);
 }
 

@@ -204,10 +204,8 @@ class claim_desk {
           std::vector<int> late;
           for (std::size_t t = 1; t < trainers_.size(); ++t)
             if (!trainers_[t].finished) late.push_back(trainers_[t].world_rank);
-          std::string who;
-          for (int r : late) who += cat(who.empty() ? "" : ", ", r, on_host(r));
           timed_out_waiting(cat(who_, ": end of the stream (claims)"), default_timeout(),
-                            cat("world rank", late.size() > 1 ? "s " : " ", who));
+                            world_ranks_named(late, on_host));
         });
     for (std::size_t t = 1; t < trainers_.size(); ++t) trainers_[t].answer.wait();
     closed_ = true;

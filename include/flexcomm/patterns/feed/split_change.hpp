@@ -15,7 +15,9 @@
 #include "../../core/error.hpp"
 #include "../../core/layout.hpp"
 #include "../../core/span.hpp"
+#include "../../core/stall.hpp"
 #include "../../core/wait.hpp"
+#include "../../core/watchdog.hpp"
 #include "steps_in_flight.hpp"
 #include "wire.hpp"
 
@@ -39,23 +41,32 @@ inline std::vector<std::int64_t> split_notice(int member, std::int64_t from, con
   return m;
 }
 
-// Waits for every request, naming the world ranks (peers[i] of rs[i]) that did not answer.
+// Waits for every request, naming the world ranks (peers[i] of rs[i]) that did not answer; once
+// long, peers that follow a stall through this rank learn whom it waits on, and the timeout
+// leads with where the stall is.
 template <class Request>
 void await_named(std::vector<Request>& rs, const std::vector<int>& peers, const std::string& what) {
   const auto limit = default_timeout();
   std::vector<char> done(rs.size(), 0);
-  const bool all = default_wait().until(
+  const auto silent = [&] {
+    std::vector<int> out;
+    for (std::size_t i = 0; i < rs.size(); ++i)
+      if (!done[i]) out.push_back(peers[i]);
+    return out;
+  };
+  waiting_note note;
+  const bool all = wait_answering(
+      default_wait(), limit,
       [&] {
         bool out = true;
         for (std::size_t i = 0; i < rs.size(); ++i) out = (done[i] = done[i] || rs[i].test()) && out;
         return out;
       },
-      limit);
-  if (all) return;
-  std::string silent;
-  for (std::size_t i = 0; i < rs.size(); ++i)
-    if (!done[i]) silent += cat(silent.empty() ? "" : ", ", peers[i]);
-  fail(what, cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT) waiting for world rank(s) ", silent));
+      [&] {
+        note.set(what, silent());
+        watchdog::instance().answer_queries();
+      });
+  if (!all) timed_out_waiting(what, limit, world_ranks_named(silent()));
 }
 
 // Shards [first, first + count) of step `step` as one piece on the wire, out of the pieces that

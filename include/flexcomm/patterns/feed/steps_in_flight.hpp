@@ -223,11 +223,9 @@ class steps_in_flight {
   // The followed stall leads (stall.hpp: the ranks that stopped, where the owed ones wait on them).
   [[noreturn]] void fail_timed_out(part& p, const std::string& what, std::chrono::milliseconds timeout) {
     const std::vector<int> owed = owed_by(p);
-    std::string who;
-    for (int r : owed) who += cat(who.empty() ? "" : ", ", r, on_host(r));
     const std::string stalled = stall_registry::instance().lead(what, owed, timeout);
     fail(what, cat("timed out after ", timeout.count(), " ms (FLEXCOMM_TIMEOUT)",
-                   who.empty() ? "" : cat("; ", stalled, "not answered by world rank", owed.size() > 1 ? "s " : " ", who)));
+                   owed.empty() ? "" : cat("; ", stalled, "not answered by ", world_ranks_named(owed, on_host))));
   }
 
  private:

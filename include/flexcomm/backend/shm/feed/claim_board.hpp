@@ -203,13 +203,12 @@ class claim_board {
   int late_readers(std::int64_t k, std::string* names) const {
     const std::int64_t before = k - static_cast<std::int64_t>(slots_);
     if (before < 0) return 0;
-    int late = 0;
+    std::vector<int> late;
     for (std::size_t r = 0; r < world_ranks_.size(); ++r)
-      if (released(static_cast<int>(r)).load(std::memory_order_acquire) <= static_cast<std::uint64_t>(before)) {
-        ++late;
-        if (names) *names += cat(names->empty() ? "world rank " : ", ", world_ranks_[r]);
-      }
-    return late;
+      if (released(static_cast<int>(r)).load(std::memory_order_acquire) <= static_cast<std::uint64_t>(before))
+        late.push_back(world_ranks_[r]);
+    if (names && !late.empty()) *names = world_ranks_named(late);
+    return static_cast<int>(late.size());
   }
 
   typename B::host_window window_;

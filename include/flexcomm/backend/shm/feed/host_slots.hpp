@@ -79,20 +79,10 @@ class host_slots {
   void wait_free(std::int64_t k, const std::string& what) const {
     const auto needed = static_cast<std::uint64_t>(std::max<std::int64_t>(k - static_cast<std::int64_t>(slots_) + 1, 0));
     if (needed == 0) return;
-    auto late = [&](bool name) {
-      std::string out;
-      for (int r = 0; r < window_.size(); ++r)
-        if (r != window_.rank() && released(r).load(std::memory_order_acquire) < needed) {
-          if (!name) return std::string("late");
-          out += cat(out.empty() ? "" : ", ", world_ranks_[static_cast<std::size_t>(r)]);
-        }
-      return out;
-    };
-    wait_in_shared_memory([&] { return late(false).empty(); }, answer_watchdog, what, [&] {
-      const std::string who = late(true);
-      return cat("world rank", who.find(',') == std::string::npos ? " " : "s ", who,
-                 "\n  (in shared memory on this host: step ", needed - 1, " of world rank ",
-                 world_ranks_[static_cast<std::size_t>(window_.rank())], "'s slots not released)");
+    const auto late = [&](int r) { return released(r).load(std::memory_order_acquire) < needed; };
+    wait_in_shared_memory([&] { return others(late).empty(); }, answer_watchdog, what, [&] {
+      return cat(world_ranks_named(others(late)), "\n  (in shared memory on this host: step ", needed - 1,
+                 " of world rank ", world_ranks_[static_cast<std::size_t>(window_.rank())], "'s slots not released)");
     });
   }
   // Publisher: its step k is in its slot.
@@ -141,21 +131,13 @@ class host_slots {
   // Publisher, before it ships `step` (a global step): waits until every other rank asked for it,
   // left, or said its member splits anew at or before it; those members into `moved`, once each.
   void await_asked(std::int64_t step, std::vector<std::pair<int, std::int64_t>>& moved, const std::string& what) const {
-    auto answered = [&](int r) {
-      return released(r).load(std::memory_order_acquire) == std::numeric_limits<std::uint64_t>::max() ||
-             counter(r, asked_at).load(std::memory_order_acquire) > static_cast<std::uint64_t>(step) ||
-             moved_from(r) <= step;
+    const auto late = [&](int r) {
+      return released(r).load(std::memory_order_acquire) != std::numeric_limits<std::uint64_t>::max() &&
+             counter(r, asked_at).load(std::memory_order_acquire) <= static_cast<std::uint64_t>(step) &&
+             moved_from(r) > step;
     };
-    auto late = [&] {
-      std::string out;
-      for (int r = 0; r < window_.size(); ++r)
-        if (r != window_.rank() && !answered(r)) out += cat(out.empty() ? "" : ", ", world_ranks_[static_cast<std::size_t>(r)]);
-      return out;
-    };
-    wait_in_shared_memory([&] { return late().empty(); }, answer_watchdog, what, [&] {
-      const std::string who = late();
-      return cat("world rank", who.find(',') == std::string::npos ? " " : "s ", who,
-                 "\n  (in shared memory on this host: step ", step, " not asked for)");
+    wait_in_shared_memory([&] { return others(late).empty(); }, answer_watchdog, what, [&] {
+      return cat(world_ranks_named(others(late)), "\n  (in shared memory on this host: step ", step, " not asked for)");
     });
     for (int r = 0; r < window_.size(); ++r) {
       if (r == window_.rank() || moved_from(r) > step) continue;
@@ -175,6 +157,14 @@ class host_slots {
   }
   std::atomic<std::uint64_t>& published(int r) const noexcept { return counter(r, published_at); }
   std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(r, released_at); }
+  // The world ranks of the group's other ranks r for which late(r).
+  template <class Late>
+  std::vector<int> others(Late&& late) const {
+    std::vector<int> out;
+    for (int r = 0; r < window_.size(); ++r)
+      if (r != window_.rank() && late(r)) out.push_back(world_ranks_[static_cast<std::size_t>(r)]);
+    return out;
+  }
   // The step rank r's member splits anew at; the largest step where it does not.
   std::int64_t moved_from(int r) const noexcept {
     const std::uint64_t w = counter(r, moved_at).load(std::memory_order_acquire);
