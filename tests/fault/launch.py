@@ -43,11 +43,11 @@ STALLED = r'(?:stalled at [^\n]*; )?'
 
 # How the driver behaves for each fault (tests/fault/fault.cpp); {f} is the faulty (last) rank,
 # {others} the other ranks as the report lists them, {n} the world size.
-def handover_rows(suffix, feed, how):
+def handover_rows(suffix, feed, how, **differs):
     """handover-stall and handover-dies under another feed (-suffix): the same rows, `how` it feeds."""
     timed_out = [r'timed out after \d+ ms \(FLEXCOMM_TIMEOUT\); [^\n]*world rank {f}']
-    common = dict(driver='adapter', min_ranks=4, survivors='target', kind='timeout', guards=False,
-                  expect=timed_out, reports='as handover-stall: rank 0 names world rank {f}')
+    common = dict(dict(driver='adapter', min_ranks=4, survivors='target', kind='timeout', guards=False,
+                       expect=timed_out, reports='as handover-stall: rank 0 names world rank {f}'), **differs)
     return {
         f'handover-stall-{suffix}': dict(common, what=f"handover-stall under {feed} {how}", mpiexec=[]),
         f'handover-dies-{suffix}': dict(common, what=f"handover-dies under {feed} (mpiexec told to keep the job: "
@@ -263,6 +263,11 @@ FAULTS = {
     # The same under adaptive, on its board: the joining rank holds the step it joins at.
     **handover_rows('adaptive', 'adaptive', "(on its board in shared memory: the joining rank holds the step "
                                             "it joins at)"),
+    # The same under one_to_many: a producer (rank 0) feeds the trainers in place; member 0's
+    # rank is world rank 1. Five ranks at least: registered at 5 alone.
+    **handover_rows('broadcast', 'one_to_many', "(a producer, rank 0, the trainers reading in place; member 0's "
+                                                "rank is world rank 1, which names rank {f})", min_ranks=5,
+                    survivors='target-after-producer'),
     # The end of a run with hand-overs: a root that waits for the others' byes past the timeout
     # waits on while they answer (a member that trains longer is no stall); one that died is named.
     'bye-dies': dict(
@@ -520,7 +525,7 @@ def run(launch, fault, n):
         problems.append('a rank wrote past a buffer')
     f = fields(n, launch['mpi'])
     survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'producer': [0], 'none': [],
-                 'faulty': [], 'partner': [n - 2], 'target': [0]}[spec['survivors']]
+                 'faulty': [], 'partner': [n - 2], 'target': [0], 'target-after-producer': [1]}[spec['survivors']]
     for r in range(n) if 'every_rank_expect' in spec else []:
         if not re.search(spec['every_rank_expect'].format(r=r, **f), out):
             problems.append(f"rank {r}: no match for /{spec['every_rank_expect'].format(r=r, **f)}/")

@@ -224,8 +224,10 @@ adaptive<B>::adaptive(const communicator& world, const ensemble_layout& layout, 
   // Agreed on every rank (the board's answer is), so every rank refuses alike, before a feed
   // underneath posts anything: one_to_many hands over with round-robin producers only.
   check(!options_.hand_over || balancing_ || !layout_.per_host(), "adaptive: hand-over",
-        cat("members hand ranks over with a producer per host only on the hosts' boards in shared memory, and "
-            "feed_options.shared_memory (FLEXCOMM_SHM) is off (layout '", layout_.str(), "')"));
+        cat("members hand ranks over with a producer per host only on the hosts' boards in shared memory, and ",
+            options_.shared_memory == shared_memory_use::off ? "feed_options.shared_memory (FLEXCOMM_SHM) is off"
+                                                             : "MPI does not share memory within these hosts",
+            " (layout '", layout_.str(), "')"));
   if (!balancing_) {
     if (layout_.producers() > 0 && options_.hand_over) {
       // Claims by message have no hand-over: as one_to_many, producers alone make the steps.
@@ -341,9 +343,9 @@ std::vector<int> adaptive<B>::count_trainers(const communicator& world, const ho
 template <class B>
 void adaptive<B>::name_couriers(const communicator& world, const host_map& hosts) {
   for (int h = 0; h < hosts.hosts(); ++h) {
-    std::string names;
-    for (int r : hosts.ranks_on(h)) names += cat(names.empty() ? "" : ", ", world.world_rank_of(r));
-    host_ranks_.push_back(cat(hosts.ranks_per_host(h) == 1 ? "world rank " : "world ranks ", names));
+    std::vector<int> ranks;
+    for (int r : hosts.ranks_on(h)) ranks.push_back(world.world_rank_of(r));
+    host_ranks_.push_back(world_ranks_named(ranks));
     courier_ranks_.push_back(world.world_rank_of(hosts.leader_of(h)));
     stall_registry::instance().add_role(courier_ranks_.back(), cat("courier of host ", h));  // for reports
   }
