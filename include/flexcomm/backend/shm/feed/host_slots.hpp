@@ -80,7 +80,7 @@ class host_slots {
     const auto needed = static_cast<std::uint64_t>(std::max<std::int64_t>(k - static_cast<std::int64_t>(slots_) + 1, 0));
     if (needed == 0) return;
     const auto late = [&](int r) { return released(r).load(std::memory_order_acquire) < needed; };
-    wait_in_shared_memory([&] { return others(late).empty(); }, answer_watchdog, what, [&] {
+    wait_in_shared_memory([&] { return !any_other(late); }, answer_watchdog, what, [&] {
       return cat(world_ranks_named(others(late)), "\n  (in shared memory on this host: step ", needed - 1,
                  " of world rank ", world_ranks_[static_cast<std::size_t>(window_.rank())], "'s slots not released)");
     });
@@ -134,17 +134,15 @@ class host_slots {
     const auto late = [&](int r) {
       return released(r).load(std::memory_order_acquire) != std::numeric_limits<std::uint64_t>::max() &&
              counter(r, asked_at).load(std::memory_order_acquire) <= static_cast<std::uint64_t>(step) &&
-             moved_from(r) > step;
+             move_of(r).second > step;
     };
-    wait_in_shared_memory([&] { return others(late).empty(); }, answer_watchdog, what, [&] {
+    wait_in_shared_memory([&] { return !any_other(late); }, answer_watchdog, what, [&] {
       return cat(world_ranks_named(others(late)), "\n  (in shared memory on this host: step ", step, " not asked for)");
     });
     for (int r = 0; r < window_.size(); ++r) {
-      if (r == window_.rank() || moved_from(r) > step) continue;
-      const std::uint64_t w = counter(r, moved_at).load(std::memory_order_acquire);
-      const std::pair<int, std::int64_t> m{static_cast<int>(w & ((std::uint64_t{1} << member_bits) - 1)) - 1,
-                                           static_cast<std::int64_t>(w >> member_bits) - 1};
-      if (std::find(moved.begin(), moved.end(), m) == moved.end()) moved.push_back(m);
+      const auto m = move_of(r);
+      if (r != window_.rank() && m.second <= step && std::find(moved.begin(), moved.end(), m) == moved.end())
+        moved.push_back(m);
     }
   }
 
@@ -157,6 +155,13 @@ class host_slots {
   }
   std::atomic<std::uint64_t>& published(int r) const noexcept { return counter(r, published_at); }
   std::atomic<std::uint64_t>& released(int r) const noexcept { return counter(r, released_at); }
+  // Whether late(r) for some other rank r of the group (the waits' test: no list made per look).
+  template <class Late>
+  bool any_other(Late&& late) const {
+    for (int r = 0; r < window_.size(); ++r)
+      if (r != window_.rank() && late(r)) return true;
+    return false;
+  }
   // The world ranks of the group's other ranks r for which late(r).
   template <class Late>
   std::vector<int> others(Late&& late) const {
@@ -165,10 +170,11 @@ class host_slots {
       if (r != window_.rank() && late(r)) out.push_back(world_ranks_[static_cast<std::size_t>(r)]);
     return out;
   }
-  // The step rank r's member splits anew at; the largest step where it does not.
-  std::int64_t moved_from(int r) const noexcept {
+  // Rank r's move(): its member and the step its split changes at; {-1, the largest step} before.
+  std::pair<int, std::int64_t> move_of(int r) const noexcept {
     const std::uint64_t w = counter(r, moved_at).load(std::memory_order_acquire);
-    return w == 0 ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(w >> member_bits) - 1;
+    if (w == 0) return {-1, std::numeric_limits<std::int64_t>::max()};
+    return {static_cast<int>(w & ((std::uint64_t{1} << member_bits) - 1)) - 1, static_cast<std::int64_t>(w >> member_bits) - 1};
   }
   void release_all(std::uint64_t done) const noexcept {
     auto& mine = released(window_.rank());
