@@ -154,6 +154,7 @@ class adaptive : private detail::agreed_feed {
     detail::batch_assembly assembly;
   };
   batch changed_step(std::int64_t k);
+  void leave_board();
 
   // Trainer: makes pieces of the board until this trainer's pieces of step k are all made.
   void make_until_ready(std::int64_t k);
@@ -595,12 +596,7 @@ void adaptive<B>::step_aside() {
   check(balancing_ && options_.hand_over, "adaptive", "step_aside() is for a hand-over on a board (feed_options.hand_over)");
   // Its member's steps stay on the board for the member's other readers; the slots it held go
   // as soon as they let go of them too. While it waits for a member to join, nobody waits for it.
-  if (lent_ >= 0) {
-    board_->training_ends();
-    training_.back();
-  }
-  lent_ = -1;
-  board_->leave();
+  leave_board();
   split_.reset();
   away_ = true;
 }
@@ -661,15 +657,24 @@ batch adaptive<B>::changed_step(std::int64_t k) {
   return x.assembly.assemble("adaptive", k, {span<const std::byte>(x.bytes.data(), x.bytes.size())});
 }
 
+// The step it holds goes back (its training ends), and nobody waits for its reading again.
+template <class B>
+void adaptive<B>::leave_board() {
+  if (lent_ >= 0) {
+    board_->training_ends();
+    training_.back();
+  }
+  lent_ = -1;
+  board_->leave();
+}
+
 template <class B>
 void adaptive<B>::release() {
   if (role_.kind != role::trainer) return;
   if (by_turns_) return by_turns_->release();
   if (by_producers_ && !by_message_) return by_producers_->release();
   if (!board_) return;  // claims by message: the destructor closes the claims
-  if (lent_ >= 0) board_->training_ends();
-  lent_ = -1;
-  board_->leave();
+  leave_board();
   next_step_ = options_.steps;
 }
 
