@@ -103,6 +103,7 @@ struct config {
   std::size_t train_images = 8;
   int depth = 4;
   bool check = true;
+  bool hand_over = false;  // feed_options.hand_over: as under pipe.on_handover(), with nobody handing over
   fm::augment_options augment;
 };
 
@@ -141,6 +142,7 @@ measurement run(const fc::mpi::communicator& world, const fc::ensemble_layout& l
     options.shard_capacity = per_shard * fm::sample_bytes;
     options.depth = cfg.depth;
     options.shared_memory = shm;  // set for every feed, so that FLEXCOMM_SHM changes no row
+    options.hand_over = cfg.hand_over;
     Feed feed(world, layout, load, options);
     barrier(world);
     const double cpu0 = cpu_seconds(), t0 = now();
@@ -212,6 +214,8 @@ int main(int argc, char** argv) {
       ("warmup_iters,w", counts::at_least<0>(&cfg.warmup), "warm-up steps per feed")
       ("depth,d", counts::at_least<1>(&cfg.depth), "feed depth (batches in flight)")
       ("check,c", counts::at_least<0>(&check), "compare every feed's bytes with local_feed's")
+      ("hand-over", po::bool_switch(&cfg.hand_over), "every feed ready for hand-overs (feed_options.hand_over, as "
+       "pipe.on_handover() sets it), nobody handing over: what readiness costs")
       ("train-images,t", counts::at_least<1>(&cfg.train_images), "images per SGD step")
       ("elastic", po::value(&cfg.augment.elastic_alpha)->default_value(2.0f), "elastic distortion alpha (0: off)")
       ("sigma", po::value(&cfg.augment.elastic_sigma)->default_value(4.0f), "elastic distortion smoothing (cost grows with it)")
@@ -237,9 +241,9 @@ int main(int argc, char** argv) {
   const double trainers = reduce(world, layout.role_of(world.rank()).kind == fc::role::trainer ? 1.0 : 0.0, fc::op::sum);
   if (world.rank() == 0) {
     std::printf("# flexcomm feed benchmark on %s: layout '%s' (%d members, %d ranks, %d shards/step), %lld steps + %lld "
-                "warm-up\n", fc::mpi_implementation::name, layout.str().c_str(), layout.members(), world.size(), shards,
+                "warm-up%s\n", fc::mpi_implementation::name, layout.str().c_str(), layout.members(), world.size(), shards,
                 static_cast<long long>(cfg.steps),
-                static_cast<long long>(cfg.warmup));
+                static_cast<long long>(cfg.warmup), cfg.hand_over ? ", ready for hand-overs" : "");
     std::printf("# wait policy %s (max sleep %lld us), %u cores, Fashion-MNIST test split (%zu images), elastic alpha %.1f sigma %.1f, "
                 "train on %zu images/step\n",
                 fc::name_of(wait.kind), static_cast<long long>(wait.max_sleep.count()), std::thread::hardware_concurrency(),
@@ -251,7 +255,7 @@ int main(int argc, char** argv) {
   std::ostringstream json;
   json << "{\"benchmark\":\"feed\",\"layout\":\"" << layout.str() << "\",\"ranks\":" << world.size()
        << ",\"members\":" << layout.members() << ",\"steps\":" << cfg.steps << ",\"warmup\":" << cfg.warmup
-       << ",\"wait\":\"" << fc::name_of(wait.kind) << ":" << wait.max_sleep.count() << "\",\"results\":[";
+       << ",\"hand_over\":" << (cfg.hand_over ? "true" : "false") << ",\"wait\":\"" << fc::name_of(wait.kind) << ":" << wait.max_sleep.count() << "\",\"results\":[";
   bool first_row = true;
   for (std::size_t images = min_images; images <= max_images; images *= std::max<std::size_t>(factor, 2)) {
     fc::check(images % static_cast<std::size_t>(shards) == 0, "feed benchmark",

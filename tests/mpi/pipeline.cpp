@@ -1140,6 +1140,134 @@ BOOST_AUTO_TEST_CASE(a_member_grows_twice_on_shared_feeds) {
   BOOST_TEST_CONTEXT("adaptive") { grows_twice<adaptive_pipeline>(); }
 }
 
+// Two members that end at the same step (members 0 and 1, one rank each, after step 1) over
+// every feed: both ask at once, a target busy with one asker refuses the other, which asks the
+// next. Members=1,1,1..1,2 (a step of 2 shards: each running member of one rank has room for one
+// joiner, the member of two for none): at 6 trainers both join, at 5 one joins and one ends, below
+// 5 both end. Each running member's rank 0 waits at its step 2 for both enders' word and its
+// ranks take 10 ms a step until they grow, so that the targets still run when asked. Checked: the
+// records and the aggregator's report, every member's parameters the serial run's bits over the
+// ranks it trained on at each step, each step's shards once per member and in order.
+namespace {
+template <class Pipeline>
+bool two_end_at_once(int producers, std::string& what) {
+  const int n = world().size(), trainers = n - producers;
+  std::vector<int> sizes{1, 1};
+  if (trainers >= 3) sizes.resize(static_cast<std::size_t>(trainers - (trainers >= 4 ? 2 : 0)), 1);
+  if (trainers >= 4) sizes.push_back(2);
+  const fc::ensemble_layout layout(producers, sizes, 0);
+  what = layout.str();
+  constexpr std::int64_t long_steps = 20;
+  Pipeline pipe(world(), layout, handover_options_for<Pipeline>(long_steps));
+  std::map<int, linear_model> models;
+  pipe.on_handover(handover_of(models));
+  const int roots[2] = {layout.trainer_rank(0, 0), layout.trainer_rank(1, 0)};
+  std::vector<std::int64_t> seen;  // per batch: member, step, first shard, shards
+  bool same_bytes = true;
+  int now = -1;  // the member this rank trained last
+  std::int64_t token = 0;
+  std::vector<fc::handover_record> ends;
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        now = ctx.member();
+        auto& model = models[ctx.member()];
+        const int size = ctx.member_size();
+        while (auto batch = ctx.feed().next()) {
+          const std::int64_t step = batch->step();
+          log_batch(ctx.member(), *batch, seen, same_bytes);
+          train_step(ctx, model, *batch, {});
+          if (ctx.member() < 2 && step == 1) {  // each ender hears the other's word first: no ender takes the other
+            std::int64_t other = 0;
+            const int peer = roots[1 - ctx.member()];
+            auto heard = mpi::irecv(world(), fc::span<std::int64_t>(&other, 1), peer, 76);
+            mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), peer, 76).wait();
+            heard.wait();
+            ctx.finish_member();
+            for (int m = 2; m < layout.members(); ++m)  // the word to every running member's rank 0
+              mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), layout.trainer_rank(m, 0), 77).wait();
+            return;
+          }
+          if (ctx.member() >= 2 && step == 2 && ctx.rank_in_member() == 0)
+            for (const int root : roots) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root, 77).wait();
+          if (ctx.member() >= 2 && step >= 2 && ctx.member_size() == size)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      },
+      [&](auto& ctx) { ends = ctx.member_ends(); });
+  const int first_member = layout.role_of(world().rank()).member;
+  const auto& records = pipe.handovers();
+  bool ok = same_bytes;
+  std::int64_t joins[4] = {-1, -1, -1, -1};  // members 0 and 1: the member each joined, and at which step
+  if (first_member == 0 || first_member == 1) {
+    ok = ok && records.size() == 1 && records[0].member == first_member && records[0].ended_at == 2;
+    if (ok) {
+      joins[2 * first_member] = records[0].joined;
+      joins[2 * first_member + 1] = records[0].joined_at;
+    }
+  }
+  mpi::iallreduce(world(), fc::span<std::int64_t>(joins, 4), fc::op::max).wait();
+  const int rooms = std::max(0, layout.members() - 3);  // the running members of one rank
+  int joined = 0;
+  for (int e = 0; e < 2; ++e)
+    if (joins[2 * e] >= 0) {
+      ++joined;
+      ok = ok && joins[2 * e] >= 2 && joins[2 * e] < layout.members() - 1 && joins[2 * e + 1] >= 2 &&
+           joins[2 * e + 1] < long_steps;
+    }
+  ok = ok && joined == std::min(2, rooms) && (joined < 2 || joins[0] != joins[2]);
+  if (pipe.is_aggregator()) {
+    ok = ok && static_cast<int>(ends.size()) == layout.members();
+    for (int m = 0; ok && m < layout.members(); ++m) {
+      const auto& e = ends[static_cast<std::size_t>(m)];
+      ok = e.member == m && (m < 2 ? e.ended_at == 2 && e.joined == joins[2 * m] && e.joined_at == joins[2 * m + 1]
+                                   : e.ended_at == -1 && e.joined == -1);
+    }
+  }
+  // Every rank's last member's parameters: the serial run's over the ranks it had at each step.
+  std::vector<std::int64_t> mine{now};
+  if (now >= 0)
+    for (const float p : models[now].parameters()) mine.push_back(bits(p));
+  const auto all = everyone(mine);
+  const std::size_t width = all.size() / static_cast<std::size_t>(n);
+  for (int r = 0; r < n; ++r) {
+    const auto* row = all.data() + static_cast<std::size_t>(r) * width;
+    if (row[0] < 0) continue;
+    const int m = static_cast<int>(row[0]);
+    std::vector<int> ranks;
+    for (std::int64_t s = 0; s < (m < 2 ? 2 : long_steps); ++s) {
+      int k = layout.member_size(m);
+      for (int e = 0; e < 2; ++e) k += joins[2 * e] == m && joins[2 * e + 1] <= s;
+      ranks.push_back(k);
+    }
+    const auto want = reference_over(layout.shards_per_step(), ranks);
+    for (std::size_t i = 0; i < want.size(); ++i) ok = ok && row[1 + i] == bits(want[i]);
+  }
+  const auto tally = tally_of(everyone(seen), n, layout.shards_per_step());
+  ok = ok && tally.ordered;
+  for (int m = 0; m < layout.members(); ++m)
+    for (std::int64_t s = 0; s < long_steps; ++s) {
+      const auto it = tally.shards.find({m, s});
+      const bool due = m >= 2 || s < 2;
+      ok = ok && (it != tally.shards.end()) == due &&
+           (!due || std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; }));
+    }
+  what = fc::cat(what, ": member 0 joined ", joins[0], " at ", joins[1], ", member 1 joined ", joins[2], " at ", joins[3],
+                 ", bytes ", same_bytes, ", ordered ", tally.ordered);
+  return fc::testing::all_ranks(ok);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(two_members_that_end_at_the_same_step_hand_their_ranks_on) {
+  const int n = world().size();
+  std::string what;
+  if (n < 2) return;
+  BOOST_TEST(two_end_at_once<handover_pipeline>(0, what), "local_feed " << what);
+  BOOST_TEST(two_end_at_once<shared_pipeline>(0, what), "all_shared " << what);
+  BOOST_TEST(two_end_at_once<adaptive_pipeline>(0, what), "adaptive " << what);
+  if (n >= 3) BOOST_TEST(two_end_at_once<broadcast_pipeline>(1, what), "one_to_many " << what);
+}
+
 // An uneven split over one_to_many, then its end (6 ranks: one producer, members=1,1,3, a step
 // of 3 shards in 3 pieces): member 1 grows to 2 ranks of 1 and 2 shards, so a rank's message is
 // repacked from two pieces; two steps later it ends with nowhere to go (member 2 has no room),
@@ -1199,8 +1327,8 @@ BOOST_AUTO_TEST_CASE(a_one_to_many_member_grows_unevenly_then_ends) {
 // it has not asked for) and returns right after the step it agreed at. The joiner is turned away
 // in the handshake and asks again: member 2, of one rank (at 6 ranks), takes it, its rank 0
 // waiting at step 8 for member 1's word that it returned and taking 10 ms a step until it grows,
-// so that it still runs when asked; at 5 ranks no member has room and the joiner ends. Nothing
-// fails; each member's steps come once per shard, in order, as loaded; every rank's parameters
+// so that it still runs when asked; at 5 ranks member 1 ends itself there (finish_member(), which
+// before was refused until the joining step), no member has room and both end. Nothing fails; each member's steps come once per shard, in order, as loaded; every rank's parameters
 // are the serial run's bits. Before, the joiner waited in the handshake until FLEXCOMM_TIMEOUT.
 BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner_away) {
   const int n = world().size();
@@ -1236,6 +1364,7 @@ BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner
             agreed[0] = step;
             agreed[1] = ctx.joiners_at();
             if (second) mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root2, 81).wait();
+            if (!second) ctx.finish_member();
             return;
           }
           if (second && ctx.member() == 2 && ctx.member_size() == 1) {
@@ -1261,14 +1390,19 @@ BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner
          records[0].joined == (second ? 2 : -1);
     if (ok && second) at[2] = records[0].joined_at;
   }
+  // At 5 ranks member 1 finished, at the step after the one it agreed at, with nowhere to go.
+  if (first_member == 1)
+    ok = ok && records.size() == (second ? 0u : 1u) &&
+         (second || (records[0].member == 1 && records[0].ended_at == agreed[0] + 1 && records[0].joined == -1));
   mpi::iallreduce(world(), fc::span<std::int64_t>(at, 3), fc::op::max).wait();
   ok = ok && at[0] >= 2 && at[1] > at[0] && at[1] < long_steps && (!second || (at[2] > at[0] && at[2] < long_steps));
-  if (pipe.is_aggregator()) {  // member 1 returned without finish_member: it "ran to the end"
+  if (pipe.is_aggregator()) {  // at 6 ranks member 1 returned without finish_member: it "ran to the end"
     ok = ok && static_cast<int>(ends.size()) == layout.members();
     for (int m = 0; ok && m < layout.members(); ++m) {
       const auto& e = ends[static_cast<std::size_t>(m)];
+      const std::int64_t ended = m == 1 && !second ? at[0] + 1 : -1;
       ok = e.member == m && (m == 0 ? e.ended_at == 2 && e.joined == (second ? 2 : -1) && e.joined_at == at[2]
-                                    : e.ended_at == -1 && e.joined == -1);
+                                    : e.ended_at == ended && e.joined == -1);
     }
   }
   // Each rank's last member and its parameters: the serial run's bits for that member's ranks per step.

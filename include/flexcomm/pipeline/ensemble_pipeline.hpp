@@ -153,8 +153,8 @@ class pipeline_context {
   // The trainer function then returns; the pipeline hands this rank to `target` (default: the
   // running member with the longest expected step) with that member's state
   // (handover_options::state) and calls the trainer function again, ctx.member() now that
-  // member; with no member left to join, not again. Needs pipe.on_handover(...) and a feed that
-  // hands over (local_feed, one_to_many).
+  // member; with no member left to join, not again. Joiners it agreed to take at a later step
+  // are turned away (they ask another member). Needs pipe.on_handover(...) before run().
   void finish_member(int target = -1) { pipe_.finish_member(target); }
   // The hand-overs of the members this rank finished (each: ended at, joined which, from when).
   const std::vector<handover_record>& handovers() const { return pipe_.handovers(); }
@@ -459,11 +459,13 @@ template <class Train>
 void ensemble_pipeline<Feed, Sync, Collect>::train_members(Train& train, context& ctx) {
   try {
     train(ctx);
-    while (finished_at_ >= 0) {
-      if (!join()) return;
+    // A member that agreed to take joiners at a later step and returned first (finished or not)
+    // turns them away before it goes on, so that they can ask another member.
+    for (;;) {
+      if (joining_) turn_away();
+      if (finished_at_ < 0 || !join()) return;
       train(ctx);
     }
-    if (joining_) turn_away();
   } catch (...) {
     if (handover_) handover_->quit();
     throw;
@@ -492,8 +494,6 @@ void ensemble_pipeline<Feed, Sync, Collect>::finish_member(int target) {
   check(finished_at_ < 0, what, cat("called twice (the member ended at step ", finished_at_, ")"));
   check(target >= -1 && target < layout_.members() && target != role_.member, what,
         cat("target ", target, ": not another member of the ", layout_.members()));
-  check(!joining_, what,
-        cat("the member takes joiners at step ", joining_ ? joining_->step : 0, "; it can finish from that step on"));
   if constexpr (detail::hands_over<Feed>::value) {
     auto& h = *handover_;
     const std::int64_t at = bytes_feed().position();
