@@ -284,9 +284,6 @@ class ensemble_pipeline {
       // ask in counters there) before it ships the step it changes at (docs/heterogeneous.md).
       check(feed_options_.flow.kind == flow_control::policy::lockstep, "ensemble_pipeline: on_handover",
             "one_to_many hands ranks over under lockstep flow control, not skip_ahead");
-      check(!layout_.per_host(), "ensemble_pipeline: on_handover",
-            cat("one_to_many hands ranks over with round-robin producers, not a producer per host (layout '",
-                layout_.str(), "')"));
       feed_options_.hand_over = true;
     }
     handover_options_ = std::move(o);

@@ -101,7 +101,7 @@ class adaptive : private detail::agreed_feed {
   // hand-over, unchanged). On a board the pieces never change and every host's board holds every
   // piece: a rank whose member ended lets its reader line go (step_aside()), holds the step it
   // joins at before the member's ranks can pass it (hold()), and reads its new shards out of the
-  // pieces, repacked (reshard()). With round-robin producers and no board (shared memory off,
+  // pieces, repacked (reshard()). With producers and no board (shared memory off, round-robin
   // producers across hosts) it runs as one_to_many, whose hand-over goes by credits, which claims
   // by message do not send: no trainer makes pieces then. docs/heterogeneous.md says why.
   // `each(step)` runs at the top of each next(), before the step is taken; it may reshard().
@@ -222,13 +222,6 @@ adaptive<B>::adaptive(const communicator& world, const ensemble_layout& layout, 
   check(options_.flow.kind == flow_control::policy::lockstep, "adaptive",
         "flow_control::skip_ahead is one_to_many's: the adaptive feed delivers every step to every member");
   balancing_ = set_up_board(world);
-  // Agreed on every rank (the board's answer is), so every rank refuses alike, before a feed
-  // underneath posts anything: one_to_many hands over with round-robin producers only.
-  check(!options_.hand_over || balancing_ || !layout_.per_host(), "adaptive: hand-over",
-        cat("members hand ranks over with a producer per host only on the hosts' boards in shared memory, and ",
-            options_.shared_memory == shared_memory_use::off ? "feed_options.shared_memory (FLEXCOMM_SHM) is off"
-                                                             : "MPI does not share memory within these hosts",
-            " (layout '", layout_.str(), "')"));
   if (!balancing_) {
     if (layout_.producers() > 0 && options_.hand_over) {
       // Claims by message have no hand-over: as one_to_many, producers alone make the steps.

@@ -47,7 +47,8 @@ namespace flexcomm {
 // Trainers know the stream's length, so its end needs no message.
 // A member whose split changed (a hand-over) gets its steps from the change on as one message
 // per rank and step, its shards repacked from the pieces, on a duplicate of the world
-// (split_change.hpp).
+// (split_change.hpp); with a producer per host, all of them from its rank 0's host's producer,
+// which makes afresh the pieces its own trainers do not own.
 // On the producer's own host (feed_options.shared_memory, backends with has_host_window) no
 // message goes at all: the loader writes each step into a slot of shared memory, the trainers
 // there read their pieces in place, and their credits are counters beside the slots
@@ -90,7 +91,7 @@ class one_to_many : private detail::agreed_feed {
   void release();
 
   // The pipeline's seam for a hand-over (pipeline/handover.hpp, docs/heterogeneous.md), on
-  // trainer ranks, lockstep, round-robin producers, steps as messages. `each` runs at the top of
+  // trainer ranks, lockstep. `each` runs at the top of
   // every next() with the step about to be delivered; position() is that step.
   void between_steps(std::function<void(std::int64_t step)> each) { between_ = std::move(each); }
   std::int64_t position() const noexcept { return next_step_; }
@@ -143,6 +144,10 @@ class one_to_many : private detail::agreed_feed {
   const communicator& comm_of(int producer, int piece) const { return comms_[index_of(producer, piece)]; }
   // The producer that ships step `step` to this trainer.
   int producer_of(std::int64_t step) const { return layout_.producer_for(role_.member, role_.rank_in_member, step); }
+  // The producer that ships step `step` of member `member`'s changed split to every rank of it:
+  // round-robin, the step's; with a producer per host, the one of the member's rank 0's host,
+  // whose credits from that rank tell it of the split before it ships the step it changes at.
+  int split_producer(int member, std::int64_t step) const { return layout_.producer_for(member, 0, step); }
   std::size_t piece_bytes(int piece) const {
     return detail::piece_bytes(pieces_[static_cast<std::size_t>(piece)].shards, options_.shard_capacity);
   }
@@ -332,9 +337,8 @@ void one_to_many<B>::post_messages() {
     auto* t = source_.claim(s);
     if (!t) return;  // still holds an earlier step
     if (source_.in_shared_memory(s)) continue;
-    const int producer = producer_of(s);
     if (split_member_ >= 0) {  // a changed split: its own tags on joins_, the credit says which split
-      const int at = layout_.producer_rank(producer);
+      const int at = layout_.producer_rank(split_producer(split_member_, s));
       t->credit = static_cast<int>(split_from_ + 1);
       t->post(B::isend(joins_, span<const int>(&t->credit, 1), at, detail::split_credit_tag(split_member_)), at);
       auto& buffer = t->buffers[0];
@@ -344,6 +348,7 @@ void one_to_many<B>::post_messages() {
       source_.start(s, *t);
       continue;
     }
+    const int producer = producer_of(s);
     const int from = producer_world_rank_[static_cast<std::size_t>(producer)];
     t->post(B::isend(credit_comms_[static_cast<std::size_t>(producer)], span<const int>(&t->credit, 1), 0, credit_tag),
             from);
@@ -548,8 +553,18 @@ struct one_to_many<B>::production {
     return !gone[static_cast<std::size_t>(trainer)] && !in_place(credit_peers[static_cast<std::size_t>(trainer)]);
   }
   void note_gone(shipment& t);
-  // Members whose split changed (hand-overs): their steps, repacked, one message per rank.
+  // Members whose split changed (hand-overs): their steps, repacked, one message per rank, from
+  // every producer round-robin; with a producer per host, from the member's rank 0's producer
+  // alone (the others only stop shipping to its ranks on their hosts).
   detail::changed_splits<B> splits;
+  bool serves(int member) const { return !feed.layout_.per_host() || feed.split_producer(member, 0) == me; }
+  void learn_split(int member, std::int64_t from) {
+    if (serves(member)) splits.await_notice(member, from);
+  }
+  // A per-host producer's changed split may hold shards that none of its own trainers own: it
+  // makes those pieces afresh for each step, here.
+  std::vector<std::vector<std::byte>> fresh;  // [piece]
+  std::vector<std::int64_t> fresh_step;       // [piece]: the step it holds, or -1
   // Where the trainers here read in place: the members they said split anew (and from which
   // step), and how many of them the producer has the notice of.
   std::vector<std::pair<int, std::int64_t>> moved;
@@ -620,7 +635,7 @@ void one_to_many<B>::production::note_gone(shipment& t) {
     if (!asked(trainer) || credit > credit_none) continue;
     gone[static_cast<std::size_t>(trainer)] = 1;
     gone_world.push_back(credit_peers[static_cast<std::size_t>(trainer)]);
-    if (credit < credit_none) splits.await_notice(-credit - 1, 0);
+    if (credit < credit_none) learn_split(-credit - 1, 0);
   }
 }
 
@@ -633,8 +648,20 @@ void one_to_many<B>::production::ship_splits(std::int64_t s, std::int64_t k) {
       s, feed.pieces_,
       [&](int c) {
         const int i = index_in_mine[static_cast<std::size_t>(c)];
-        check(i >= 0, "one_to_many: hand-over", cat("producer ", me, " does not make piece ", c, " of step ", s));
-        return span<const std::byte>(piece_memory(k, static_cast<std::size_t>(i)));
+        if (i >= 0) return span<const std::byte>(piece_memory(k, static_cast<std::size_t>(i)));
+        const auto at = static_cast<std::size_t>(c);
+        if (fresh.empty()) {
+          fresh.resize(feed.pieces_.size());
+          fresh_step.assign(feed.pieces_.size(), -1);
+        }
+        if (fresh_step[at] != s) {
+          const auto& piece = feed.pieces_[at];
+          fresh[at].resize(feed.piece_bytes(c) + detail::guard_bytes);
+          detail::fill_piece(feed.load_, s, piece.first_shard, piece.shards, feed.options_.shard_capacity,
+                             span<std::byte>(fresh[at]));
+          fresh_step[at] = s;
+        }
+        return span<const std::byte>(fresh[at]);
       },
       feed.options_.shard_capacity, ring.at(k).split_out, ring.at(k).sends);
 }
@@ -678,7 +705,7 @@ void one_to_many<B>::production::ship(std::int64_t s, std::int64_t k) {
     // their member's split changes: its root's notice, then the member's messages.
     if (feed.options_.hand_over) {
       here->await_asked(s, moved, what);
-      for (; moves_known < moved.size(); ++moves_known) splits.await_notice(moved[moves_known].first, moved[moves_known].second);
+      for (; moves_known < moved.size(); ++moves_known) learn_split(moved[moves_known].first, moved[moves_known].second);
     }
   } else {
     fill();
@@ -835,7 +862,7 @@ void one_to_many<B>::answer_asked(std::int64_t from, int value, int split) {
   std::vector<std::int64_t> told(static_cast<std::size_t>(P), 0);
   const std::int64_t per_producer = split >= 0 ? 1 : options_.depth;
   for (std::int64_t s = from; s < options_.steps && s < from + per_producer * P; ++s) {
-    const int p = producer_of(s);
+    const int p = split >= 0 ? split_producer(split, s) : producer_of(s);
     auto& n = told[static_cast<std::size_t>(p)];
     // A changed split's credits go by message whether or not the layout's steps lie here.
     if (n == per_producer || (split < 0 && source_.in_shared_memory(s))) continue;
@@ -854,10 +881,8 @@ void one_to_many<B>::answer_asked(std::int64_t from, int value, int split) {
 template <class B>
 void one_to_many<B>::fence(std::int64_t at) {
   check(role_.kind == role::trainer && !released_ && !claims_ && options_.flow.kind == flow_control::policy::lockstep &&
-            !layout_.per_host() && options_.hand_over,
-        "one_to_many: hand-over",
-        "a member's split changes only on a lockstep trainer fed by round-robin producers, under "
-        "feed_options.hand_over");
+            options_.hand_over,
+        "one_to_many: hand-over", "a member's split changes only on a lockstep trainer, under feed_options.hand_over");
   check(at == next_post_, "one_to_many: hand-over",
         cat("the split changes at step ", at, " but this trainer has asked up to step ", next_post_));
   fence_ = at;
@@ -873,8 +898,11 @@ void one_to_many<B>::announce(int member, std::int64_t at, const std::vector<int
   check(member >= 0 && member < detail::split_members_max && !ranks.empty(), "one_to_many: hand-over",
         cat("member ", member, " with ", ranks.size(), " rank(s): no split to announce"));
   for (int p = 0; p < layout_.producers(); ++p) {
-    // Only a producer with a step from `at` on hears of it: it waits for this when a credit says so.
-    const std::int64_t first = at + ((p - at % layout_.producers()) + layout_.producers()) % layout_.producers();
+    // Only a producer that ships the split a step from `at` on hears of it: it waits for this
+    // when a credit says so. With a producer per host that is one, the member's rank 0's.
+    if (layout_.per_host() && p != split_producer(member, at)) continue;
+    const std::int64_t first =
+        layout_.per_host() ? at : at + ((p - at % layout_.producers()) + layout_.producers()) % layout_.producers();
     if (first >= options_.steps) continue;
     notices_.emplace_back(detail::split_notice(member, at, ranks, joins_.size()), request{});
     auto& n = notices_.back();
