@@ -8,7 +8,8 @@
 //           gradient-order sync-stall sync-stall-messages claim-stall claim-dies claim-stall-messages
 //           claim-dies-messages claim-stall-hosts claim-dies-hosts handover-stall handover-dies
 //           handover-stall-shared handover-dies-shared handover-stall-adaptive handover-dies-adaptive
-//           handover-stall-broadcast handover-dies-broadcast bye-dies
+//           handover-stall-broadcast handover-dies-broadcast handover-stall-per-host
+//           handover-dies-per-host bye-dies
 #include <flexcomm/flexcomm.hpp>
 
 #include <chrono>
@@ -120,18 +121,24 @@ bool run_bye(const mpi::communicator& world, std::chrono::steady_clock::time_poi
 // turn in every round, so they wait on it too, and each names it or its wait within the timeout),
 // or adaptive (handover-*-adaptive: on its board, where the joining rank holds the joining step),
 // or one_to_many (handover-*-broadcast, n >= 5: `producers` 1, world rank 0, whose trainers read
-// in place; member 0's rank is world rank 1).
+// in place; member 0's rank is world rank 1), or one_to_many with a producer per host
+// (handover-*-per-host, n = 6: `producers` -1 on pretend hosts 2+4, producers 0 and 2; member 0
+// is world rank 1 on the first host, the joining rank 5 on the second: the joiner's steps would
+// cross hosts from rank 0's producer).
 template <class Feed>
 bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady_clock::time_point& start,
                   int producers = 0) {
   const int n = world.size();
+  if (producers < 0) setenv("FLEXCOMM_HOSTS", fc::cat("2+", n - 2).c_str(), 1);
   std::vector<int> sizes{1, 2};
-  for (int left = n - producers - 3; left > 0; --left) sizes.push_back(1);
+  for (int left = n - (producers < 0 ? 2 : producers) - 3; left > 0; --left) sizes.push_back(1);
   using pipeline = fc::ensemble_pipeline<Feed, fc::subgroup_allreduce<mpi>, fc::many_to_one<mpi>>;
   typename pipeline::options options;
   options.feed.steps = 40;
   options.feed.shard_capacity = capacity;
-  pipeline pipe(world, fc::ensemble_layout(producers, sizes, 0), options);
+  pipeline pipe(world,
+                producers < 0 ? fc::ensemble_layout(fc::producers_per_host, sizes, 0) : fc::ensemble_layout(producers, sizes, 0),
+                options);
   const bool faulty = world.rank() == n - 1;
   std::vector<float> weights(16, 1.0f);
   pipe.on_handover({[&](int) {
@@ -159,12 +166,13 @@ bool run_handover(const mpi::communicator& world, bool dies, std::chrono::steady
 }
 
 // handover-stall, handover-dies, and the same under all_shared (-shared), adaptive (-adaptive) and
-// one_to_many (-broadcast).
+// one_to_many (-broadcast; -per-host).
 bool run_handover(const mpi::communicator& world, const std::string& fault, std::chrono::steady_clock::time_point& start) {
   const bool dies = fault.find("-dies") != std::string::npos;
   if (fault.find("-shared") != std::string::npos) return run_handover<fc::all_shared<mpi>>(world, dies, start);
   if (fault.find("-adaptive") != std::string::npos) return run_handover<fc::adaptive<mpi>>(world, dies, start);
   if (fault.find("-broadcast") != std::string::npos) return run_handover<fc::one_to_many<mpi>>(world, dies, start, 1);
+  if (fault.find("-per-host") != std::string::npos) return run_handover<fc::one_to_many<mpi>>(world, dies, start, -1);
   return run_handover<fc::local_feed>(world, dies, start);
 }
 

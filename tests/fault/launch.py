@@ -268,6 +268,12 @@ FAULTS = {
     **handover_rows('broadcast', 'one_to_many', "(a producer, rank 0, the trainers reading in place; member 0's "
                                                 "rank is world rank 1, which names rank {f})", min_ranks=5,
                     survivors='target-after-producer'),
+    # The same with a producer per host, on pretend hosts 2+4 (producers 0 and 2): member 0's rank
+    # is world rank 1 on the first host, the joining rank {f} on the second. Six ranks: registered
+    # at 6 alone.
+    **handover_rows('per-host', 'one_to_many', "with a producer per host (pretend hosts 2+4; member 0's rank is "
+                                               "world rank 1, the joiner's host is the other)", min_ranks=6,
+                    survivors='target-after-producer'),
     # The end of a run with hand-overs: a root that waits for the others' byes past the timeout
     # waits on while they answer (a member that trains longer is no stall); one that died is named.
     'bye-dies': dict(
