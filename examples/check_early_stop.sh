@@ -5,7 +5,9 @@
 # its own, local_feed); each run must end 0, at least one member must stop before the last epoch
 # with its ranks joining another member, and the aggregator must print how the members ended
 # exactly once; the same under all_shared (no producers: the members take turns loading) and
-# adaptive (a producer and the trainers make each step on the host's board in shared memory).
+# adaptive (a producer and the trainers make each step on the host's board in shared memory); and
+# single_broadcast with a producer per host (one here; across hosts, the cluster suite's hand-over
+# row covers it).
 # The rule stops four members (two of them at once, at epoch 3): members=auto:6 gives one member
 # two ranks, chosen by measured cost, so that member's ranks may have nowhere to go (no member has
 # room for two); with patience alone only member 2 stopped, and where the plan gave it the two
@@ -20,7 +22,8 @@ status=0
 fail() { echo "$out"; echo "FAILED: $1"; status=1; }
 rule="patience:1,accuracy:72"
 for run in "single_broadcast|producers=1 members=auto:6 aggregator=1|8" "baseline|members=auto:6 aggregator=0|7" \
-           "all_shared|members=auto:6 aggregator=0|7" "adaptive|producers=1 members=auto:6 aggregator=1|8"; do
+           "all_shared|members=auto:6 aggregator=0|7" "adaptive|producers=1 members=auto:6 aggregator=1|8" \
+           "single_broadcast|producers=per-host members=auto:6 aggregator=1|8"; do
 IFS='|' read -r preset layout ranks <<<"$run"
 # shellcheck disable=SC2086  # the flags are words
 out=$("$mpiexec" ${MPIEXEC_FLAGS:-} -n "$ranks" "$example" --preset "$preset" --layout "$layout" --epochs "$epochs" \
