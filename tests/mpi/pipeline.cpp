@@ -696,6 +696,69 @@ void train_step(Ctx& ctx, linear_model& model, const fc::batch& batch, fc::span<
   model.step();
 }
 
+// Collective: whether, over every rank's `seen` (log_batch()), each step s of each member m came
+// once per shard where due(m, s) and not at all elsewhere, and each rank's steps in order.
+template <class Due>
+bool delivered_once(const std::vector<std::int64_t>& seen, int members, std::int64_t n_steps, int shards, Due due) {
+  const auto tally = tally_of(everyone(seen), world().size(), shards);
+  bool ok = tally.ordered;
+  for (int m = 0; m < members; ++m)
+    for (std::int64_t s = 0; s < n_steps; ++s) {
+      const auto it = tally.shards.find({m, s});
+      const bool wanted = due(m, s);
+      ok = ok && (it != tally.shards.end()) == wanted &&
+           (!wanted || std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; }));
+    }
+  return ok;
+}
+
+// Runs `pipe` on the test's loader: every trainer logs its batches (log_batch()) and trains each
+// on its member's model in `models`; after each step, after(ctx, step) true returns from the
+// trainer function. `now`: the member this rank trained last (-1: none); `ends`: the aggregator's
+// report of how the members ended.
+template <class Pipeline, class After>
+void train_logged(Pipeline& pipe, std::map<int, linear_model>& models, std::vector<std::int64_t>& seen, bool& same_bytes,
+                  int& now, std::vector<fc::handover_record>& ends, After after) {
+  pipe.run(
+      load,
+      [&](auto& ctx) {
+        now = ctx.member();
+        auto& model = models[ctx.member()];
+        while (auto batch = ctx.feed().next()) {
+          log_batch(ctx.member(), *batch, seen, same_bytes);
+          train_step(ctx, model, *batch, {});
+          if (after(ctx, batch->step())) return;
+        }
+      },
+      [&](auto& ctx) { ends = ctx.member_ends(); });
+}
+
+// Collective: whether every rank's last member `now` (-1: none) holds the serial run's parameters
+// over the ranks that member had at each step it trained (ranks_of(m)), within `tolerance`
+// (0: bit for bit).
+template <class RanksOf>
+bool as_serial(int now, std::map<int, linear_model>& models, int shards, RanksOf ranks_of, float tolerance) {
+  std::vector<std::int64_t> mine{now};
+  if (now >= 0)
+    for (const float p : models[now].parameters()) mine.push_back(bits(p));
+  const auto all = everyone(mine);
+  const std::size_t width = all.size() / static_cast<std::size_t>(world().size());
+  bool ok = true;
+  for (int r = 0; r < world().size(); ++r) {
+    const auto* row = all.data() + static_cast<std::size_t>(r) * width;
+    if (row[0] < 0) continue;
+    const auto want = reference_over(shards, ranks_of(static_cast<int>(row[0])));
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      float got = 0;
+      const auto b = static_cast<std::uint32_t>(row[1 + i]);
+      std::memcpy(&got, &b, sizeof got);
+      ok = ok && (tolerance == 0 ? row[1 + i] == bits(want[i])
+                                 : std::abs(got - want[i]) <= tolerance * (1 + std::abs(want[i])));
+    }
+  }
+  return ok;
+}
+
 // Member 0 (one rank) ends after step 1 and joins member 1 (`sizes`: the layout's members, on the
 // world with `producers`). Member 1's parameters must match the serial run across the hand-over
 // within `tolerance` (0: bit for bit), and be the same bits on each of its ranks; every batch
@@ -1158,34 +1221,24 @@ bool two_end_at_once(int producers, std::string& what) {
   int now = -1;  // the member this rank trained last
   std::int64_t token = 0;
   std::vector<fc::handover_record> ends;
-  pipe.run(
-      load,
-      [&](auto& ctx) {
-        now = ctx.member();
-        auto& model = models[ctx.member()];
-        const int size = ctx.member_size();
-        while (auto batch = ctx.feed().next()) {
-          const std::int64_t step = batch->step();
-          log_batch(ctx.member(), *batch, seen, same_bytes);
-          train_step(ctx, model, *batch, {});
-          if (ctx.member() < 2 && step == 1) {  // each ender hears the other's word first: no ender takes the other
-            std::int64_t other = 0;
-            const int peer = roots[1 - ctx.member()];
-            auto heard = mpi::irecv(world(), fc::span<std::int64_t>(&other, 1), peer, 76);
-            mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), peer, 76).wait();
-            heard.wait();
-            ctx.finish_member();
-            for (int m = 2; m < layout.members(); ++m)  // the word to every running member's rank 0
-              mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), layout.trainer_rank(m, 0), 77).wait();
-            return;
-          }
-          if (ctx.member() >= 2 && step == 2 && ctx.rank_in_member() == 0)
-            for (const int root : roots) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root, 77).wait();
-          if (ctx.member() >= 2 && step >= 2 && ctx.member_size() == size)
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      },
-      [&](auto& ctx) { ends = ctx.member_ends(); });
+  train_logged(pipe, models, seen, same_bytes, now, ends, [&](auto& ctx, std::int64_t step) {
+    if (ctx.member() < 2 && step == 1) {  // each ender hears the other's word first: no ender takes the other
+      std::int64_t other = 0;
+      const int peer = roots[1 - ctx.member()];
+      auto heard = mpi::irecv(world(), fc::span<std::int64_t>(&other, 1), peer, 76);
+      mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), peer, 76).wait();
+      heard.wait();
+      ctx.finish_member();
+      for (int m = 2; m < layout.members(); ++m)  // the word to every running member's rank 0
+        mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), layout.trainer_rank(m, 0), 77).wait();
+      return true;
+    }
+    if (ctx.member() >= 2 && step == 2 && ctx.rank_in_member() == 0)
+      for (const int root : roots) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root, 77).wait();
+    if (ctx.member() >= 2 && step >= 2 && ctx.member_size() == layout.member_size(ctx.member()))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return false;
+  });
   const int first_member = layout.role_of(world().rank()).member;
   const auto& records = pipe.handovers();
   bool ok = same_bytes;
@@ -1215,36 +1268,21 @@ bool two_end_at_once(int producers, std::string& what) {
                                    : e.ended_at == -1 && e.joined == -1);
     }
   }
-  // Every rank's last member's parameters: the serial run's over the ranks it had at each step.
-  std::vector<std::int64_t> mine{now};
-  if (now >= 0)
-    for (const float p : models[now].parameters()) mine.push_back(bits(p));
-  const auto all = everyone(mine);
-  const std::size_t width = all.size() / static_cast<std::size_t>(n);
-  for (int r = 0; r < n; ++r) {
-    const auto* row = all.data() + static_cast<std::size_t>(r) * width;
-    if (row[0] < 0) continue;
-    const int m = static_cast<int>(row[0]);
+  const auto ranks_of = [&](int m) {  // member m's ranks at each step it trained
     std::vector<int> ranks;
     for (std::int64_t s = 0; s < (m < 2 ? 2 : long_steps); ++s) {
       int k = layout.member_size(m);
       for (int e = 0; e < 2; ++e) k += joins[2 * e] == m && joins[2 * e + 1] <= s;
       ranks.push_back(k);
     }
-    const auto want = reference_over(layout.shards_per_step(), ranks);
-    for (std::size_t i = 0; i < want.size(); ++i) ok = ok && row[1 + i] == bits(want[i]);
-  }
-  const auto tally = tally_of(everyone(seen), n, layout.shards_per_step());
-  ok = ok && tally.ordered;
-  for (int m = 0; m < layout.members(); ++m)
-    for (std::int64_t s = 0; s < long_steps; ++s) {
-      const auto it = tally.shards.find({m, s});
-      const bool due = m >= 2 || s < 2;
-      ok = ok && (it != tally.shards.end()) == due &&
-           (!due || std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; }));
-    }
+    return ranks;
+  };
+  const bool serial = as_serial(now, models, layout.shards_per_step(), ranks_of, 0);
+  const bool once = delivered_once(seen, layout.members(), long_steps, layout.shards_per_step(),
+                                   [](int m, std::int64_t s) { return m >= 2 || s < 2; });
+  ok = ok && serial && once;
   what = fc::cat(what, ": member 0 joined ", joins[0], " at ", joins[1], ", member 1 joined ", joins[2], " at ", joins[3],
-                 ", bytes ", same_bytes, ", ordered ", tally.ordered);
+                 ", bytes ", same_bytes, ", parameters ", serial, ", delivered once in order ", once);
   return fc::testing::all_ranks(ok);
 }
 }  // namespace
@@ -1341,33 +1379,24 @@ BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner
   std::int64_t token = 0;
   int now = -1;  // the member this rank trained last
   std::vector<fc::handover_record> ends;
-  pipe.run(
-      load,
-      [&](auto& ctx) {
-        now = ctx.member();
-        auto& model = models[ctx.member()];
-        while (auto batch = ctx.feed().next()) {
-          const std::int64_t step = batch->step();
-          log_batch(ctx.member(), *batch, seen, same_bytes);
-          train_step(ctx, model, *batch, {});
-          if (choreography.after_step(ctx, step)) return;
-          if (ctx.member() == 1 && ctx.joiners_at() >= 0) {  // agreed: it ends before the joiner comes
-            agreed[0] = step;
-            agreed[1] = ctx.joiners_at();
-            if (second) mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root2, 81).wait();
-            if (!second) ctx.finish_member();
-            return;
-          }
-          if (second && ctx.member() == 2 && ctx.member_size() == 1) {
-            if (step == 8 && ctx.rank_in_member() == 0) {
-              mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root1, 81).wait();
-              heard = true;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          }
-        }
-      },
-      [&](auto& ctx) { ends = ctx.member_ends(); });
+  train_logged(pipe, models, seen, same_bytes, now, ends, [&](auto& ctx, std::int64_t step) {
+    if (choreography.after_step(ctx, step)) return true;
+    if (ctx.member() == 1 && ctx.joiners_at() >= 0) {  // agreed: it ends before the joiner comes
+      agreed[0] = step;
+      agreed[1] = ctx.joiners_at();
+      if (second) mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root2, 81).wait();
+      if (!second) ctx.finish_member();
+      return true;
+    }
+    if (second && ctx.member() == 2 && ctx.member_size() == 1) {
+      if (step == 8 && ctx.rank_in_member() == 0) {
+        mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root1, 81).wait();
+        heard = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  });
   choreography.end();
   if (second && world().rank() == root2 && !heard)
     mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root1, 81).wait();
@@ -1397,36 +1426,20 @@ BOOST_AUTO_TEST_CASE(a_target_that_ends_before_the_joining_step_turns_the_joiner
     }
   }
   // Each rank's last member and its parameters: the serial run's bits for that member's ranks per step.
-  std::vector<std::int64_t> mine{now};
-  if (now >= 0)
-    for (const float p : models[now].parameters()) mine.push_back(bits(p));
-  const auto all = everyone(mine);
-  const std::size_t width = all.size() / static_cast<std::size_t>(n);
   const auto ranks_of = [&](int m) {  // member m's ranks at each step it trained
     std::vector<int> r;
     const std::int64_t last = m == 0 ? 2 : m == 1 ? at[0] + 1 : long_steps;
     for (std::int64_t s = 0; s < last; ++s) r.push_back(m == 2 && second ? (s < at[2] ? 1 : 2) : layout.member_size(m));
     return r;
   };
-  for (int r = 0; r < n; ++r) {
-    const auto* row = all.data() + static_cast<std::size_t>(r) * width;
-    if (row[0] < 0) continue;
-    const auto want = reference_over(layout.shards_per_step(), ranks_of(static_cast<int>(row[0])));
-    for (std::size_t i = 0; i < want.size(); ++i) ok = ok && row[1 + i] == bits(want[i]);
-  }
-  // Each member's steps: every shard once per step, each rank's in order.
-  const auto tally = tally_of(everyone(seen), n, layout.shards_per_step());
-  ok = ok && tally.ordered;
-  for (int m = 0; m < layout.members(); ++m)
-    for (std::int64_t s = 0; s < long_steps; ++s) {
-      const auto it = tally.shards.find({m, s});
-      const bool due = m == 0 ? s < 2 : m == 1 ? s <= at[0] : true;
-      ok = ok && (it != tally.shards.end()) == due &&
-           (!due || std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; }));
-    }
-  BOOST_TEST(fc::testing::all_ranks(ok), layout.str() << ": member 1 agreed at " << at[0] << " to take the joiner at "
-                                                      << at[1] << ", it joined member 2 at " << at[2] << ", bytes "
-                                                      << same_bytes << ", ordered " << tally.ordered);
+  const bool serial = as_serial(now, models, layout.shards_per_step(), ranks_of, 0);
+  const bool once = delivered_once(seen, layout.members(), long_steps, layout.shards_per_step(), [&](int m, std::int64_t s) {
+    return m == 0 ? s < 2 : m == 1 ? s <= at[0] : true;
+  });
+  BOOST_TEST(fc::testing::all_ranks(ok && serial && once),
+             layout.str() << ": member 1 agreed at " << at[0] << " to take the joiner at " << at[1]
+                          << ", it joined member 2 at " << at[2] << ", bytes " << same_bytes << ", parameters " << serial
+                          << ", delivered once in order " << once);
 }
 
 // The same on a member already grown, whose producer learns of the split it agreed to from the
@@ -1457,44 +1470,35 @@ BOOST_AUTO_TEST_CASE(a_grown_target_that_ends_before_the_joining_step_turns_the_
   std::int64_t token = 0;
   int now = -1;
   std::vector<fc::handover_record> ends;
-  pipe.run(
-      load,
-      [&](auto& ctx) {
-        now = ctx.member();
-        auto& model = models[ctx.member()];
-        while (auto batch = ctx.feed().next()) {
-          const std::int64_t step = batch->step();
-          log_batch(ctx.member(), *batch, seen, same_bytes);
-          train_step(ctx, model, *batch, {});
-          if (first.after_step(ctx, step)) return;
-          if (ctx.member() == 2) {  // ends once member 1 has grown (tag 79)
-            if (!grown) grown = mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root1, 79);
-            if (!grown->test()) {
-              std::this_thread::sleep_for(std::chrono::milliseconds(10));
-              continue;
-            }
-            ctx.finish_member();
-            at[3] = step + 1;
-            mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root1, 80).wait();
-            return;
-          }
-          if (ctx.member() != 1 || ctx.member_size() != 2) continue;
-          if (ctx.joiners_at() >= 0) {
-            at[1] = step;
-            at[2] = ctx.joiners_at();
-            return;
-          }
-          if (at[0] < 0) {
-            at[0] = step;
-            if (ctx.rank_in_member() == 0) mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root2, 79).wait();
-          } else if (ctx.rank_in_member() == 0 && !waited) {
-            mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root2, 80).wait();
-            waited = true;
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      },
-      [&](auto& ctx) { ends = ctx.member_ends(); });
+  train_logged(pipe, models, seen, same_bytes, now, ends, [&](auto& ctx, std::int64_t step) {
+    if (first.after_step(ctx, step)) return true;
+    if (ctx.member() == 2) {  // ends once member 1 has grown (tag 79)
+      if (!grown) grown = mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root1, 79);
+      if (!grown->test()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        return false;
+      }
+      ctx.finish_member();
+      at[3] = step + 1;
+      mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root1, 80).wait();
+      return true;
+    }
+    if (ctx.member() != 1 || ctx.member_size() != 2) return false;
+    if (ctx.joiners_at() >= 0) {
+      at[1] = step;
+      at[2] = ctx.joiners_at();
+      return true;
+    }
+    if (at[0] < 0) {
+      at[0] = step;
+      if (ctx.rank_in_member() == 0) mpi::isend(world(), fc::span<const std::int64_t>(&token, 1), root2, 79).wait();
+    } else if (ctx.rank_in_member() == 0 && !waited) {
+      mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root2, 80).wait();
+      waited = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return false;
+  });
   first.end();
   if (world().rank() == root1 && !waited) mpi::irecv(world(), fc::span<std::int64_t>(&token, 1), root2, 80).wait();
   const int first_member = layout.role_of(world().rank()).member;
@@ -1508,38 +1512,20 @@ BOOST_AUTO_TEST_CASE(a_grown_target_that_ends_before_the_joining_step_turns_the_
     ok = ok && ends.size() == 4 && ends[0].joined == 1 && ends[0].joined_at == at[0] && ends[2].ended_at == at[3] &&
          ends[2].joined == -1 && ends[1].ended_at == -1 && ends[3].ended_at == -1;
   }
-  std::vector<std::int64_t> mine{now};
-  if (now >= 0)
-    for (const float p : models[now].parameters()) mine.push_back(bits(p));
-  const auto all = everyone(mine);
-  const std::size_t width = all.size() / static_cast<std::size_t>(n);
-  for (int r = 0; r < n; ++r) {
-    const auto* row = all.data() + static_cast<std::size_t>(r) * width;
-    if (row[0] < 0) continue;
-    std::vector<int> ranks;  // the member's ranks at each step it trained
-    const int m = static_cast<int>(row[0]);
+  const auto ranks_of = [&](int m) {  // member m's ranks at each step it trained
+    std::vector<int> ranks;
     const std::int64_t last = m == 1 ? at[1] + 1 : m == 2 ? at[3] : long_steps;
     for (std::int64_t s = 0; s < last; ++s) ranks.push_back(m == 1 ? (s < at[0] ? 1 : 2) : layout.member_size(m));
-    const auto want = reference_over(layout.shards_per_step(), ranks);
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      float got = 0;
-      const auto b = static_cast<std::uint32_t>(row[1 + i]);
-      std::memcpy(&got, &b, sizeof got);
-      ok = ok && std::abs(got - want[i]) <= 1e-5f * (1 + std::abs(want[i]));  // sums of three: another order
-    }
-  }
-  const auto tally = tally_of(everyone(seen), n, layout.shards_per_step());
-  ok = ok && tally.ordered;
-  for (int m = 0; m < 4; ++m)
-    for (std::int64_t s = 0; s < long_steps; ++s) {
-      const auto it = tally.shards.find({m, s});
-      const bool due = m == 0 ? s < 2 : m == 1 ? s <= at[1] : m == 2 ? s < at[3] : true;
-      ok = ok && (it != tally.shards.end()) == due &&
-           (!due || std::all_of(it->second.begin(), it->second.end(), [](int c) { return c == 1; }));
-    }
-  BOOST_TEST(fc::testing::all_ranks(ok), "member 1 grew at " << at[0] << ", agreed at " << at[1] << " to take member 2 at "
-                                                             << at[2] << ", member 2 ended at " << at[3] << ", bytes "
-                                                             << same_bytes << ", ordered " << tally.ordered);
+    return ranks;
+  };
+  const bool serial = as_serial(now, models, layout.shards_per_step(), ranks_of, 1e-5f);  // sums of three: another order
+  const bool once = delivered_once(seen, 4, long_steps, layout.shards_per_step(), [&](int m, std::int64_t s) {
+    return m == 0 ? s < 2 : m == 1 ? s <= at[1] : m == 2 ? s < at[3] : true;
+  });
+  BOOST_TEST(fc::testing::all_ranks(ok && serial && once),
+             "member 1 grew at " << at[0] << ", agreed at " << at[1] << " to take member 2 at " << at[2]
+                                 << ", member 2 ended at " << at[3] << ", bytes " << same_bytes << ", parameters "
+                                 << serial << ", delivered once in order " << once);
 }
 
 // one_to_many hands over in lockstep: skip_ahead is refused, on every rank, by name.
