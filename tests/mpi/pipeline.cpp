@@ -1206,8 +1206,7 @@ namespace {
 template <class Pipeline>
 bool two_end_at_once(int producers, std::string& what) {
   const int n = world().size(), trainers = n - producers;
-  std::vector<int> sizes{1, 1};
-  if (trainers >= 3) sizes.resize(static_cast<std::size_t>(trainers - (trainers >= 4 ? 2 : 0)), 1);
+  std::vector<int> sizes(static_cast<std::size_t>(trainers >= 4 ? trainers - 2 : trainers), 1);
   if (trainers >= 4) sizes.push_back(2);
   const fc::ensemble_layout layout(producers, sizes, 0);
   what = layout.str();
