@@ -123,6 +123,18 @@ class progress_engine {
     incoming_.clear();
   }
 
+  // Before MPI_Abort: the thread polls no task again, so that none of flexcomm's threads is
+  // inside MPI while the abort tears it down. Waits up to `limit` for a round of polls under way
+  // to end; on the engine's own thread, for none. stop() still ends the thread.
+  void halt(std::chrono::milliseconds limit) noexcept {
+    halted_.store(true);
+    wake_.notify_one();
+    if (std::this_thread::get_id() == engine_thread_.load()) return;
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (in_round_.load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+
   // Lets a process start the engine again after stop() (tests that build several environments).
   void restart() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -151,6 +163,7 @@ class progress_engine {
 
   void loop() {
     trace::name_thread("progress engine");
+    engine_thread_.store(std::this_thread::get_id());
     std::list<task> active;  // touched by this thread only
     unsigned idle_rounds = 0;
     bool polling = false;  // counted in detail::background_pollers(), as is each task not yet taken
@@ -164,6 +177,11 @@ class progress_engine {
         if (active.empty()) {
           set_polling(false);
           wake_.wait(lock, [&] { return stopping_ || !incoming_.empty(); });
+        }
+        in_round_.store(true);  // before halted_ is read: halt() then sees one or the other
+        if (halted_.load()) {
+          in_round_.store(false);
+          wake_.wait(lock, [&] { return stopping_; });
         }
         // Taken over, the tasks stop counting as handed over once this thread counts itself
         // as polling, so the count never drops to zero in between.
@@ -201,6 +219,7 @@ class progress_engine {
         else done->finish();
         progressed = true;
       }
+      in_round_.store(false);
       idle_rounds = progressed ? 0 : idle_rounds + 1;
       // The engine itself must not busy-poll a shared core away from the trainer.
       if (!active.empty()) default_wait().pause_engine(idle_rounds);
@@ -213,6 +232,8 @@ class progress_engine {
   std::multiset<std::string> pending_names_;  // what each outstanding task is, for shutdown's report
   std::atomic<std::size_t> outstanding_{0};
   bool stopping_ = false;
+  std::atomic<bool> halted_{false}, in_round_{false};  // halt(): sequentially consistent, a pair
+  std::atomic<std::thread::id> engine_thread_{};
   std::thread thread_;
 };
 

@@ -44,6 +44,9 @@ class stall_channel {
   virtual bool poll(int world_rank, stall_answer& out) = 0;
   // Stops waiting for the asks still open.
   virtual void give_up() = 0;
+  // Stops the channel's own thread for good, if it has one: before MPI_Abort, as
+  // progress_engine::halt. answer() on the calling thread still works.
+  virtual void hush() noexcept {}
 };
 
 // How long a stall's report waits for the peers' answers: long enough for ranks whose waits
@@ -82,6 +85,10 @@ class stall_registry {
   void set_channel(std::shared_ptr<stall_channel> c);
   // Replies to peers' questions; every long wait calls it (wait.hpp's wait_answering).
   void answer();
+  // Stops the channel's own thread (stall_channel::hush): the job is being aborted.
+  void hush() noexcept {
+    if (const auto ch = channel()) ch->hush();
+  }
 
   // A wait on `world_ranks` in `what` timed out: follows them to the ranks that stopped answering,
   // for up to stall_grace(timeout), and returns the text that names those first, e.g.

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../../core/error.hpp"
+#include "../../core/progress.hpp"
 #include "../../core/stall.hpp"
 
 namespace flexcomm {
@@ -37,6 +38,16 @@ inline void before_abort() noexcept {
 
 }  // namespace detail
 
+// Ends every rank of the job with `code`, through MPI_Abort, once flexcomm's own threads have left
+// MPI: the progress engine and the stall channel's answerer go quiet first, since a call made
+// while the abort tears MPI down may touch what is gone. Also what a request's destructor does
+// when its pending operation fails there (it cannot throw, and the peers would wait for ever).
+inline void abort_mpi_job(int code) noexcept {
+  progress_engine::instance().halt(std::chrono::milliseconds{500});
+  stall_registry::instance().hush();
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 // Ends every rank of the job after a failure this rank cannot handle: what a trainer's main does
 // with a flexcomm::error it catches (its peers wait on it, and only MPI_Abort ends them). Prints
 // `message` and the ending, then aborts with `code`.
@@ -44,7 +55,7 @@ inline void before_abort() noexcept {
   std::fprintf(stderr, "%s\nflexcomm: rank %d: ending the job with MPI_Abort(%d)\n", message.c_str(),
                process_rank(), code);
   detail::before_abort();
-  MPI_Abort(MPI_COMM_WORLD, code);
+  abort_mpi_job(code);
   std::_Exit(code);
 }
 

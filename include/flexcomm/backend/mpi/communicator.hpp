@@ -100,15 +100,8 @@ class mpi_communicator {
   // every rank's collectives reach MPI in the same order. Waits under the wait policy and this
   // communicator's timeout.
   void post_deferred() const {
-    if (!deferred_ || deferred_->empty()) return;
     const auto limit = timeout();
-    const bool posted = default_wait().until(
-        [&] {
-          deferred_->advance();
-          return deferred_->empty();
-        },
-        limit);
-    check(posted, cat(name_, ": posting the collectives deferred for their consistency check"),
+    check(posted_deferred_within(limit), cat(name_, ": posting the collectives deferred for their consistency check"),
           cat("timed out after ", limit.count(), " ms (FLEXCOMM_TIMEOUT): a rank did not make them"));
   }
 
@@ -160,18 +153,35 @@ class mpi_communicator {
     std::swap(collectives_, o.collectives_);
     std::swap(deferred_, o.deferred_);
   }
+  bool posted_deferred_within(std::chrono::milliseconds limit) const {
+    if (!deferred_ || deferred_->empty()) return true;
+    return default_wait().until(
+        [&] {
+          deferred_->advance();
+          return deferred_->empty();
+        },
+        limit);
+  }
   void release() noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (deferred_ && comm_ != MPI_COMM_NULL && !finalized) {
-      // A request that outlives its communicator would otherwise post onto a freed one.
-      try {
-        post_deferred();
-      } catch (const std::exception&) {
-      }
-    }
+    if (deferred_ && comm_ != MPI_COMM_NULL && !finalized) settle_deferred_before_free();
     if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
+  }
+  // The collectives still deferred go to the library before the communicator is freed. While an
+  // exception unwinds, the job is failing already: they get the watchdog's grace period, not a
+  // second whole timeout before the error reaches main. Those left are refused, never posted (a
+  // request outliving the communicator would post onto a freed one), and the job must end.
+  void settle_deferred_before_free() noexcept {
+    try {
+      const auto limit = timeout();
+      if (posted_deferred_within(std::uncaught_exceptions() > 0 ? watchdog::grace(limit) : limit)) return;
+      if (deferred_->refuse_remaining(cat("not posted: communicator '", name_, "' was freed before its turn came")))
+        watchdog::instance().abandon();
+    } catch (...) {
+      watchdog::instance().must_end();  // the queue could not be settled; the job ends anyway
+    }
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -119,6 +119,15 @@ class deferred_posts {
     return p.now;
   }
 
+  // Its communicator is freed with these still queued: none may reach the library any more (it
+  // would post onto a freed communicator), and each request on one says `why`. Whether any was.
+  bool refuse_remaining(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.empty()) return false;
+    refuse_all(why);
+    return true;
+  }
+
   // Its request gives `p` up (the job is ending): nothing behind it may be posted any more.
   void drop(deferred_post& p) noexcept {
     try {

@@ -442,7 +442,7 @@ class environment {
     // Two grace periods: ranks whose waits started a little later still time out and report,
     // and this rank tells those that follow a stall through it whom it waited on (stall.hpp).
     detail::answer_stall_questions_for(2 * watchdog::grace(default_timeout()));
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_mpi_job(1);
     std::_Exit(1);
   }
 
@@ -475,7 +475,7 @@ class environment {
     detail::before_abort();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (!finalized) abort_mpi_job(1);
   }
 
   bool owns_mpi_ = false;

@@ -18,6 +18,7 @@
 #include "../../core/wait.hpp"
 #include "../../core/watchdog.hpp"
 #include "../request.hpp"
+#include "abort.hpp"
 #include "call_check.hpp"
 #include "communicator.hpp"
 #include "deferred_post.hpp"

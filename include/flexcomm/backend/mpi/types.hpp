@@ -25,10 +25,6 @@ inline std::string mpi_error_text(int code) {
 }
 }  // namespace detail
 
-// Ends every rank of the job with `code`: what a request's destructor does when its pending
-// operation fails there (a destructor cannot throw, and the peers would wait for it for ever).
-inline void abort_mpi_job(int code) noexcept { MPI_Abort(MPI_COMM_WORLD, code); }
-
 // Turns an MPI return code into a flexcomm::error naming the operation.
 inline void check_mpi(int code, const std::string& operation) {
   if (code != MPI_SUCCESS) fail(operation, detail::mpi_error_text(code));

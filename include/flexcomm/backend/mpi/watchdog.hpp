@@ -443,12 +443,7 @@ class mpi_stall_channel final : public stall_channel {
     });
   }
   ~mpi_stall_channel() override {
-    {
-      std::lock_guard<std::mutex> lock(stop_mutex_);
-      stop_ = true;
-    }
-    stop_wake_.notify_one();
-    answering_.join();
+    hush();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -473,6 +468,15 @@ class mpi_stall_channel final : public stall_channel {
       if (MPI_Isend(out, reply_bytes, MPI_CHAR, status.MPI_SOURCE, question[1], comm_, &req) == MPI_SUCCESS)
         MPI_Request_free(&req);
     }
+  }
+
+  void hush() noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(stop_mutex_);
+      stop_ = true;
+    }
+    stop_wake_.notify_one();
+    if (answering_.joinable() && answering_.get_id() != std::this_thread::get_id()) answering_.join();
   }
 
   void ask(int world_rank) override {

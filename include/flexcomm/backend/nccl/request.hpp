@@ -16,6 +16,7 @@
 #include "../../core/error.hpp"
 #include "../../core/mutex.hpp"
 #include "../../core/watchdog.hpp"
+#include "../mpi/abort.hpp"
 #include "../request.hpp"
 #include "communicator.hpp"
 #include "state.hpp"

@@ -14,6 +14,7 @@
 #include "../../core/error.hpp"
 #include "../../core/watchdog.hpp"
 #include "../cuda/error.hpp"
+#include "../mpi/abort.hpp"
 #include "../request.hpp"
 #include "communicator.hpp"
 #include "lane.hpp"
