@@ -5,7 +5,7 @@
 //
 //   mpiexec -n N adapter_fault <fault>
 //   faults: feed-none loader-throws loader-overfills loader-overwrites layout-feed trainer-stall sync-none
-//           gradient-order sync-stall sync-stall-messages claim-stall claim-dies claim-stall-messages
+//           gradient-order sync-stall sync-stall-messages sync-stall-unwind claim-stall claim-dies claim-stall-messages
 //           claim-dies-messages claim-stall-hosts claim-dies-hosts handover-stall handover-dies
 //           handover-stall-shared handover-dies-shared handover-stall-adaptive handover-dies-adaptive
 //           handover-stall-broadcast handover-dies-broadcast handover-stall-per-host
@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -216,6 +218,18 @@ bool run_feed(const mpi::communicator& world, const std::string& fault, std::chr
   return ok;
 }
 
+// sync-stall-unwind's side collective: 48 elements and 16 guard words, kept past the driver's end
+// (the collective may still be in flight when the job ends).
+std::vector<float>& side_data() {
+  static auto* data = new std::vector<float>(48 + 16, -7.0f);
+  return *data;
+}
+
+std::shared_ptr<fc::completion>& side_done() {
+  static std::shared_ptr<fc::completion> done;
+  return done;
+}
+
 std::vector<std::vector<float>>& gradients() {
   static std::vector<std::vector<float>> grads(4, std::vector<float>(48 + 16, -7.0f));
   return grads;
@@ -229,6 +243,13 @@ bool run_sync(const mpi::communicator& world, const std::string& fault, std::chr
   const bool in_member = !pair || world.rank() >= n - 2;
   auto member = world.split(in_member ? 0 : mpi::communicator::undefined, world.rank(), "member 0");
   if (!in_member) return true;
+  // sync-stall-unwind: a second communicator of the member, whose collective the progress engine
+  // drives when the partner times out in shared memory, destroyed as that error unwinds (as a
+  // pipeline's collect is). It must not wait out a second timeout for the collective, which has
+  // not reached MPI (Open MPI holds it for its check), nor ever post it on the freed communicator.
+  const bool unwind = fault == "sync-stall-unwind";
+  std::optional<mpi::communicator> side;
+  if (unwind) side.emplace(member.dup("side"));
   fc::sync_options options;
   options.bucket_bytes = 64 * sizeof(float);  // several buckets
   fc::subgroup_allreduce<mpi> sync(member, options);
@@ -245,6 +266,11 @@ bool run_sync(const mpi::communicator& world, const std::string& fault, std::chr
       report(world.rank(), "injected: stalling outside flexcomm");
       std::this_thread::sleep_for(fc::default_timeout() * 4 + std::chrono::seconds(2));
     }
+    if (unwind && step == fault_step) {
+      auto& data = side_data();
+      auto pending = std::make_shared<mpi::request>(mpi::iallreduce(*side, fc::span<float>(data.data(), 48), fc::op::sum));
+      side_done() = fc::progress_engine::instance().submit([pending] { return pending->test(); }, "side collective");
+    }
     for (auto& g : grads) std::fill(g.begin(), g.begin() + 48, 1.0f);
     for (int i : order) sync.ready(i, fc::span<float>(grads[static_cast<std::size_t>(i)].data(), 48));
     sync.finish();
@@ -257,6 +283,8 @@ bool guards_intact() {
   for (const auto& g : gradients())
     for (std::size_t i = 48; i < g.size(); ++i)
       if (g[i] != -7.0f) return false;
+  for (std::size_t i = 48; i < side_data().size(); ++i)
+    if (side_data()[i] != -7.0f) return false;
   return true;
 }
 
@@ -283,6 +311,20 @@ int main(int argc, char** argv) {
   } catch (const fc::error& e) {
     report(rank, fc::cat("caught after ", seconds(), " s: ", e.what()));
     status = 1;
+  }
+  if (side_done()) {
+    // What became of sync-stall-unwind's side collective (Open MPI: refused once its communicator
+    // was freed, never posted there; elsewhere it went to MPI at once and waits on the stalled rank).
+    std::string what = "still pending";
+    if (fc::default_wait().until([] { return side_done()->done(); }, std::chrono::seconds(1))) {
+      try {
+        side_done()->wait();
+        what = "completed";
+      } catch (const fc::error& e) {
+        what = e.what();
+      }
+    }
+    report(rank, fc::cat("side collective: ", what));
   }
   // The sync reduces in place in the trainer's gradients: their guard words must survive. (The
   // feed's slots carry guard words of their own, which one_to_many checks.)

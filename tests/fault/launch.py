@@ -313,6 +313,20 @@ FAULTS = {
                 r'not arrived: world rank {f} \(rank 1, at step \d+\)'],
         reports='its partner, world rank {p}: `... shared-memory allreduce ..., rank 0 (world {p}): timed out after '
                 '2000 ms waiting for ... not arrived: world rank {f} (rank 1, at step N)`'),
+    'sync-stall-unwind': dict(
+        driver='adapter', what='as sync-stall, and a collective on a second communicator of the member, driven by the '
+                               'progress engine, has not reached MPI when the partner times out (Open MPI holds it '
+                               'for its consistency check); that communicator is destroyed as the error unwinds',
+        min_ranks=2, mpiexec=[], survivors='partner', kind='timeout',
+        expect=[r'shared-memory allreduce.*rank 0 \(world {p}\).*timed out after \d+ ms.*'
+                r'not arrived: world rank {f} \(rank 1, at step \d+\)'],
+        reports='its partner as in sync-stall (the side collective went to MPI at once, and waits on the stalled rank)',
+        openmpi=dict(
+            expect=[r'shared-memory allreduce.*rank 0 \(world {p}\).*timed out after \d+ ms.*'
+                    r'not arrived: world rank {f} \(rank 1, at step \d+\)',
+                    r"side collective: .*not posted: communicator 'side' was freed before its turn came"],
+            reports="its partner as in sync-stall, and of the side collective: `not posted: communicator 'side' was "
+                    "freed before its turn came` (the destructor gave it a grace period, not a second timeout)")),
     'sync-stall-messages': dict(
         driver='adapter', what='the same with FLEXCOMM_SHM=off: the member averages over MPI messages',
         min_ranks=2, mpiexec=[], survivors='partner', kind='timeout',
@@ -529,6 +543,8 @@ def run(launch, fault, n):
         problems.append('mpiexec exited with status 0')
     if 'GUARD BROKEN' in out:
         problems.append('a rank wrote past a buffer')
+    if re.search(r'Segmentation fault|\*\*\* Process received signal \*\*\*', out):
+        problems.append('a rank crashed')
     f = fields(n, launch['mpi'])
     survivors = {'all': list(range(n)), 'others': list(range(n - 1)), 'producer': [0], 'none': [],
                  'faulty': [], 'partner': [n - 2], 'target': [0], 'target-after-producer': [1]}[spec['survivors']]
