@@ -12,6 +12,7 @@
 //           handover-dies-per-host bye-dies
 #include <flexcomm/flexcomm.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -280,12 +281,10 @@ bool run_sync(const mpi::communicator& world, const std::string& fault, std::chr
 }
 
 bool guards_intact() {
-  for (const auto& g : gradients())
-    for (std::size_t i = 48; i < g.size(); ++i)
-      if (g[i] != -7.0f) return false;
-  for (std::size_t i = 48; i < side_data().size(); ++i)
-    if (side_data()[i] != -7.0f) return false;
-  return true;
+  const auto intact = [](const std::vector<float>& g) {
+    return std::all_of(g.begin() + 48, g.end(), [](float x) { return x == -7.0f; });
+  };
+  return std::all_of(gradients().begin(), gradients().end(), intact) && intact(side_data());
 }
 
 }  // namespace

@@ -55,6 +55,10 @@ def handover_rows(suffix, feed, how, **differs):
     }
 
 
+# What the partner of a stalled trainer says, its member averaging in shared memory (sync-stall*).
+SYNC_STALL_PARTNER = (r'shared-memory allreduce.*rank 0 \(world {p}\).*timed out after \d+ ms.*'
+                      r'not arrived: world rank {f} \(rank 1, at step \d+\)')
+
 FAULTS = {
     'none': dict(
         what='no fault (control: the driver can succeed)',
@@ -309,8 +313,7 @@ FAULTS = {
         driver='adapter', what='trainer rank {f} of a two-rank member (ranks {p} and {f}, one host: shared memory) '
                                'stalls before its gradients of step 3 for 4x the timeout (as under SIGSTOP)',
         min_ranks=2, mpiexec=[], survivors='partner', kind='timeout',
-        expect=[r'shared-memory allreduce.*rank 0 \(world {p}\).*timed out after \d+ ms.*'
-                r'not arrived: world rank {f} \(rank 1, at step \d+\)'],
+        expect=[SYNC_STALL_PARTNER],
         reports='its partner, world rank {p}: `... shared-memory allreduce ..., rank 0 (world {p}): timed out after '
                 '2000 ms waiting for ... not arrived: world rank {f} (rank 1, at step N)`'),
     'sync-stall-unwind': dict(
@@ -318,12 +321,10 @@ FAULTS = {
                                'progress engine, has not reached MPI when the partner times out (Open MPI holds it '
                                'for its consistency check); that communicator is destroyed as the error unwinds',
         min_ranks=2, mpiexec=[], survivors='partner', kind='timeout',
-        expect=[r'shared-memory allreduce.*rank 0 \(world {p}\).*timed out after \d+ ms.*'
-                r'not arrived: world rank {f} \(rank 1, at step \d+\)'],
+        expect=[SYNC_STALL_PARTNER],
         reports='its partner as in sync-stall (the side collective went to MPI at once, and waits on the stalled rank)',
         openmpi=dict(
-            expect=[r'shared-memory allreduce.*rank 0 \(world {p}\).*timed out after \d+ ms.*'
-                    r'not arrived: world rank {f} \(rank 1, at step \d+\)',
+            expect=[SYNC_STALL_PARTNER,
                     r"side collective: .*not posted: communicator 'side' was freed before its turn came"],
             reports="its partner as in sync-stall, and of the side collective: `not posted: communicator 'side' was "
                     "freed before its turn came` (the destructor gave it a grace period, not a second timeout)")),
